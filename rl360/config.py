@@ -1,0 +1,231 @@
+"""Typed run configuration: YAML read by OmegaConf into dataclasses, with `key=value` overrides.
+
+Every knob has a default and a one-line comment. An unknown key or a value outside its allowed set is a
+`ConfigError` that names the key (and the allowed values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is wrong; the message names it."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # Hugging Face model directory (config.json, safetensors, tokenizer)
+    dtype: str = "float32"  # trainer parameter dtype: float32 | bfloat16
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)  # parquet files, directories or globs
+    batch_size: int = 16  # prompts per RL step (each sampled rollout.n times)
+    max_prompt_length: int = 512  # prompts longer than this (in tokens) are skipped and counted
+    shuffle: bool = True  # seeded per-epoch shuffle of row groups and rows
+    shuffle_buffer: int = 1024  # rows held in the shuffle buffer
+    on_bad_row: str = "error"  # error | skip: what a malformed row does
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"  # hf: the embedded transformers engine (the SGLang engine is not built yet)
+    n: int = 8  # responses sampled per prompt
+    temperature: float = 1.0  # sampling temperature (the trainer scores with the same one)
+    top_p: float = 1.0  # nucleus sampling
+    top_k: int = -1  # top-k sampling; -1 disables
+    max_response_length: int = 256  # new tokens per response
+    num_engines: int = 1  # rollout engines behind the dispatcher
+
+
+@dataclass
+class ParallelConfig:
+    tensor: int = 1  # tensor-parallel size
+    pipeline: int = 1  # pipeline-parallel size
+    data: int = 1  # data-parallel size (policy ranks = tensor * pipeline * data)
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 1e-6  # Adam learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam betas
+    grad_clip: float = 1.0  # clip the global grad norm to this (0 disables)
+    ppo_mini_batch_size: int = 16  # prompts per optimizer step (x rollout.n responses)
+    micro_batch_size: int = 8  # responses per forward/backward pass
+    ppo_epochs: int = 1  # passes over each step's rollouts
+    clip_ratio_low: float = 0.2  # PPO clip: ratio >= 1 - clip_ratio_low
+    clip_ratio_high: float = 0.2  # PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher: 0.28)
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"  # grpo (group-normalised) | rloo
+    norm_adv_by_std_in_grpo: bool = True  # divide by the group std (false: Dr.GRPO)
+    kl_coef: float = 0.0  # weight of the KL(policy || reference) loss; > 0 loads a reference model
+    kl_estimator: str = "k3"  # k1 | k2 | k3 estimator of the KL term
+
+
+@dataclass
+class RewardConfig:
+    num_workers: int = 2  # reward worker processes (0: score in-process, no timeout)
+    timeout_s: float = 10.0  # wall-clock limit per reward call; a timeout scores 0 and is counted
+    max_memory_gb: float = 0.0  # address-space limit per reward worker (0: none)
+    custom: dict[str, str] = field(default_factory=dict)  # data_source prefix -> "module:function"
+
+
+@dataclass
+class TrackingConfig:
+    wandb: bool = False  # also log to Weights & Biases (WANDB_MODE=offline works without network)
+    project: str = "rl360"  # wandb project
+    run_name: str = ""  # wandb run name (default: the output_dir's name)
+    log_every: int = 1  # print a console line every this many steps
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 100  # RL steps to run
+    save_hf: bool = True  # write a Hugging Face checkpoint to <output_dir>/hf at the end
+    weight_bucket_mb: float = 64.0  # bound on one weight-sync bucket, in MiB
+    num_threads: int = 0  # torch threads per worker (0: leave torch's default)
+
+
+@dataclass
+class ClusterConfig:
+    ray_address: str = ""  # "" starts a local Ray cluster; "auto" joins a running one
+    num_cpus: int = 0  # CPUs for a local cluster (0: all)
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = "outputs/run"  # metrics.jsonl, checkpoints and the final HF model go here
+    seed: int = 0  # seeds data order, sampling and initialisation
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+
+# Keys whose values come from a closed set: key -> allowed values.
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "model.dtype": ("float32", "bfloat16"),
+    "data.on_bad_row": ("error", "skip"),
+    "rollout.engine": ("hf",),
+    "actor.loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+    "algorithm.adv_estimator": ("grpo", "rloo"),
+    "algorithm.kl_estimator": ("k1", "k2", "k3"),
+}
+
+# Keys whose values must be positive (> 0) or non-negative (>= 0).
+POSITIVE = (
+    "data.batch_size", "data.max_prompt_length", "rollout.n", "rollout.max_response_length",
+    "rollout.num_engines", "rollout.temperature", "actor.ppo_mini_batch_size", "actor.micro_batch_size",
+    "actor.ppo_epochs", "actor.parallel.tensor", "actor.parallel.pipeline", "actor.parallel.data",
+    "trainer.total_steps", "trainer.weight_bucket_mb", "reward.timeout_s", "tracking.log_every",
+)
+NON_NEGATIVE = (
+    "actor.lr", "actor.weight_decay", "actor.grad_clip", "actor.clip_ratio_low", "actor.clip_ratio_high",
+    "algorithm.kl_coef", "reward.num_workers", "reward.max_memory_gb", "trainer.num_threads",
+)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read a YAML file (or nothing) and `key=value` overrides into a validated `RunConfig`."""
+    schema = OmegaConf.structured(RunConfig)
+    layers = [schema]
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        layers.append(_checked(lambda: OmegaConf.load(path), f"{path}"))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        layers.append(_checked(lambda item=item: OmegaConf.from_dotlist([item]), f"override {item!r}"))
+    merged = _checked(lambda: OmegaConf.merge(*layers), str(path or "overrides"))
+    cfg: RunConfig = OmegaConf.to_object(merged)
+    validate(cfg)
+    return cfg
+
+
+def _checked(build, where: str):
+    try:
+        return build()
+    except ConfigKeyError as err:
+        key = err.full_key or getattr(err, "key", "?")
+        parent = str(key).rsplit(".", 1)[0] if "." in str(key) else ""
+        raise ConfigError(f"{where}: unknown config key {key!r}; known keys here: {_known_keys(parent)}") from None
+    except ValidationError as err:
+        raise ConfigError(f"{where}: bad value for {err.full_key!r}: {err.msg.splitlines()[0]}") from None
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def _known_keys(parent: str) -> list[str]:
+    node: Any = RunConfig
+    for part in filter(None, parent.split(".")):
+        fields = {f.name: f for f in dataclasses.fields(node)}
+        if part not in fields or not dataclasses.is_dataclass(fields[part].default_factory):
+            return []
+        node = fields[part].default_factory
+    return sorted(f.name for f in dataclasses.fields(node))
+
+
+def _get(cfg: RunConfig, key: str) -> Any:
+    value: Any = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check value ranges and closed choices, and the relations between keys."""
+    for key, allowed in CHOICES.items():
+        if _get(cfg, key) not in allowed:
+            raise ConfigError(f"{key}={_get(cfg, key)!r} is not allowed; choose one of {list(allowed)}")
+    for key in POSITIVE:
+        if not _get(cfg, key) > 0:
+            raise ConfigError(f"{key}={_get(cfg, key)!r} must be > 0")
+    for key in NON_NEGATIVE:
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key}={_get(cfg, key)!r} must be >= 0")
+    if not cfg.model.path:
+        raise ConfigError("model.path is empty: give a Hugging Face model directory")
+    if not cfg.data.train_files:
+        raise ConfigError("data.train_files is empty: give at least one parquet file, directory or glob")
+    if cfg.data.batch_size % cfg.actor.ppo_mini_batch_size:
+        raise ConfigError(
+            f"data.batch_size={cfg.data.batch_size} must be a multiple of "
+            f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}"
+        )
+    if cfg.algorithm.adv_estimator in ("grpo", "rloo") and cfg.rollout.n < 2:
+        raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs rollout.n >= 2")
+    unsupported = {
+        "actor.parallel.tensor": cfg.actor.parallel.tensor,
+        "actor.parallel.pipeline": cfg.actor.parallel.pipeline,
+        "actor.parallel.data": cfg.actor.parallel.data,
+        "rollout.num_engines": cfg.rollout.num_engines,
+    }
+    for key, value in unsupported.items():
+        if value != 1:
+            raise ConfigError(f"{key}={value} is not supported yet; allowed values: [1]")
+
+
+def to_dict(cfg: RunConfig) -> dict[str, Any]:
+    """The config as plain nested dicts (for logging and wandb)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]

@@ -1,0 +1,1 @@
+"""Everything the CPU quickstart needs, made locally: a tiny tokenizer, a tiny random model, the task."""

@@ -1,0 +1,46 @@
+"""What the trainer needs from any rollout engine; the HF engine and (later) SGLang implement it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1  # responses per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k
+    max_new_tokens: int = 256
+    stop_token_ids: list[int] = field(default_factory=list)  # generation ends after any of these
+    seed: int = 0  # seeds this call's sampling
+
+
+@dataclass
+class Sample:
+    """One sampled response: its prompt, its tokens and the engine's log-prob of each token."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (a stop token was sampled) or "length"
+
+
+WeightBucket = list[tuple[str, torch.Tensor]]
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
+        """`params.n` samples for each prompt, in prompt order."""
+
+    def update_weights(self, bucket: WeightBucket, version: int) -> None:
+        """Load one bucket of `(hf_name, tensor)` into the engine's model, part of weight `version`."""
+
+    def finish_weight_update(self, version: int) -> int:
+        """Check that every parameter was loaded for `version`; return the version now served."""
+
+    def health(self) -> dict:
+        """A small status dict (version served, device, ...)."""
