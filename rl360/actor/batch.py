@@ -1,0 +1,57 @@
+"""The tensor layout the actor trains on, built from sampled rollouts.
+
+Each row is one prompt+response sequence, right-padded to a common length. Response token j of row i sits
+at `input_ids[i, response_start[i] + j]`; the logits that predict it are at position
+`response_start[i] + j - 1`. Per-response quantities (log-probs, advantages, masks) are `[batch, R]` with
+R the longest response, zero past each response's end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    input_ids: torch.Tensor  # [B, T] long
+    response_start: torch.Tensor  # [B] long: index of the first response token
+    response_ids: torch.Tensor  # [B, R] long
+    response_mask: torch.Tensor  # [B, R] float: 1 on response tokens that are trained on
+    rollout_logprobs: torch.Tensor  # [B, R] float: the engine's log-probs of the sampled tokens
+    advantages: torch.Tensor | None = None  # [B, R]
+    old_logprobs: torch.Tensor | None = None  # [B, R] trainer log-probs before the update
+    ref_logprobs: torch.Tensor | None = None  # [B, R] reference-model log-probs
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: torch.Tensor | slice) -> "RolloutBatch":
+        """The rows `rows` of every tensor."""
+        return RolloutBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
+                               for f in fields(self)})
+
+    def response_positions(self) -> torch.Tensor:
+        """[B, R] positions of the logits that predict each response token (clamped inside the row)."""
+        offsets = torch.arange(self.response_ids.shape[1])
+        return (self.response_start[:, None] + offsets[None, :] - 1).clamp(max=self.input_ids.shape[1] - 1)
+
+
+def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],
+                pad_id: int = 0) -> RolloutBatch:
+    """Pack prompt/response token lists (one entry per sample) into a `RolloutBatch`."""
+    count = len(prompts)
+    width = max(len(p) + len(r) for p, r in zip(prompts, responses))
+    resp_width = max(max(len(r) for r in responses), 1)
+    input_ids = torch.full((count, width), pad_id, dtype=torch.long)
+    response_ids = torch.full((count, resp_width), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((count, resp_width))
+    rollout_logprobs = torch.zeros((count, resp_width))
+    for row, (prompt, response, lps) in enumerate(zip(prompts, responses, logprobs)):
+        input_ids[row, :len(prompt) + len(response)] = torch.tensor(prompt + response, dtype=torch.long)
+        response_ids[row, :len(response)] = torch.tensor(response, dtype=torch.long)
+        response_mask[row, :len(response)] = 1.0
+        rollout_logprobs[row, :len(response)] = torch.tensor(lps, dtype=torch.float32)
+    response_start = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    return RolloutBatch(input_ids, response_start, response_ids, response_mask, rollout_logprobs)

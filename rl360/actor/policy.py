@@ -1,0 +1,207 @@
+"""One rank of the Megatron-core policy: log-probs, PPO/GRPO updates, reference model, weight export.
+
+Created as a Ray actor by `rl360.cluster`; every rank initialises torch.distributed and megatron parallel
+state. Micro-batches go through megatron's own forward-backward schedule, gradients live in megatron's
+DistributedDataParallel buffers and the optimizer is megatron's, so the same code runs at TP x PP x DP.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from functools import partial
+
+import torch
+
+from megatron_bridge import Bridge
+from rl360.actor.batch import RolloutBatch
+from rl360.actor.parallel import init_parallel
+from rl360.algos.losses import agg_loss, agg_normalizer, kl_penalty, ppo_clip_loss
+from rl360.config import RunConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class PolicyWorker:
+    def __init__(self, cfg: RunConfig, rank: int = 0, world_size: int = 1,
+                 master_addr: str = "127.0.0.1", master_port: int = 0):
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        self.cfg = cfg
+        parallel = cfg.actor.parallel
+        init_parallel(parallel.tensor, parallel.pipeline, seed=cfg.seed)
+        self.bridge = Bridge.from_hf_pretrained(cfg.model.path)
+        dtype = DTYPES[cfg.model.dtype]
+        self.models = _wrap_ddp(self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype))
+        self.optimizer = _build_optimizer(cfg, self.models)
+        self.ref_models = None
+        if cfg.algorithm.kl_coef > 0:
+            self.ref_models = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype)
+            for chunk in self.ref_models:
+                chunk.eval().requires_grad_(False)
+
+    # ---- forward passes -------------------------------------------------------------------------
+
+    def compute_logprobs(self, batch: RolloutBatch, reference: bool = False) -> torch.Tensor:
+        """[B, R] log-probs of the response tokens under the policy (or the reference model)."""
+        models = self.ref_models if reference else self.models
+        if models is None:
+            raise RuntimeError("no reference model: algorithm.kl_coef is 0")
+        micro = self._micro_batches(batch)
+
+        def collect(logits: torch.Tensor, mb: RolloutBatch, non_loss_data: bool = True):
+            return token_logprobs(logits, mb, self.cfg.rollout.temperature).detach()
+
+        with torch.no_grad():
+            outputs = self._schedule(models, micro, collect, forward_only=True)
+        return torch.cat(outputs, dim=0)
+
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits of the current policy for right-padded `input_ids` (for tests/eval)."""
+        positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        with torch.no_grad():
+            return _unwrap(self.models[0])(input_ids, positions, None).float()
+
+    # ---- update -----------------------------------------------------------------------------------
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """PPO epochs over mini-batches of `batch`; returns averaged metrics."""
+        cfg = self.cfg.actor
+        mini_size = cfg.ppo_mini_batch_size * self.cfg.rollout.n
+        generator = torch.Generator().manual_seed(self.cfg.seed)
+        totals: dict[str, float] = {}
+        steps = 0
+        for chunk in self.models:
+            chunk.train()
+        for _ in range(cfg.ppo_epochs):
+            order = torch.randperm(len(batch), generator=generator)
+            for start in range(0, len(batch), mini_size):
+                mini = batch.select(order[start:start + mini_size])
+                for name, value in self._optimizer_step(mini).items():
+                    totals[name] = totals.get(name, 0.0) + value
+                steps += 1
+        return {name: value / steps for name, value in totals.items()}
+
+    def _optimizer_step(self, mini: RolloutBatch) -> dict[str, float]:
+        cfg = self.cfg.actor
+        normalizer = agg_normalizer(mini.response_mask, cfg.loss_agg_mode)
+        micro = self._micro_batches(mini)
+        for chunk in self.models:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        loss_fn = partial(self._loss, normalizer=normalizer, num_micro=len(micro))
+        reports = self._schedule(self.models, micro, loss_fn, forward_only=False)
+        ok, grad_norm, _ = self.optimizer.step()
+        metrics = {key: sum(r[key] for r in reports) for key in reports[0]} if reports else {}
+        metrics["actor/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        metrics["actor/update_skipped"] = 0.0 if ok else 1.0
+        return metrics
+
+    def _loss(self, logits: torch.Tensor, mb: RolloutBatch, normalizer: float, num_micro: int):
+        """Loss of one micro-batch, scaled so megatron's division by the micro-batch count cancels and
+        the summed gradient is that of the whole mini-batch under the configured aggregation."""
+        cfg, algo = self.cfg.actor, self.cfg.algorithm
+        logprob = token_logprobs(logits, mb, self.cfg.rollout.temperature)
+        mask = mb.response_mask
+        pg_tokens, clipped = ppo_clip_loss(logprob, mb.old_logprobs, mb.advantages,
+                                           cfg.clip_ratio_low, cfg.clip_ratio_high)
+        pg_loss = agg_loss(pg_tokens, mask, cfg.loss_agg_mode, normalizer)
+        loss = pg_loss
+        report = {"actor/pg_loss": pg_loss.item(),
+                  "actor/pg_clipfrac": agg_loss(clipped, mask, "token-mean", _tokens(mask, normalizer, cfg))}
+        if self.ref_models is not None:
+            kl = agg_loss(kl_penalty(logprob, mb.ref_logprobs, algo.kl_estimator), mask, cfg.loss_agg_mode,
+                          normalizer)
+            loss = loss + algo.kl_coef * kl
+            report["actor/kl"] = kl.item()
+        with torch.no_grad():
+            report["actor/entropy"] = agg_loss(_entropy(logits, mb, self.cfg.rollout.temperature), mask,
+                                               "token-mean", _tokens(mask, normalizer, cfg)).item()
+        report["actor/pg_clipfrac"] = float(report["actor/pg_clipfrac"])
+        return loss * num_micro, report
+
+    # ---- megatron schedule ------------------------------------------------------------------------
+
+    def _micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
+        size = self.cfg.actor.micro_batch_size
+        return [batch.select(slice(i, i + size)) for i in range(0, len(batch), size)]
+
+    def _schedule(self, models, micro: list[RolloutBatch], on_logits, forward_only: bool) -> list:
+        """Run megatron's forward-backward schedule; `on_logits(logits, mb)` is the loss (or collector)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data_iterator, model):
+            mb = next(data_iterator)
+            positions = torch.arange(mb.input_ids.shape[1]).expand_as(mb.input_ids)
+            logits = model(mb.input_ids, positions, None)
+            if forward_only:
+                return logits, lambda out, non_loss_data=True: on_logits(out, mb)
+            return logits, lambda out: on_logits(out, mb)
+
+        width = max(mb.input_ids.shape[1] for mb in micro)
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(micro),
+            model=models,
+            num_microbatches=len(micro),
+            seq_length=width,
+            micro_batch_size=self.cfg.actor.micro_batch_size,
+            forward_only=forward_only,
+            collect_non_loss_data=forward_only,
+        )
+
+    # ---- weights out ------------------------------------------------------------------------------
+
+    def export_weights(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Buckets of `(hf_name, tensor)` of the current policy (a Ray streaming generator)."""
+        bucket_bytes = int(self.cfg.trainer.weight_bucket_mb * (1 << 20))
+        yield from self.bridge.export_hf_weights([_unwrap(m) for m in self.models], bucket_bytes=bucket_bytes)
+
+    def save_hf(self, out_dir: str) -> str:
+        self.bridge.save_hf_pretrained([_unwrap(m) for m in self.models], out_dir)
+        return out_dir
+
+
+def token_logprobs(logits: torch.Tensor, mb: RolloutBatch, temperature: float) -> torch.Tensor:
+    """[B, R] log-softmax(logits / temperature) at each response token (TP=1: full vocabulary)."""
+    rows = torch.arange(logits.shape[0])[:, None]
+    picked = logits[rows, mb.response_positions()].float() / temperature
+    return torch.log_softmax(picked, dim=-1).gather(-1, mb.response_ids[..., None]).squeeze(-1) * (
+        mb.response_mask > 0)
+
+
+def _entropy(logits: torch.Tensor, mb: RolloutBatch, temperature: float) -> torch.Tensor:
+    rows = torch.arange(logits.shape[0])[:, None]
+    logp = torch.log_softmax(logits[rows, mb.response_positions()].float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def _tokens(mask: torch.Tensor, normalizer: float, cfg) -> float:
+    """Global token count of the mini-batch (the normaliser itself under token-mean)."""
+    return normalizer if cfg.loss_agg_mode == "token-mean" else max(float(mask.sum()), 1.0)
+
+
+def _wrap_ddp(chunks: list) -> list:
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                               use_distributed_optimizer=False)
+    return [DistributedDataParallel(chunk.config, ddp_config, chunk) for chunk in chunks]
+
+
+def _unwrap(model):
+    return getattr(model, "module", model)
+
+
+def _build_optimizer(cfg: RunConfig, models: list):
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    actor = cfg.actor
+    config = OptimizerConfig(
+        optimizer="adam", lr=actor.lr, weight_decay=actor.weight_decay, adam_beta1=actor.betas[0],
+        adam_beta2=actor.betas[1], clip_grad=actor.grad_clip, bf16=cfg.model.dtype == "bfloat16",
+        params_dtype=DTYPES[cfg.model.dtype], use_distributed_optimizer=False,
+    )
+    return get_megatron_optimizer(config, models)

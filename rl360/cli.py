@@ -1,0 +1,60 @@
+"""`rl360` command line: `rl360 train CONFIG [key=value ...]`, `rl360 quickstart [key=value ...]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+QUICKSTART_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "quickstart.yaml"
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rl360.config import load_config
+    from rl360.trainer import train
+
+    cfg = load_config(args.config, args.overrides)
+    out = train(cfg)
+    print(f"done: metrics in {out / 'metrics.jsonl'}" + (f", model in {out / 'hf'}" if cfg.trainer.save_hf else ""))
+    return 0
+
+
+def _quickstart(args: argparse.Namespace) -> int:
+    """Make the tiny model, tokenizer and task locally, then train on them with configs/quickstart.yaml."""
+    from rl360.config import load_config
+    from rl360.quickstart.prepare import prepare_quickstart
+    from rl360.trainer import train
+
+    cfg = load_config(args.config, args.overrides)
+    prepare_quickstart(cfg)
+    out = train(cfg)
+    print(f"done: metrics in {out / 'metrics.jsonl'}, model in {out / 'hf'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rl360", description="RL post-training for language models")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="run RL training from a YAML config")
+    train.add_argument("config", help="YAML config, e.g. configs/quickstart.yaml")
+    train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.total_steps=10")
+    train.set_defaults(run=_train)
+
+    quick = commands.add_parser("quickstart", help="build the tiny CPU model and task, then train on them")
+    quick.add_argument("overrides", nargs="*", help="key=value overrides of configs/quickstart.yaml")
+    quick.add_argument("--config", default=str(QUICKSTART_CONFIG), help="config to use")
+    quick.set_defaults(run=_quickstart)
+
+    args = parser.parse_args(argv)
+    from rl360.config import ConfigError
+
+    try:
+        return args.run(args)
+    except ConfigError as err:
+        print(f"rl360: config error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""A group of Ray actors placed one per bundle of a placement group (one bundle per GPU, or per CPU slot).
+
+The controller calls the group and takes results from the ranks that own them; N=1 is the smallest group.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+
+def start_ray(address: str = "", num_cpus: int = 0) -> None:
+    """Join `address` ("auto" or host:port), or start a local cluster when it is empty."""
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(num_cpus=num_cpus or None, include_dashboard=False, log_to_driver=True,
+                 configure_logging=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class WorkerGroup:
+    """`world_size` actors of class `cls`, rank i on bundle i. With `distributed=True` each also gets
+    `rank`, `world_size`, `master_addr` and `master_port` to initialise torch.distributed with."""
+
+    def __init__(self, cls: type, world_size: int, *args: Any, use_gpu: bool = False, cpus_per_rank: float = 1,
+                 name: str = "workers", distributed: bool = True, **kwargs: Any):
+        bundle = {"GPU": 1, "CPU": cpus_per_rank} if use_gpu else {"CPU": cpus_per_rank}
+        self.placement_group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK",
+                                               name=name)
+        ray.get(self.placement_group.ready())
+        remote_cls = ray.remote(cls)
+        master_addr, master_port = ray.util.get_node_ip_address(), _free_port()
+
+        def rank_kwargs(rank: int) -> dict[str, Any]:
+            if not distributed:
+                return kwargs
+            return dict(kwargs, rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port)
+
+        self.actors = [
+            remote_cls.options(
+                num_cpus=cpus_per_rank,
+                num_gpus=1 if use_gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, bundle_index=rank),
+                name=f"{name}-{rank}",
+            ).remote(*args, **rank_kwargs(rank))
+            for rank in range(world_size)
+        ]
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call `method` on every rank and wait for all results (in rank order)."""
+        return ray.get([getattr(actor, method).remote(*args, **kwargs) for actor in self.actors])
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        remove_placement_group(self.placement_group)

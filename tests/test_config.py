@@ -1,0 +1,59 @@
+import pytest
+
+from rl360.config import ConfigError, load_config
+
+BASE = ["model.path=m", "data.train_files=[d.parquet]"]
+
+
+def test_quickstart_yaml_loads_with_overrides():
+    cfg = load_config("configs/quickstart.yaml", ["trainer.total_steps=3", "actor.lr=1e-3"])
+    assert cfg.trainer.total_steps == 3
+    assert cfg.actor.lr == pytest.approx(1e-3)
+    assert cfg.rollout.n == 16
+    assert isinstance(cfg.actor.betas, tuple)
+
+
+def test_unknown_key_names_the_key_and_the_known_ones():
+    with pytest.raises(ConfigError, match=r"actor\.lrr.*known keys here: \[.*'lr'"):
+        load_config(None, BASE + ["actor.lrr=1"])
+
+
+def test_unknown_nested_key_in_yaml_names_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("actor:\n  parallel:\n    tensr: 2\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*actor\.parallel\.tensr.*'tensor'"):
+        load_config(path)
+
+
+def test_bad_choice_names_allowed_values():
+    with pytest.raises(ConfigError, match=r"algorithm\.adv_estimator='foo'.*\['grpo', 'rloo'\]"):
+        load_config(None, BASE + ["algorithm.adv_estimator=foo"])
+
+
+def test_bad_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"actor\.lr"):
+        load_config(None, BASE + ["actor.lr=fast"])
+
+
+def test_ranges_and_relations_are_checked():
+    with pytest.raises(ConfigError, match=r"rollout\.n=0 must be > 0"):
+        load_config(None, BASE + ["rollout.n=0"])
+    with pytest.raises(ConfigError, match=r"data\.batch_size=10 must be a multiple of actor\.ppo_mini_batch_size=4"):
+        load_config(None, BASE + ["data.batch_size=10", "actor.ppo_mini_batch_size=4"])
+    with pytest.raises(ConfigError, match=r"model\.path is empty"):
+        load_config(None, ["data.train_files=[d.parquet]"])
+
+
+def test_parallel_sizes_not_built_yet_are_refused():
+    with pytest.raises(ConfigError, match=r"actor\.parallel\.tensor=2 is not supported yet"):
+        load_config(None, BASE + ["actor.parallel.tensor=2"])
+
+
+def test_override_without_equals_sign():
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, BASE + ["actor.lr"])
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config("nope.yaml")
