@@ -1,0 +1,71 @@
+"""The embedded HF engine: sampling, stop tokens, log-probs, and weight updates by HF name."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rl360.rollout.base import SamplingParams
+from rl360.rollout.hf_engine import HFEngine
+from tests.helpers import make_tiny_qwen2
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_qwen2(str(tmp_path_factory.mktemp("tiny")), tie_word_embeddings=False, seed=1)
+
+
+def test_logprobs_are_those_of_a_plain_forward_pass(model_dir):
+    engine = HFEngine(model_dir)
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]  # different lengths: left padding
+    groups = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6, temperature=0.7, seed=3))
+    reference = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    assert [len(g) for g in groups] == [3, 3, 3]
+    for prompt, group in zip(prompts, groups):
+        for sample in group:
+            assert sample.prompt_ids == prompt
+            assert len(sample.response_ids) == len(sample.logprobs) == 6
+            ids = torch.tensor([prompt + sample.response_ids])
+            with torch.no_grad():
+                logits = reference(ids).logits[0, len(prompt) - 1:-1] / 0.7
+            expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(sample.response_ids)[:, None])[:, 0]
+            torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_stop_tokens_end_a_response_and_seed_makes_it_repeatable(model_dir):
+    engine = HFEngine(model_dir)
+    params = SamplingParams(n=8, max_new_tokens=12, seed=11, stop_token_ids=list(range(0, 100, 3)))
+    first = engine.generate([[4, 5, 6]], params)[0]
+    again = engine.generate([[4, 5, 6]], params)[0]
+    assert [s.response_ids for s in first] == [s.response_ids for s in again]
+    for sample in first:
+        stops = [i for i, t in enumerate(sample.response_ids) if t % 3 == 0]
+        if sample.finish_reason == "stop":
+            assert stops == [len(sample.response_ids) - 1]
+        else:
+            assert not stops and len(sample.response_ids) == 12
+    assert any(s.finish_reason == "stop" for s in first)
+
+
+def test_top_k_one_is_greedy(model_dir):
+    engine = HFEngine(model_dir)
+    samples = engine.generate([[7, 8, 9]], SamplingParams(n=4, top_k=1, max_new_tokens=5, seed=0))[0]
+    assert len({tuple(s.response_ids) for s in samples}) == 1
+
+
+def test_weight_update_by_hf_name_changes_outputs_and_checks_completeness(model_dir):
+    engine = HFEngine(model_dir)
+    donor = AutoModelForCausalLM.from_pretrained(make_tiny_qwen2(model_dir + "_donor", False, seed=2))
+    state = donor.state_dict()
+    names = list(state)
+    engine.update_weights([(n, state[n]) for n in names[: len(names) // 2]], version=1)
+    engine.update_weights([(n, state[n]) for n in names[len(names) // 2:]], version=1)
+    assert engine.finish_weight_update(1) == 1
+    for name, param in engine.model.state_dict().items():
+        assert torch.equal(param, state[name]), name
+    engine.update_weights([(names[0], state[names[0]])], version=2)
+    with pytest.raises(RuntimeError, match="left parameters unset"):
+        engine.finish_weight_update(2)
+    with pytest.raises(KeyError, match="not_a_weight"):
+        engine.update_weights([("not_a_weight", torch.zeros(1))], version=2)
+    with pytest.raises(ValueError, match="shape"):
+        engine.update_weights([(names[0], torch.zeros(3, 3))], version=2)
