@@ -6,6 +6,7 @@ What megatron-core 0.16 asks of CUDA on the paths rl360 uses, and the CPU answer
 - `torch.cuda.current_device()` (rotary embeddings, p2p buffers, DDP grad buffers) -> "cpu";
 - the model-parallel RNG tracker keeps CUDA generator states -> it keeps CPU generator states;
 - `torch.cuda.synchronize` / `current_stream` / `Stream` / `stream` (p2p, DDP) -> no-ops;
+- gradient clipping asserts `torch.cuda.FloatTensor` grads -> the same clipping without the assert;
 - tensors created with a literal `device="cuda"` or moved with `.cuda()` (pipeline schedules)
   -> created on / kept on the CPU, by a `TorchFunctionMode` entered once for the process.
 """
@@ -29,6 +30,7 @@ def activate_cpu_compat() -> bool:
         return True
     _patch_cuda_module()
     _patch_megatron_rng()
+    _patch_megatron_clip_grads()
     _CudaToCpu().__enter__()  # stays entered for the life of the process
     _ACTIVE = True
     return True
@@ -56,6 +58,24 @@ def _patch_megatron_rng() -> None:
     mp_random._get_cuda_rng_state = lambda *args, clone=False, **kwargs: (
         torch.get_rng_state().clone() if clone else torch.get_rng_state())
     mp_random._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
+
+
+def _patch_megatron_clip_grads() -> None:
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    def clip_grad_by_total_norm(parameters, max_norm, total_norm, use_decoupled_grad=False):
+        coeff = max_norm / (total_norm + 1.0e-6)
+        if coeff >= 1.0:
+            return
+        attr = "decoupled_grad" if use_decoupled_grad else "grad"
+        with torch.no_grad():
+            for param in parameters:
+                grad = getattr(param, attr, None)
+                if grad is not None:
+                    grad.mul_(coeff)
+
+    clip_grads.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm
+    optimizer.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm
 
 
 class _NullStream:

@@ -52,7 +52,7 @@ class WorkerGroup:
             remote_cls.options(
                 num_cpus=cpus_per_rank,
                 num_gpus=1 if use_gpu else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank),
                 name=f"{name}-{rank}",
             ).remote(*args, **rank_kwargs(rank))
             for rank in range(world_size)
