@@ -1,0 +1,315 @@
+"""Prompts streamed from parquet by row group: seeded shuffling, data-parallel sharding, epochs, resume.
+
+The global order of an epoch is a pure function of (seed, epoch) and the row counts of the row groups,
+so every rank computes the same one without reading any data: an RNG seeded by (seed, epoch) shuffles
+the (file, row group) units, then their rows pass through a bounded shuffle buffer (a full buffer
+emits a random entry for each row that enters). Rank r owns positions r, r + dp_size, r + 2 dp_size...
+of that order. Row groups are read only when one of their rows is due on this rank, and dropped once
+all their rows have passed, so a row group is read at most once per epoch and memory holds the shuffle
+buffer's row groups, never a whole file. Resuming replays the order (integers only) and reads nothing
+that was consumed before the checkpoint.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rl360.data.schema import DataError, validate_file_schema, validate_row
+
+_STATE_VERSION = 1
+_READ_ERRORS = (pa.ArrowException, OSError, ValueError)  # what pyarrow raises for unreadable bytes
+
+
+def expand_paths(paths: str | list[str]) -> list[str]:
+    """Files, directories (their *.parquet, recursively) and globs -> parquet files.
+
+    Each directory or glob expands in sorted order; entries keep the order given; duplicates are dropped.
+    """
+    found: list[str] = []
+    for entry in [paths] if isinstance(paths, str) else list(paths):
+        entry = os.fspath(entry)
+        if os.path.isdir(entry):
+            matches = sorted(glob.glob(os.path.join(entry, "**", "*.parquet"), recursive=True))
+            if not matches:
+                raise DataError(f"{entry}: directory holds no *.parquet files")
+        elif glob.has_magic(entry):
+            matches = sorted(path for path in glob.glob(entry, recursive=True) if os.path.isfile(path))
+            if not matches:
+                raise DataError(f"{entry}: glob matches no files")
+        elif os.path.isfile(entry):
+            matches = [entry]
+        else:
+            raise DataError(f"{entry}: no such file or directory")
+        found += [path for path in matches if path not in found]
+    if not found:
+        raise DataError(f"no parquet files given (paths={paths!r})")
+    return found
+
+
+def open_parquet(path: str) -> pq.ParquetFile:
+    """Open a parquet file (reading only its footer) and check its schema; errors name the file."""
+    try:
+        handle = pq.ParquetFile(path)
+    except _READ_ERRORS as err:
+        raise DataError(f"{path}: cannot be read as parquet ({type(err).__name__}: {err})") from None
+    try:
+        validate_file_schema(path, handle.schema_arrow)
+    except DataError:
+        handle.close()
+        raise
+    return handle
+
+
+def scan_data_sources(paths: str | list[str]) -> set[str]:
+    """Every distinct `data_source` in the files, reading only that column, row group by row group."""
+    sources: set[str] = set()
+    for path in expand_paths(paths):
+        handle = open_parquet(path)
+        try:
+            for group in range(handle.num_row_groups):
+                column = _read_group(handle, path, group, columns=["data_source"]).column(0)
+                sources.update(value for value in column.unique().to_pylist() if value is not None)
+        finally:
+            handle.close()
+    return sources
+
+
+def _read_group(handle: pq.ParquetFile, path: str, group: int, columns: list[str] | None = None) -> pa.Table:
+    try:
+        return handle.read_row_group(group, columns=columns)
+    except _READ_ERRORS as err:
+        raise DataError(f"{path}: row group {group} cannot be read ({type(err).__name__}: {err})") from None
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One row group: the unit that is shuffled and read."""
+
+    file: int  # index into PromptStream.files
+    group: int  # row group index within the file
+    first_row: int  # index within the file of the group's first row
+    num_rows: int
+
+
+class PromptStream:
+    """An infinite iterator of batches (lists of row dicts) over parquet prompt files.
+
+    Each row is the file's row as Python objects plus `_source = {"file": path, "row": index_in_file}`.
+    Rows are validated (`validate_row`) and then passed to `filter_fn`; a bad row raises DataError
+    (`on_bad_row="error"`) or is skipped and counted (`"skip"`); a row for which `filter_fn` is false is
+    dropped and counted. Both happen on this rank's share only, after sharding. With `drop_last`, a
+    rank's last incomplete batch of an epoch is dropped; otherwise it is yielded short.
+    """
+
+    def __init__(self, paths: str | list[str], batch_size: int, seed: int = 0, shuffle: bool = True,
+                 dp_rank: int = 0, dp_size: int = 1, shuffle_buffer: int = 1024, on_bad_row: str = "error",
+                 drop_last: bool = True, filter_fn: Callable[[dict[str, Any]], bool] | None = None):
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size}; it must be at least 1")
+        if dp_size < 1 or not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank={dp_rank}, dp_size={dp_size}; need dp_size >= 1 and 0 <= dp_rank < dp_size")
+        if shuffle_buffer < 1:
+            raise ValueError(f"shuffle_buffer={shuffle_buffer}; it must be at least 1")
+        if on_bad_row not in ("error", "skip"):
+            raise ValueError(f"on_bad_row={on_bad_row!r}; allowed values are 'error' and 'skip'")
+        self.files = expand_paths(paths)
+        self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
+        self.dp_rank, self.dp_size, self.shuffle_buffer = dp_rank, dp_size, shuffle_buffer
+        self.on_bad_row, self.drop_last, self.filter_fn = on_bad_row, drop_last, filter_fn
+        self.units = self._scan_units()
+        self.num_rows = sum(unit.num_rows for unit in self.units)
+        if self.num_rows == 0:
+            raise DataError(f"no rows in {self.files}")
+        self._epoch = 0
+        self._consumed = 0  # positions of the current epoch's order owned by this rank and processed
+        self._counts = {"rows_seen": 0, "rows_filtered": 0, "bad_rows_skipped": 0}
+        self._batches: Iterator[list[dict[str, Any]]] | None = None
+        self._handle: tuple[int, pq.ParquetFile] | None = None  # the one open file
+
+    # ----- public surface -------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch is taken from (it advances when an epoch's rows run out)."""
+        return self._epoch
+
+    def stats(self) -> dict[str, int]:
+        """Counts on this rank since the start of training (restored by load_state_dict).
+
+        rows_seen: rows read and checked; rows_filtered: dropped by filter_fn; bad_rows_skipped: rows that
+        failed validate_row under on_bad_row="skip".
+        """
+        return {**self._counts, "epoch": self._epoch}
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small JSON-serializable position: a fresh stream that loads it yields the same next batches."""
+        return {"version": _STATE_VERSION, "epoch": self._epoch, "consumed": self._consumed, "seed": self.seed,
+                "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer, "dp_rank": self.dp_rank,
+                "dp_size": self.dp_size, "num_rows": self.num_rows, "fingerprint": self._fingerprint(),
+                "counts": dict(self._counts)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state` (from state_dict of a stream built with the same data and order settings)."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"data state version {state.get('version')!r}; this code reads {_STATE_VERSION}")
+        mine = self.state_dict()
+        for key in ("seed", "shuffle", "shuffle_buffer", "dp_rank", "dp_size", "num_rows", "fingerprint"):
+            if state[key] != mine[key]:
+                raise ValueError(f"data state key {key!r} was {state[key]!r} when saved, this stream has "
+                                 f"{mine[key]!r}; resuming would not continue the same order")
+        self._close_batches()
+        self._epoch, self._consumed = int(state["epoch"]), int(state["consumed"])
+        self._counts = {key: int(state["counts"][key]) for key in self._counts}
+
+    def __iter__(self) -> PromptStream:
+        return self
+
+    def __next__(self) -> list[dict[str, Any]]:
+        if self._batches is None:
+            self._batches = self._generate_batches()
+        try:
+            return next(self._batches)
+        except BaseException:  # a bad row or a failing filter_fn: the next call retries the same position
+            self._batches = None
+            raise
+
+    def close(self) -> None:
+        """Release the open file and the row groups held by the current position (iteration may go on)."""
+        self._close_batches()
+        if self._handle is not None:
+            self._handle[1].close()
+            self._handle = None
+
+    # ----- the order --------------------------------------------------------------------------------
+
+    def _scan_units(self) -> list[_Unit]:
+        units: list[_Unit] = []
+        for index, path in enumerate(self.files):
+            handle = open_parquet(path)
+            try:
+                first = 0
+                for group in range(handle.num_row_groups):
+                    rows = handle.metadata.row_group(group).num_rows
+                    if rows:
+                        units.append(_Unit(index, group, first, rows))
+                    first += rows
+            finally:
+                handle.close()
+        return units
+
+    def _fingerprint(self) -> str:
+        """Identifies the row-group layout (not the paths, so a moved dataset still resumes)."""
+        layout = ";".join(f"{unit.file},{unit.group},{unit.num_rows}" for unit in self.units)
+        return hashlib.sha256(layout.encode()).hexdigest()[:16]
+
+    def _epoch_order(self, epoch: int) -> Iterator[tuple[int, int]]:
+        """(unit index, row within the unit) in the epoch's global order, identical on every rank."""
+        if not self.shuffle:
+            for unit_index, unit in enumerate(self.units):
+                for row in range(unit.num_rows):
+                    yield unit_index, row
+            return
+        rng = random.Random(f"rl360.data:{self.seed}:{epoch}")
+        order = list(range(len(self.units)))
+        rng.shuffle(order)
+        buffer: list[tuple[int, int]] = []
+        size = self.shuffle_buffer
+        for unit_index in order:
+            for row in range(self.units[unit_index].num_rows):
+                if len(buffer) < size:
+                    buffer.append((unit_index, row))
+                    continue
+                pick = rng.randrange(size)
+                yield buffer[pick]
+                buffer[pick] = (unit_index, row)
+        rng.shuffle(buffer)
+        yield from buffer
+
+    # ----- reading ----------------------------------------------------------------------------------
+
+    def _rows(self, epoch: int, skip: int) -> Iterator[dict[str, Any] | None]:
+        """This rank's rows of `epoch` after its first `skip`; None stands for a filtered or bad row."""
+        left = [unit.num_rows for unit in self.units]  # rows of each unit still to pass in this epoch
+        tables: dict[int, pa.Table] = {}  # row groups with rows still to pass, once one was needed
+        owned = 0
+        for position, (unit_index, row) in enumerate(self._epoch_order(epoch)):
+            if position % self.dp_size == self.dp_rank:
+                owned += 1
+                if owned > skip:
+                    table = tables.get(unit_index)
+                    if table is None:
+                        table = tables[unit_index] = self._read_unit(self.units[unit_index])
+                    yield self._check(table.slice(row, 1).to_pylist()[0], self.units[unit_index], row)
+            left[unit_index] -= 1
+            if left[unit_index] == 0:
+                tables.pop(unit_index, None)
+
+    def _read_unit(self, unit: _Unit) -> pa.Table:
+        if self._handle is None or self._handle[0] != unit.file:
+            if self._handle is not None:
+                self._handle[1].close()
+                self._handle = None
+            self._handle = (unit.file, open_parquet(self.files[unit.file]))
+        return _read_group(self._handle[1], self.files[unit.file], unit.group)
+
+    def _check(self, row: dict[str, Any], unit: _Unit, row_in_unit: int) -> dict[str, Any] | None:
+        path, index = self.files[unit.file], unit.first_row + row_in_unit
+        self._counts["rows_seen"] += 1
+        try:
+            validate_row(row, path, index)
+        except DataError:
+            if self.on_bad_row == "error":
+                raise
+            self._counts["bad_rows_skipped"] += 1
+            return None
+        row["_source"] = {"file": path, "row": index}
+        if self.filter_fn is not None:
+            try:
+                keep = self.filter_fn(row)
+            except Exception as err:
+                err.add_note(f"in filter_fn on {path} row {index}")
+                raise
+            if not keep:
+                self._counts["rows_filtered"] += 1
+                return None
+        return row
+
+    # ----- batching ---------------------------------------------------------------------------------
+
+    def _generate_batches(self) -> Iterator[list[dict[str, Any]]]:
+        while True:
+            from_start = self._consumed == 0
+            produced = 0
+            batch: list[dict[str, Any]] = []
+            for row in self._rows(self._epoch, self._consumed):
+                self._consumed += 1
+                if row is None:
+                    continue
+                batch.append(row)
+                if len(batch) == self.batch_size:
+                    produced += 1
+                    yield batch
+                    batch = []
+            if batch and not self.drop_last:
+                produced += 1
+                yield batch
+            if from_start and not produced:
+                raise DataError(f"epoch {self._epoch} gave dp rank {self.dp_rank} no batch of {self.batch_size} "
+                                f"(drop_last={self.drop_last}) from {self.num_rows} rows in {len(self.files)} "
+                                f"file(s); counts so far: {self._counts}")
+            self._epoch += 1
+            self._consumed = 0
+
+    def _close_batches(self) -> None:
+        if self._batches is not None:
+            self._batches.close()
+            self._batches = None
