@@ -85,19 +85,24 @@ class PolicyWorker:
         return {name: value / steps for name, value in totals.items()}
 
     def _optimizer_step(self, mini: RolloutBatch) -> dict[str, float]:
-        cfg = self.cfg.actor
-        normalizer = agg_normalizer(mini.response_mask, cfg.loss_agg_mode)
-        micro = self._micro_batches(mini)
-        for chunk in self.models:
-            chunk.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        loss_fn = partial(self._loss, normalizer=normalizer, num_micro=len(micro))
-        reports = self._schedule(self.models, micro, loss_fn, forward_only=False)
+        reports = self.accumulate_gradients(mini)
         ok, grad_norm, _ = self.optimizer.step()
         metrics = {key: sum(r[key] for r in reports) for key in reports[0]} if reports else {}
         metrics["actor/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         metrics["actor/update_skipped"] = 0.0 if ok else 1.0
         return metrics
+
+    def accumulate_gradients(self, mini: RolloutBatch) -> list[dict[str, float]]:
+        """Zero the gradients, then forward/backward every micro-batch of `mini`; per-micro-batch reports.
+
+        Gradients end in megatron's `main_grad` buffers, equal to those of the unsplit mini-batch."""
+        normalizer = agg_normalizer(mini.response_mask, self.cfg.actor.loss_agg_mode)
+        micro = self._micro_batches(mini)
+        for chunk in self.models:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        loss_fn = partial(self._loss, normalizer=normalizer, num_micro=len(micro))
+        return self._schedule(self.models, micro, loss_fn, forward_only=False)
 
     def _loss(self, logits: torch.Tensor, mb: RolloutBatch, normalizer: float, num_micro: int):
         """Loss of one micro-batch, scaled so megatron's division by the micro-batch count cancels and
