@@ -29,7 +29,7 @@ class Bridge:
         check_supported(hf_config)
 
     @classmethod
-    def from_hf_pretrained(cls, hf_dir: str | Path) -> "Bridge":
+    def from_hf_pretrained(cls, hf_dir: str | Path) -> Bridge:
         path = Path(hf_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: not a Hugging Face model directory")

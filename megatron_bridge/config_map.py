@@ -18,7 +18,8 @@ def check_supported(hf: dict[str, Any]) -> None:
     problems = []
     if hf.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act={hf['hidden_act']!r} (only 'silu')")
-    if hf.get("rope_scaling") not in (None, {}) and (hf.get("rope_scaling") or {}).get("rope_type", "default") != "default":
+    scaling = hf.get("rope_scaling") or {}
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
         problems.append(f"rope_scaling={hf['rope_scaling']!r} (only unscaled RoPE)")
     if hf.get("use_sliding_window"):
         problems.append("use_sliding_window=True (sliding-window attention)")

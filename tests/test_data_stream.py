@@ -85,7 +85,8 @@ def test_missing_column_names_file_and_column(tmp_path):
 def test_bad_row_names_file_and_row_or_is_skipped_and_counted(tmp_path):
     rows = _rows(0, 4)
     table = pa.Table.from_pylist(rows)
-    empty = pa.array([[] if i == 2 else r["prompt"] for i, r in enumerate(rows)], type=table.schema.field("prompt").type)
+    prompts = [[] if i == 2 else r["prompt"] for i, r in enumerate(rows)]
+    empty = pa.array(prompts, type=table.schema.field("prompt").type)
     path = tmp_path / "rows.parquet"
     pq.write_table(table.set_column(table.schema.get_field_index("prompt"), "prompt", empty), path)
     with pytest.raises(DataError, match=r"rows\.parquet row 2: key 'prompt' must be a non-empty list"):
@@ -113,7 +114,8 @@ def test_unreadable_file_is_named(tmp_path):
 
 
 def test_filter_drops_and_counts(files):
-    stream = PromptStream(files, batch_size=5, shuffle=False, filter_fn=lambda r: int(r["reward_model"]["ground_truth"]) % 2 == 0)
+    even = lambda r: int(r["reward_model"]["ground_truth"]) % 2 == 0
+    stream = PromptStream(files, batch_size=5, shuffle=False, filter_fn=even)
     assert _ids(next(iter(stream))) == [0, 2, 4, 6, 8]
     assert stream.stats()["rows_filtered"] >= 4
 

@@ -27,7 +27,7 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, rows: torch.Tensor | slice) -> "RolloutBatch":
+    def select(self, rows: torch.Tensor | slice) -> RolloutBatch:
         """The rows `rows` of every tensor."""
         return RolloutBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
                                for f in fields(self)})

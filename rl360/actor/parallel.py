@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from rl360.actor.cpu_compat import activate_cpu_compat
+from rl360.cluster.groups import free_port
 
 
 def init_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0) -> None:
@@ -31,7 +31,7 @@ def init_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: in
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if not os.environ.get("MASTER_PORT") or os.environ["MASTER_PORT"] == "0":
-            os.environ["MASTER_PORT"] = str(_free_port())
+            os.environ["MASTER_PORT"] = str(free_port())
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
@@ -48,9 +48,3 @@ def destroy_parallel() -> None:
     parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -24,7 +24,8 @@ def start_ray(address: str = "", num_cpus: int = 0) -> None:
                  configure_logging=False)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -41,7 +42,7 @@ class WorkerGroup:
                                                name=name)
         ray.get(self.placement_group.ready())
         remote_cls = ray.remote(cls)
-        master_addr, master_port = ray.util.get_node_ip_address(), _free_port()
+        master_addr, master_port = ray.util.get_node_ip_address(), free_port()
 
         def rank_kwargs(rank: int) -> dict[str, Any]:
             if not distributed:
@@ -52,7 +53,8 @@ class WorkerGroup:
             remote_cls.options(
                 num_cpus=cpus_per_rank,
                 num_gpus=1 if use_gpu else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement_group, placement_group_bundle_index=rank),
                 name=f"{name}-{rank}",
             ).remote(*args, **rank_kwargs(rank))
             for rank in range(world_size)

@@ -183,7 +183,7 @@ class RewardPool:
                 worker.kill()
         self._workers = []
 
-    def __enter__(self) -> "RewardPool":
+    def __enter__(self) -> RewardPool:
         return self
 
     def __exit__(self, *exc: Any) -> None:

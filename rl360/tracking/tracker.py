@@ -18,11 +18,11 @@ CONSOLE_KEYS = {  # metric -> its label on the console line
 
 class Tracker:
     def __init__(self, output_dir: str | Path, config: dict[str, Any], use_wandb: bool = False,
-                 project: str = "rl360", run_name: str = "", log_every: int = 1, resume: bool = False,
+                 project: str = "rl360", run_name: str = "", log_every: int = 1,
                  console: TextIO = sys.stdout):
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a" if resume else "w")
+        self._file = self.path.open("w")
         self._console = console
         self.log_every = log_every
         self._wandb = None
@@ -31,7 +31,7 @@ class Tracker:
 
             self._wandb = wandb.init(
                 project=project, name=run_name or Path(output_dir).name, config=config,
-                dir=str(Path(output_dir)), mode=os.environ.get("WANDB_MODE"), resume="allow" if resume else None,
+                dir=str(Path(output_dir)), mode=os.environ.get("WANDB_MODE"),
             )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
