@@ -39,8 +39,9 @@ def test_megatron_logits_match_transformers(megatron_single_rank, tiny):
     ids = torch.zeros(3, 9, dtype=torch.long)
     for row, n in enumerate(lengths):
         ids[row, :n] = torch.randint(1, 96, (n,), generator=gen)
+    device = next(model.parameters()).device
     with torch.no_grad():
-        ours = model(ids, torch.arange(9).expand(3, 9), None)
+        ours = model(ids.to(device), torch.arange(9, device=device).expand(3, 9), None).cpu()
         for row, n in enumerate(lengths):
             theirs = reference(ids[row:row + 1, :n]).logits[0]
             assert (ours[row, :n] - theirs).abs().max().item() <= 1e-4
@@ -67,8 +68,9 @@ def test_saved_checkpoint_loads_and_gives_same_logits(megatron_single_rank, tiny
     bridge.save_hf_pretrained(models, tmp_path / "out")
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     ids = torch.randint(0, 96, (2, 6), generator=torch.Generator().manual_seed(1))
+    device = next(models[0].parameters()).device
     with torch.no_grad():
-        ours = models[0].eval()(ids, torch.arange(6).expand(2, 6), None)
+        ours = models[0].eval()(ids.to(device), torch.arange(6, device=device).expand(2, 6), None).cpu()
         assert (loaded(ids).logits - ours).abs().max().item() <= 1e-4
 
 

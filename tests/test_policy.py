@@ -55,7 +55,7 @@ def test_gradient_does_not_depend_on_micro_batch_split(megatron_single_rank, mod
             batch = _rollouts(HFEngine(model_dir), seed=1)
             batch.old_logprobs = worker.compute_logprobs(batch) - 0.05  # ratios != 1: clipping is exercised
         worker.accumulate_gradients(batch)
-        grads.append(torch.cat([p.main_grad.flatten() for p in worker.models[0].parameters()]))
+        grads.append(torch.cat([p.main_grad.flatten().cpu() for p in worker.models[0].parameters()]))
     assert grads[0].abs().sum() > 0
     for other in grads[1:]:
         assert (other - grads[0]).abs().max().item() <= 1e-6

@@ -29,12 +29,19 @@ class RolloutBatch:
 
     def select(self, rows: torch.Tensor | slice) -> RolloutBatch:
         """The rows `rows` of every tensor."""
-        return RolloutBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
+        return self._map(lambda tensor: tensor[rows])
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """Every tensor moved to `device`."""
+        return self._map(lambda tensor: tensor.to(device))
+
+    def _map(self, fn) -> RolloutBatch:
+        return RolloutBatch(**{f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name))
                                for f in fields(self)})
 
     def response_positions(self) -> torch.Tensor:
         """[B, R] positions of the logits that predict each response token (clamped inside the row)."""
-        offsets = torch.arange(self.response_ids.shape[1])
+        offsets = torch.arange(self.response_ids.shape[1], device=self.response_ids.device)
         return (self.response_start[:, None] + offsets[None, :] - 1).clamp(max=self.input_ids.shape[1] - 1)
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from rl360.actor.cpu_compat import activate_cpu_compat
-from rl360.cluster.groups import free_port
+from rl360.network import free_port
 
 
 def init_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0) -> None:

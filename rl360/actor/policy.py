@@ -30,6 +30,8 @@ class PolicyWorker:
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         self.cfg = cfg
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
+            torch.device("cpu")
         parallel = cfg.actor.parallel
         init_parallel(parallel.tensor, parallel.pipeline, seed=cfg.seed)
         self.bridge = Bridge.from_hf_pretrained(cfg.model.path)
@@ -56,13 +58,14 @@ class PolicyWorker:
 
         with torch.no_grad():
             outputs = self._schedule(models, micro, collect, forward_only=True)
-        return torch.cat(outputs, dim=0)
+        return torch.cat(outputs, dim=0).cpu()
 
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits of the current policy for right-padded `input_ids` (for tests/eval)."""
-        positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        input_ids = input_ids.to(self.device)
+        positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
         with torch.no_grad():
-            return _unwrap(self.models[0])(input_ids, positions, None).float()
+            return _unwrap(self.models[0])(input_ids, positions, None).float().cpu()
 
     # ---- update -----------------------------------------------------------------------------------
 
@@ -138,8 +141,8 @@ class PolicyWorker:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         def forward_step(data_iterator, model):
-            mb = next(data_iterator)
-            positions = torch.arange(mb.input_ids.shape[1]).expand_as(mb.input_ids)
+            mb = next(data_iterator).to(self.device)
+            positions = torch.arange(mb.input_ids.shape[1], device=self.device).expand_as(mb.input_ids)
             logits = model(mb.input_ids, positions, None)
             if forward_only:
                 return logits, lambda out, non_loss_data=True: on_logits(out, mb)
@@ -171,14 +174,14 @@ class PolicyWorker:
 
 def token_logprobs(logits: torch.Tensor, mb: RolloutBatch, temperature: float) -> torch.Tensor:
     """[B, R] log-softmax(logits / temperature) at each response token (TP=1: full vocabulary)."""
-    rows = torch.arange(logits.shape[0])[:, None]
+    rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
     picked = logits[rows, mb.response_positions()].float() / temperature
     return torch.log_softmax(picked, dim=-1).gather(-1, mb.response_ids[..., None]).squeeze(-1) * (
         mb.response_mask > 0)
 
 
 def _entropy(logits: torch.Tensor, mb: RolloutBatch, temperature: float) -> torch.Tensor:
-    rows = torch.arange(logits.shape[0])[:, None]
+    rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
     logp = torch.log_softmax(logits[rows, mb.response_positions()].float() / temperature, dim=-1)
     return -(logp.exp() * logp).sum(-1)
 

@@ -5,12 +5,13 @@ The controller calls the group and takes results from the ranks that own them; N
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rl360.network import free_port
 
 
 def start_ray(address: str = "", num_cpus: int = 0) -> None:
@@ -22,13 +23,6 @@ def start_ray(address: str = "", num_cpus: int = 0) -> None:
     else:
         ray.init(num_cpus=num_cpus or None, include_dashboard=False, log_to_driver=True,
                  configure_logging=False)
-
-
-def free_port() -> int:
-    """A TCP port free on this host right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class WorkerGroup:

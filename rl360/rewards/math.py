@@ -1,47 +1,150 @@
-"""`math`: math-verify on the last \\boxed{} (or \\fbox{}) of the response after any </think>."""
+"""`math`: math-verify on the last \\boxed{} (or \\fbox{}) of the response after any </think>.
+
+Timeouts. math-verify 0.9.0 guards `parse` (`parsing_timeout=5`) and `verify` (`timeout_seconds=5`, per
+gold x prediction pair) with `signal.alarm`: whole seconds, one alarm per operation (so one call can
+take several times the limit), `signal.alarm(0)` afterwards cancels any timer the caller had armed,
+and outside the main thread `signal.signal` fails, which math-verify re-raises as a `ValueError`.
+Here math-verify runs with both timeouts off (`None`), and one `time_limit` covers the whole comparison:
+an `ITIMER_REAL` timer (sub-second) in the main thread, which is where reward-pool workers and plain
+in-process calls run; a timer the caller had armed is put back with its remaining time. In any other
+thread no signal can be used, so the call runs unguarded and the reward pool's wall-clock limit (a
+worker is killed) is the guard. A comparison past the limit scores 0.
+"""
 
 from __future__ import annotations
 
+import logging
+import signal
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from math_verify import parse, verify
 
 from rl360.rewards.registry import register_reward
 
+TIMEOUT_S = 5.0  # budget of one whole comparison (both parses and the verify), main thread only
+_BOXES = ("\\boxed", "\\fbox")
+logger = logging.getLogger(__name__)
+
+
+class MathTimeout(BaseException):
+    """Raised by `time_limit`; a BaseException so math-verify's `except Exception` cannot swallow it."""
+
+
+def strip_thinking(text: str) -> str:
+    """The text after the last </think>, or all of it when there is none."""
+    return text.rsplit("</think>", 1)[-1]
+
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} or \\fbox{...} (braces balanced), or None."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    """Content of the last \\boxed{...} or \\fbox{...} (braces balanced, \\{ and \\} skipped), or None.
+
+    `\\boxed 5` (a single token, no braces) gives "5"; an unclosed last box gives None.
+    """
+    start = max(text.rfind(box) for box in _BOXES)
     if start < 0:
         return None
-    open_at = text.find("{", start)
-    if open_at < 0:
+    pos = start + len("\\boxed" if text.startswith("\\boxed", start) else "\\fbox")
+    if pos < len(text) and text[pos] in " \t":
+        token = text[pos:].lstrip().split(maxsplit=1)
+        return token[0].split("$", 1)[0] if token else None
+    if pos >= len(text) or text[pos] != "{":
         return None
     depth = 0
-    for pos in range(open_at, len(text)):
-        if text[pos] == "{":
+    index = pos
+    while index < len(text):
+        char = text[index]
+        if char == "\\":
+            index += 2  # an escaped character, e.g. \{ or \}, never opens or closes the box
+            continue
+        if char == "{":
             depth += 1
-        elif text[pos] == "}":
+        elif char == "}":
             depth -= 1
             if depth == 0:
-                return text[open_at + 1:pos]
+                return text[pos + 1:index]
+        index += 1
     return None
 
 
-def _timeout() -> int | None:
-    # math-verify's own timeout is a SIGALRM, which only the main thread may set; elsewhere the
-    # reward pool's wall-clock limit is the guard.
-    return 5 if threading.current_thread() is threading.main_thread() else None
+@contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise `MathTimeout` in the body after `seconds` (main thread only; elsewhere, or with None/<=0,
+    no limit). A real-time timer armed by the caller is restored with its remaining time; if it would
+    fire first, it is left alone and no limit of ours is set."""
+    if not seconds or seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    outer_delay, outer_interval = signal.getitimer(signal.ITIMER_REAL)
+    if 0 < outer_delay <= seconds:
+        yield
+        return
+    armed = True
+
+    def on_alarm(signum: int, frame: object) -> None:
+        nonlocal armed
+        if armed:  # fires at most once, and never once the body has finished
+            armed = False
+            raise MathTimeout(f"math comparison took longer than {seconds:g} s")
+
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        while True:  # a MathTimeout arriving during the clean-up itself is dropped and the clean-up redone
+            try:
+                armed = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+                if outer_delay > 0:
+                    remaining = max(outer_delay - (time.monotonic() - started), 1e-3)
+                    signal.setitimer(signal.ITIMER_REAL, remaining, outer_interval)
+                break
+            except MathTimeout:
+                continue
+
+
+def is_equiv(pred: str, ground_truth: str) -> bool:
+    """math-verify's verdict on a boxed-answer string against a ground-truth string, without timeouts of
+    its own (wrap in `time_limit`)."""
+    gold = parse(_as_boxed(ground_truth), parsing_timeout=None)
+    answer = parse(_as_boxed(pred), parsing_timeout=None)
+    return bool(gold) and bool(answer) and verify(gold, answer, timeout_seconds=None)
 
 
 @register_reward("math")
 def math_score(solution_str: str, ground_truth: str, extra_info: dict | None = None) -> dict:
-    answer_part = solution_str.rsplit("</think>", 1)[-1]
-    pred = last_boxed(answer_part)
+    """1.0 when the last boxed answer after any </think> equals `ground_truth` (math-verify), else 0.0."""
+    pred = last_boxed(strip_thinking(solution_str))
     if pred is None:
         return {"score": 0.0, "pred": None}
-    timeout = _timeout()
-    gold = parse(f"\\boxed{{{ground_truth}}}", parsing_timeout=timeout)
-    answer = parse(f"\\boxed{{{pred}}}", parsing_timeout=timeout)
-    correct = bool(gold and answer and verify(gold, answer, timeout_seconds=timeout))
+    try:
+        with time_limit(TIMEOUT_S):
+            correct = is_equiv(pred, ground_truth)
+    except MathTimeout:
+        logger.warning("math-verify timed out after %g s on the answer %.200r; scored 0", TIMEOUT_S, pred)
+        correct = False
     return {"score": 1.0 if correct else 0.0, "pred": pred}
+
+
+def _as_boxed(answer: str) -> str:
+    """`answer` wrapped as \\boxed{...} so math-verify's LaTeX extraction takes all of it; a ground truth
+    that already carries a \\boxed{} is reduced to its content first."""
+    answer = str(answer)
+    inner = last_boxed(answer) if "\\boxed" in answer or "\\fbox" in answer else None
+    return f"\\boxed{{{answer if inner is None else inner}}}"
+
+
+class _DropTimeoutDisabledWarning(logging.Filter):
+    """math-verify warns once that its timeouts are off; here that is deliberate (`time_limit` above)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_DropTimeoutDisabledWarning())

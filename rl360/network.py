@@ -1,0 +1,10 @@
+"""Host networking helpers."""
+
+import socket
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
