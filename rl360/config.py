@@ -14,6 +14,9 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from rl360.algos.advantages import advantage_estimators
+from rl360.algos.losses import AGG_MODES, KL_ESTIMATORS, policy_losses
+
 
 class ConfigError(ValueError):
     """A configuration key or value is wrong; the message names it."""
@@ -64,16 +67,20 @@ class ActorConfig:
     ppo_epochs: int = 1  # passes over each step's rollouts
     clip_ratio_low: float = 0.2  # PPO clip: ratio >= 1 - clip_ratio_low
     clip_ratio_high: float = 0.2  # PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher: 0.28)
-    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    clip_ratio_c: float = 0.0  # dual clip: loss of negative advantages at most -A * c (0: off; usual 3.0)
+    loss_mode: str = "vanilla"  # policy loss: vanilla (PPO clip) | gspo | gspo_token
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    entropy_coeff: float = 0.0  # weight of the entropy bonus (subtracted from the loss)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"  # grpo (group-normalised) | rloo
+    adv_estimator: str = "grpo"  # grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | opo | grpo_passk
     norm_adv_by_std_in_grpo: bool = True  # divide by the group std (false: Dr.GRPO)
+    gamma: float = 1.0  # discount of reinforce_plus_plus returns
     kl_coef: float = 0.0  # weight of the KL(policy || reference) loss; > 0 loads a reference model
-    kl_estimator: str = "k3"  # k1 | k2 | k3 estimator of the KL term
+    kl_estimator: str = "k3"  # k1 | k2 (mse) | k3 (low_var_kl) | abs; a "+" suffix: straight-through
 
 
 @dataclass
@@ -126,9 +133,10 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "model.dtype": ("float32", "bfloat16"),
     "data.on_bad_row": ("error", "skip"),
     "rollout.engine": ("hf",),
-    "actor.loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
-    "algorithm.adv_estimator": ("grpo", "rloo"),
-    "algorithm.kl_estimator": ("k1", "k2", "k3"),
+    "actor.loss_agg_mode": AGG_MODES,
+    "actor.loss_mode": tuple(policy_losses()),
+    "algorithm.adv_estimator": tuple(advantage_estimators()),
+    "algorithm.kl_estimator": KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS),
 }
 
 # Keys whose values must be positive (> 0) or non-negative (>= 0).
@@ -140,12 +148,16 @@ POSITIVE = (
 )
 NON_NEGATIVE = (
     "actor.lr", "actor.weight_decay", "actor.grad_clip", "actor.clip_ratio_low", "actor.clip_ratio_high",
+    "actor.clip_ratio_c", "actor.entropy_coeff",
     "algorithm.kl_coef", "reward.num_workers", "reward.max_memory_gb", "trainer.num_threads",
 )
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read a YAML file (or nothing) and `key=value` overrides into a validated `RunConfig`."""
+    """Read a YAML file (or nothing) and overrides into a validated `RunConfig`.
+
+    Overrides apply in order; each is `key=value` or another YAML file (a preset such as
+    configs/algorithms/gspo.yaml) whose keys replace those before it."""
     schema = OmegaConf.structured(RunConfig)
     layers = [schema]
     if path is not None:
@@ -154,6 +166,12 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
             raise ConfigError(f"config file not found: {path}")
         layers.append(_checked(lambda: OmegaConf.load(path), f"{path}"))
     for item in overrides:
+        if item.endswith((".yaml", ".yml")) and "=" not in item:
+            preset = Path(item)
+            if not preset.is_file():
+                raise ConfigError(f"config file not found: {preset}")
+            layers.append(_checked(lambda preset=preset: OmegaConf.load(preset), f"{preset}"))
+            continue
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         layers.append(_checked(lambda item=item: OmegaConf.from_dotlist([item]), f"override {item!r}"))
@@ -213,7 +231,9 @@ def validate(cfg: RunConfig) -> None:
             f"data.batch_size={cfg.data.batch_size} must be a multiple of "
             f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}"
         )
-    if cfg.algorithm.adv_estimator in ("grpo", "rloo") and cfg.rollout.n < 2:
+    if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1.0:
+        raise ConfigError(f"actor.clip_ratio_c={cfg.actor.clip_ratio_c} must be > 1 (or 0 to disable dual clip)")
+    if cfg.algorithm.adv_estimator != "reinforce_plus_plus" and cfg.rollout.n < 2:
         raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs rollout.n >= 2")
     unsupported = {
         "actor.parallel.tensor": cfg.actor.parallel.tensor,

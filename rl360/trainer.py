@@ -84,7 +84,7 @@ def train(cfg: RunConfig) -> Path:
                     batch.ref_logprobs = policy.call("compute_logprobs", batch, reference=True)[0]
             batch.advantages, _ = estimator(
                 _token_level(scores, batch), batch.response_mask, [i // cfg.rollout.n for i in range(len(batch))],
-                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, gamma=cfg.algorithm.gamma)
 
             # 5. policy update
             with _timer(timing, "update"):

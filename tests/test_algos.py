@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rl360.algos.advantages import get_advantage_estimator
-from rl360.algos.losses import agg_loss, agg_normalizer, kl_penalty, ppo_clip_loss
+from rl360.algos.losses import agg_loss, agg_normalizer, get_policy_loss, kl_penalty, ppo_clip_loss
 
 
 def _reference_grpo(scores, index, norm_by_std, eps=1e-6):
@@ -87,7 +87,7 @@ def test_kl_estimators():
         kl_penalty(logprob, ref, "k9")
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_aggregation_is_invariant_to_micro_batch_split(mode):
     gen = torch.Generator().manual_seed(3)
     loss = torch.randn(8, 6, generator=gen)
@@ -103,3 +103,93 @@ def test_aggregation_is_invariant_to_micro_batch_split(mode):
     elif mode == "seq-mean-token-mean":
         per_seq = [(loss[i] * mask[i]).sum() / max(mask[i].sum(), 1) for i in range(8)]
         torch.testing.assert_close(whole, torch.stack(per_seq).mean())
+
+
+def _masked_whiten_reference(values, mask):
+    flat = [v for v, m in zip(values.flatten().tolist(), mask.flatten().tolist()) if m]
+    mean = sum(flat) / len(flat)
+    std = math.sqrt(sum((v - mean) ** 2 for v in flat) / (len(flat) - 1))
+    return (values - mean) / math.sqrt(std**2 + 1e-8) * mask
+
+
+def test_reinforce_plus_plus_returns_and_whitening():
+    _, index, mask, _ = _inputs(2)
+    rewards = torch.randn(12, 5, generator=torch.Generator().manual_seed(5)) * mask
+    adv, returns = get_advantage_estimator("reinforce_plus_plus")(rewards, mask, index, gamma=0.9)
+    for i in range(12):
+        for t in range(5):
+            expected = sum(0.9 ** (k - t) * rewards[i, k].item() for k in range(t, 5) if mask[i, k]) if mask[i, t] else 0
+            assert returns[i, t].item() == pytest.approx(expected, abs=1e-5)
+    torch.testing.assert_close(adv, _masked_whiten_reference(returns, mask))
+
+
+def test_reinforce_plus_plus_baseline_is_group_centred_then_whitened():
+    scores, index, mask, rewards = _inputs(3)
+    adv, _ = get_advantage_estimator("reinforce_plus_plus_baseline")(rewards, mask, index)
+    centred = torch.tensor(_reference_grpo(scores.tolist(), index, norm_by_std=False))[:, None] * mask
+    torch.testing.assert_close(adv, _masked_whiten_reference(centred, mask))
+
+
+def test_opo_uses_length_weighted_baseline():
+    scores, index, mask, rewards = _inputs(4)
+    adv, _ = get_advantage_estimator("opo")(rewards, mask, index)
+    lengths = mask.sum(-1)
+    for i in range(12):
+        group = [j for j in range(12) if index[j] == index[i]]
+        if len(group) == 1:
+            assert adv[i].abs().sum() == 0
+            continue
+        base = sum(lengths[j] * scores[j] for j in group) / sum(lengths[j] for j in group)
+        assert adv[i, 0].item() == pytest.approx((scores[i] - base).item(), abs=1e-6)
+
+
+def test_grpo_passk_rewards_only_the_best_of_each_group():
+    scores = torch.tensor([0.2, 0.9, 0.5, 0.9, 0.1, 0.4, 0.3])
+    index = [0, 0, 0, 1, 1, 1, 2]
+    mask = torch.ones(7, 2)
+    rewards = torch.zeros(7, 2)
+    rewards[:, -1] = scores
+    adv, _ = get_advantage_estimator("grpo_passk")(rewards, mask, index, norm_adv_by_std_in_grpo=False)
+    assert adv[:, 0].tolist() == pytest.approx([0, 0.4, 0, 0.5, 0, 0, 0], abs=1e-6)
+
+
+def test_dual_clip_bounds_negative_advantage_loss():
+    ratio = torch.tensor([[5.0, 5.0, 0.5]])
+    adv = torch.tensor([[-1.0, 1.0, -1.0]])
+    loss, clipped = ppo_clip_loss(ratio.log(), torch.zeros(1, 3), adv, clip_ratio_low=0.2, clip_ratio_high=0.2,
+                                  clip_ratio_c=3.0)
+    assert loss[0].tolist() == pytest.approx([3.0, -1.2, 0.8])
+    assert clipped[0].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_gspo_sequence_ratio_and_token_variant_gradient():
+    gen = torch.Generator().manual_seed(7)
+    old = torch.randn(4, 6, generator=gen) - 2
+    mask = torch.ones(4, 6)
+    mask[1, 4:] = 0
+    adv = torch.randn(4, 1, generator=gen).expand(4, 6) * mask
+    logprob = (old + 1e-4 * torch.randn(4, 6, generator=gen)).requires_grad_(True)
+    loss, _ = get_policy_loss("gspo")(logprob, old, adv, mask, clip_ratio_low=0.1, clip_ratio_high=0.1)
+    seq_ratio = torch.exp(((logprob - old) * mask).sum(-1) / mask.sum(-1)).detach()
+    torch.testing.assert_close(loss.detach(), -adv * seq_ratio[:, None])
+    grad_seq, = torch.autograd.grad(agg_loss(loss, mask, "seq-mean-token-mean", 4.0), logprob)
+    token_loss, _ = get_policy_loss("gspo_token")(logprob, old, adv, mask, clip_ratio_low=0.1, clip_ratio_high=0.1)
+    grad_tok, = torch.autograd.grad(agg_loss(token_loss, mask, "seq-mean-token-mean", 4.0), logprob)
+    torch.testing.assert_close(grad_tok, grad_seq)  # equal advantages per sequence: identical gradients
+
+
+def test_straight_through_kl_has_k2_gradient_and_estimator_value():
+    logprob = torch.tensor([-1.0, -2.0], requires_grad=True)
+    ref = torch.tensor([-1.5, -1.0])
+    value = kl_penalty(logprob, ref, "k3+")
+    torch.testing.assert_close(value.detach(), kl_penalty(logprob, ref, "k3"))
+    grad, = torch.autograd.grad(value.sum(), logprob)
+    torch.testing.assert_close(grad, (logprob - ref).detach())
+    torch.testing.assert_close(kl_penalty(logprob, ref, "abs"), (logprob - ref).abs())
+
+
+def test_seq_mean_token_sum_norm_divides_by_max_length():
+    loss = torch.ones(2, 4)
+    mask = torch.tensor([[1.0, 1, 0, 0], [1, 1, 1, 1]])
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm", 2.0, max_response_length=8).item() == pytest.approx(
+        (2 / 8 + 4 / 8) / 2)

@@ -45,12 +45,14 @@ def test_trainer_logprobs_equal_engine_logprobs(megatron_single_rank, model_dir)
     assert (logprobs * (1 - batch.response_mask)).abs().max() == 0
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
-def test_gradient_does_not_depend_on_micro_batch_split(megatron_single_rank, model_dir, mode):
+@pytest.mark.parametrize("mode,loss", [("token-mean", "vanilla"), ("seq-mean-token-mean", "gspo"),
+                                       ("seq-mean-token-sum", "vanilla"), ("seq-mean-token-sum-norm", "gspo_token")])
+def test_gradient_does_not_depend_on_micro_batch_split(megatron_single_rank, model_dir, mode, loss):
     grads = []
     batch = None
     for micro in (16, 8, 2):
-        worker = PolicyWorker(_config(model_dir, f"actor.micro_batch_size={micro}", f"actor.loss_agg_mode={mode}"))
+        worker = PolicyWorker(_config(model_dir, f"actor.micro_batch_size={micro}", f"actor.loss_agg_mode={mode}",
+                                      f"actor.loss_mode={loss}", "actor.entropy_coeff=0.01", "actor.clip_ratio_c=3"))
         if batch is None:
             batch = _rollouts(HFEngine(model_dir), seed=1)
             batch.old_logprobs = worker.compute_logprobs(batch) - 0.05  # ratios != 1: clipping is exercised

@@ -16,7 +16,7 @@ import torch
 from megatron_bridge import Bridge
 from rl360.actor.batch import RolloutBatch
 from rl360.actor.parallel import init_parallel
-from rl360.algos.losses import agg_loss, agg_normalizer, kl_penalty, ppo_clip_loss
+from rl360.algos.losses import agg_loss, agg_normalizer, entropy_from_logits, get_policy_loss, kl_penalty
 from rl360.config import RunConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -100,6 +100,7 @@ class PolicyWorker:
 
         Gradients end in megatron's `main_grad` buffers, equal to those of the unsplit mini-batch."""
         normalizer = agg_normalizer(mini.response_mask, self.cfg.actor.loss_agg_mode)
+        self._tokens_in_mini = max(float(mini.response_mask.sum()), 1.0)
         micro = self._micro_batches(mini)
         for chunk in self.models:
             chunk.zero_grad_buffer()
@@ -111,23 +112,32 @@ class PolicyWorker:
         """Loss of one micro-batch, scaled so megatron's division by the micro-batch count cancels and
         the summed gradient is that of the whole mini-batch under the configured aggregation."""
         cfg, algo = self.cfg.actor, self.cfg.algorithm
-        logprob = token_logprobs(logits, mb, self.cfg.rollout.temperature)
+        temperature = self.cfg.rollout.temperature
         mask = mb.response_mask
-        pg_tokens, clipped = ppo_clip_loss(logprob, mb.old_logprobs, mb.advantages,
-                                           cfg.clip_ratio_low, cfg.clip_ratio_high)
-        pg_loss = agg_loss(pg_tokens, mask, cfg.loss_agg_mode, normalizer)
+        response_logits = _response_logits(logits, mb, temperature)
+        logprob = _gather_logprobs(response_logits, mb)
+
+        def aggregate(per_token: torch.Tensor) -> torch.Tensor:
+            return agg_loss(per_token, mask, cfg.loss_agg_mode, normalizer, self.cfg.rollout.max_response_length)
+
+        def token_mean(per_token: torch.Tensor) -> float:
+            """This micro-batch's part of the mini-batch's token mean (parts add up over micro-batches)."""
+            return ((per_token.detach() * mask).sum() / self._tokens_in_mini).item()
+
+        pg_tokens, clipped = get_policy_loss(cfg.loss_mode)(logprob, mb.old_logprobs, mb.advantages, mask, cfg)
+        pg_loss = aggregate(pg_tokens)
         loss = pg_loss
-        report = {"actor/pg_loss": pg_loss.item(),
-                  "actor/pg_clipfrac": agg_loss(clipped, mask, "token-mean", _tokens(mask, normalizer, cfg))}
+        report = {"actor/pg_loss": pg_loss.item()}
         if self.ref_models is not None:
-            kl = agg_loss(kl_penalty(logprob, mb.ref_logprobs, algo.kl_estimator), mask, cfg.loss_agg_mode,
-                          normalizer)
+            kl = aggregate(kl_penalty(logprob, mb.ref_logprobs, algo.kl_estimator))
             loss = loss + algo.kl_coef * kl
             report["actor/kl"] = kl.item()
-        with torch.no_grad():
-            report["actor/entropy"] = agg_loss(_entropy(logits, mb, self.cfg.rollout.temperature), mask,
-                                               "token-mean", _tokens(mask, normalizer, cfg)).item()
-        report["actor/pg_clipfrac"] = float(report["actor/pg_clipfrac"])
+        entropy = entropy_from_logits(response_logits)
+        if cfg.entropy_coeff:
+            loss = loss - cfg.entropy_coeff * aggregate(entropy)
+        report["actor/entropy"] = token_mean(entropy)
+        report["actor/pg_clipfrac"] = token_mean(clipped)
+        report["actor/ppo_kl"] = token_mean(mb.old_logprobs - logprob)
         return loss * num_micro, report
 
     # ---- megatron schedule ------------------------------------------------------------------------
@@ -174,21 +184,18 @@ class PolicyWorker:
 
 def token_logprobs(logits: torch.Tensor, mb: RolloutBatch, temperature: float) -> torch.Tensor:
     """[B, R] log-softmax(logits / temperature) at each response token (TP=1: full vocabulary)."""
+    return _gather_logprobs(_response_logits(logits, mb, temperature), mb)
+
+
+def _response_logits(logits: torch.Tensor, mb: RolloutBatch, temperature: float) -> torch.Tensor:
+    """[B, R, V] temperature-scaled fp32 logits at the positions that predict each response token."""
     rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
-    picked = logits[rows, mb.response_positions()].float() / temperature
-    return torch.log_softmax(picked, dim=-1).gather(-1, mb.response_ids[..., None]).squeeze(-1) * (
-        mb.response_mask > 0)
+    return logits[rows, mb.response_positions()].float() / temperature
 
 
-def _entropy(logits: torch.Tensor, mb: RolloutBatch, temperature: float) -> torch.Tensor:
-    rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
-    logp = torch.log_softmax(logits[rows, mb.response_positions()].float() / temperature, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
-def _tokens(mask: torch.Tensor, normalizer: float, cfg) -> float:
-    """Global token count of the mini-batch (the normaliser itself under token-mean)."""
-    return normalizer if cfg.loss_agg_mode == "token-mean" else max(float(mask.sum()), 1.0)
+def _gather_logprobs(response_logits: torch.Tensor, mb: RolloutBatch) -> torch.Tensor:
+    logprobs = torch.log_softmax(response_logits, dim=-1).gather(-1, mb.response_ids[..., None]).squeeze(-1)
+    return logprobs * (mb.response_mask > 0)
 
 
 def _wrap_ddp(chunks: list) -> list:

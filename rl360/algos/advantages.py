@@ -75,3 +75,77 @@ def rloo_advantage(
             adv[rows] = (scores[rows] - scores[rows].mean()) * n / (n - 1)
     adv = adv.unsqueeze(-1) * response_mask
     return adv, adv
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, epsilon: float = 1e-8) -> torch.Tensor:
+    """(values - mean) / std over the masked entries of the whole batch (unbiased variance)."""
+    count = mask.sum().clamp(min=1)
+    mean = (values * mask).sum() / count
+    var = ((values - mean).square() * mask).sum() / (count - 1).clamp(min=1)
+    return (values - mean) * torch.rsqrt(var + epsilon) * mask
+
+
+@register_advantage_estimator("reinforce_plus_plus")
+def reinforce_plus_plus_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence | None = None,
+    gamma: float = 1.0, **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++: discounted return-to-go of each token, whitened over all tokens of the batch."""
+    returns = torch.zeros_like(token_level_rewards)
+    running = torch.zeros_like(token_level_rewards[:, 0])
+    for t in reversed(range(token_level_rewards.shape[1])):
+        running = token_level_rewards[:, t] + gamma * running * response_mask[:, t]
+        returns[:, t] = running
+    returns = returns * response_mask
+    return masked_whiten(returns, response_mask), returns
+
+
+@register_advantage_estimator("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence, **_: object
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a group baseline: score minus its group's mean, whitened over the batch's tokens."""
+    centred, _ = grpo_advantage(token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=False)
+    return masked_whiten(centred, response_mask), centred
+
+
+@register_advantage_estimator("opo")
+def opo_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence, **_: object
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO: score minus the length-weighted group mean, b = sum_i |y_i| r_i / sum_i |y_i|."""
+    scores = token_level_rewards.sum(dim=-1)
+    lengths = response_mask.sum(dim=-1)
+    adv = torch.zeros_like(scores)
+    for rows in _groups(index).values():
+        if len(rows) > 1:
+            baseline = (lengths[rows] * scores[rows]).sum() / lengths[rows].sum().clamp(min=1)
+            adv[rows] = scores[rows] - baseline
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_advantage_estimator("grpo_passk")
+def grpo_passk_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence,
+    norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6, **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass@k GRPO: only each group's best response gets an advantage, r_best - r_second
+    (divided by the group std unless Dr.GRPO style)."""
+    scores = token_level_rewards.sum(dim=-1)
+    adv = torch.zeros_like(scores)
+    for rows in _groups(index).values():
+        if len(rows) < 2:
+            continue
+        group = scores[rows]
+        top = torch.topk(group, 2)
+        value = top.values[0] - top.values[1]
+        if norm_adv_by_std_in_grpo:
+            value = value / (group.std() + epsilon)
+        adv[rows[int(top.indices[0])]] = value
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+def advantage_estimators() -> list[str]:
+    return sorted(_ESTIMATORS)

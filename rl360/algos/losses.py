@@ -1,52 +1,69 @@
 """Policy losses, KL estimators and loss aggregation (pure torch; shapes `[batch, response_len]`).
 
+Policy losses are selected by name (`actor.loss_mode`) from a registry; each is
+`fn(logprob, old_logprob, advantages, response_mask, cfg) -> (per-token loss, per-token clipped flag)`.
 Aggregation takes an explicit global normaliser (tokens or sequences of the whole mini-batch, across
 micro-batches), so a mini-batch split into micro-batches gives the gradient of the unsplit batch.
+Formulas: docs/algorithms.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "mse", "k3", "low_var_kl", "abs")
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token estimate of KL(policy || reference) from samples of the policy.
+    """Per-token estimate of KL(policy || reference) from samples of the policy, log r = logprob - ref.
 
-    k1: log r; k2: (log r)^2 / 2; k3: exp(-log r) - 1 + log r (unbiased, non-negative, low variance),
-    with log r = logprob - ref_logprob.
+    k1: log r; abs: |log r|; k2 / mse: (log r)^2 / 2; k3 / low_var_kl: exp(-log r) - 1 + log r.
+    A "+" suffix (e.g. "k3+") gives the straight-through variant: the value of the estimator, the
+    gradient of k2 (unbiased for the KL's gradient).
     """
+    if estimator.endswith("+"):
+        value = kl_penalty(logprob, ref_logprob, estimator[:-1])
+        gradient = kl_penalty(logprob, ref_logprob, "k2")
+        return gradient - gradient.detach() + value.detach()
     log_ratio = logprob - ref_logprob
     if estimator == "k1":
         return log_ratio
-    if estimator == "k2":
+    if estimator == "abs":
+        return log_ratio.abs()
+    if estimator in ("k2", "mse"):
         return 0.5 * log_ratio.square()
-    if estimator == "k3":
+    if estimator in ("k3", "low_var_kl"):
         log_ratio = log_ratio.clamp(-20.0, 20.0)
-        return torch.exp(-log_ratio) - 1.0 + log_ratio
-    raise KeyError(f"unknown KL estimator {estimator!r}; choose one of ['k1', 'k2', 'k3']")
+        return (torch.exp(-log_ratio) - 1.0 + log_ratio).clamp(-10.0, 10.0)
+    raise KeyError(f"unknown KL estimator {estimator!r}; choose one of {list(KL_ESTIMATORS)} (or with '+')")
 
 
-def agg_loss(
-    loss_mat: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str, global_normalizer: float
-) -> torch.Tensor:
+def agg_loss(loss_mat: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str,
+             global_normalizer: float, max_response_length: int | None = None) -> torch.Tensor:
     """Aggregate a per-token loss.
 
     token-mean: sum over all tokens / global token count.
-    seq-mean-token-mean: per-sequence token mean, summed / global sequence count.
     seq-mean-token-sum: per-sequence token sum, summed / global sequence count.
+    seq-mean-token-mean: per-sequence token mean, summed / global sequence count.
+    seq-mean-token-sum-norm (Dr.GRPO): per-sequence token sum / max_response_length, summed / global
+    sequence count.
     """
     masked = loss_mat * response_mask
     if loss_agg_mode == "token-mean":
         return masked.sum() / global_normalizer
+    if loss_agg_mode == "seq-mean-token-sum":
+        return masked.sum(-1).sum() / global_normalizer
     if loss_agg_mode == "seq-mean-token-mean":
         per_seq = masked.sum(-1) / response_mask.sum(-1).clamp(min=1)
         return per_seq.sum() / global_normalizer
-    if loss_agg_mode == "seq-mean-token-sum":
-        return masked.sum(-1).sum() / global_normalizer
-    raise KeyError(
-        f"unknown loss_agg_mode {loss_agg_mode!r}; choose one of "
-        "['token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum']"
-    )
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        length = max_response_length or loss_mat.shape[-1]
+        return (masked.sum(-1) / length).sum() / global_normalizer
+    raise KeyError(f"unknown loss_agg_mode {loss_agg_mode!r}; choose one of {list(AGG_MODES)}")
 
 
 def agg_normalizer(response_mask: torch.Tensor, loss_agg_mode: str) -> float:
@@ -56,15 +73,87 @@ def agg_normalizer(response_mask: torch.Tensor, loss_agg_mode: str) -> float:
     return float(max(response_mask.shape[0], 1))
 
 
-def ppo_clip_loss(
-    logprob: torch.Tensor,
-    old_logprob: torch.Tensor,
-    advantages: torch.Tensor,
-    clip_ratio_low: float,
-    clip_ratio_high: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token PPO-clip surrogate, max(-A r, -A clip(r, 1 - low, 1 + high)); also the clipped flags."""
-    ratio = torch.exp((logprob - old_logprob).clamp(-20.0, 20.0))
+PolicyLoss = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+_POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    def wrap(fn: PolicyLoss) -> PolicyLoss:
+        _POLICY_LOSSES[name] = fn
+        return fn
+
+    return wrap
+
+
+def policy_losses() -> list[str]:
+    return sorted(_POLICY_LOSSES)
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    if name not in _POLICY_LOSSES:
+        raise KeyError(f"unknown policy loss {name!r}; choose one of {sorted(_POLICY_LOSSES)}")
+    return _POLICY_LOSSES[name]
+
+
+def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float,
+                       clip_ratio_c: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+    clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
+    loss = torch.maximum(unclipped, clipped)
+    flags = (clipped > unclipped).float()
+    if clip_ratio_c is not None:  # dual clip: bound the loss of negative advantages at -A * c
+        lower_bound = -advantages * clip_ratio_c
+        dual = (advantages < 0) & (loss > lower_bound)
+        loss = torch.where(dual, lower_bound, loss)
+        flags = torch.where(dual, torch.ones_like(flags), flags)
+    return loss, flags
+
+
+@register_policy_loss("vanilla")
+def ppo_clip_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
+                  response_mask: torch.Tensor | None = None, cfg: Any = None, *, clip_ratio_low: float = 0.2,
+                  clip_ratio_high: float = 0.2, clip_ratio_c: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO clip with asymmetric ranges (DAPO clip-higher) and optional dual clip:
+    max(-A r, -A clip(r, 1 - low, 1 + high)), then for A < 0 at most -A c."""
+    if cfg is not None:
+        clip_ratio_low, clip_ratio_high = cfg.clip_ratio_low, cfg.clip_ratio_high
+        clip_ratio_c = cfg.clip_ratio_c or None
+    ratio = torch.exp((logprob - old_logprob).clamp(-20.0, 20.0))
+    return _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c)
+
+
+def _sequence_log_ratio(logprob: torch.Tensor, old_logprob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, 1] length-normalised sequence log importance ratio (1/|y|) sum_t log(pi / pi_old)."""
+    return (((logprob - old_logprob) * mask).sum(-1) / mask.sum(-1).clamp(min=1)).unsqueeze(-1)
+
+
+@register_policy_loss("gspo")
+def gspo_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
+              response_mask: torch.Tensor, cfg: Any = None, *, clip_ratio_low: float = 3e-4,
+              clip_ratio_high: float = 4e-4) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO: the clipped surrogate on the sequence ratio s = exp(mean_t log(pi / pi_old)), same for all
+    tokens of a response."""
+    if cfg is not None:
+        clip_ratio_low, clip_ratio_high = cfg.clip_ratio_low, cfg.clip_ratio_high
+    ratio = torch.exp(_sequence_log_ratio(logprob, old_logprob, response_mask).clamp(-20.0, 20.0))
+    return _clipped_surrogate(ratio.expand_as(logprob), advantages, clip_ratio_low, clip_ratio_high)
+
+
+@register_policy_loss("gspo_token")
+def gspo_token_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
+                    response_mask: torch.Tensor, cfg: Any = None, *, clip_ratio_low: float = 3e-4,
+                    clip_ratio_high: float = 4e-4) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO-token: ratio_t = sg[s] * pi_t / sg[pi_t] (value s, gradient of log pi_t), for token-level
+    advantages."""
+    if cfg is not None:
+        clip_ratio_low, clip_ratio_high = cfg.clip_ratio_low, cfg.clip_ratio_high
+    seq_log_ratio = _sequence_log_ratio(logprob, old_logprob, response_mask).detach()
+    log_ratio = seq_log_ratio + logprob - logprob.detach()
+    ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
+    return _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-position entropy of softmax(logits) over the last dimension."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
