@@ -12,22 +12,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from rl360.algos.registry import Registry
+
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-_ESTIMATORS: dict[str, AdvantageFn] = {}
-
-
-def register_advantage_estimator(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    def wrap(fn: AdvantageFn) -> AdvantageFn:
-        _ESTIMATORS[name] = fn
-        return fn
-
-    return wrap
-
-
-def get_advantage_estimator(name: str) -> AdvantageFn:
-    if name not in _ESTIMATORS:
-        raise KeyError(f"unknown advantage estimator {name!r}; choose one of {sorted(_ESTIMATORS)}")
-    return _ESTIMATORS[name]
+ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
+register_advantage_estimator = ESTIMATORS.register
+get_advantage_estimator = ESTIMATORS.get
+advantage_estimators = ESTIMATORS.names
 
 
 def _groups(index: Sequence) -> dict[object, list[int]]:
@@ -145,7 +136,3 @@ def grpo_passk_advantage(
         adv[rows[int(top.indices[0])]] = value
     adv = adv.unsqueeze(-1) * response_mask
     return adv, adv
-
-
-def advantage_estimators() -> list[str]:
-    return sorted(_ESTIMATORS)

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from rl360.algos.registry import Registry
+
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "mse", "k3", "low_var_kl", "abs")
 
@@ -74,25 +76,10 @@ def agg_normalizer(response_mask: torch.Tensor, loss_agg_mode: str) -> float:
 
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-_POLICY_LOSSES: dict[str, PolicyLoss] = {}
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    def wrap(fn: PolicyLoss) -> PolicyLoss:
-        _POLICY_LOSSES[name] = fn
-        return fn
-
-    return wrap
-
-
-def policy_losses() -> list[str]:
-    return sorted(_POLICY_LOSSES)
-
-
-def get_policy_loss(name: str) -> PolicyLoss:
-    if name not in _POLICY_LOSSES:
-        raise KeyError(f"unknown policy loss {name!r}; choose one of {sorted(_POLICY_LOSSES)}")
-    return _POLICY_LOSSES[name]
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+register_policy_loss = POLICY_LOSSES.register
+get_policy_loss = POLICY_LOSSES.get
+policy_losses = POLICY_LOSSES.names
 
 
 def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float,
