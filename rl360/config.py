@@ -226,6 +226,11 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("model.path is empty: give a Hugging Face model directory")
     if not cfg.data.train_files:
         raise ConfigError("data.train_files is empty: give at least one parquet file, directory or glob")
+    if (cfg.actor.ppo_mini_batch_size * cfg.rollout.n) % cfg.actor.parallel.data:
+        raise ConfigError(
+            f"actor.ppo_mini_batch_size * rollout.n = {cfg.actor.ppo_mini_batch_size * cfg.rollout.n} must be a "
+            f"multiple of actor.parallel.data={cfg.actor.parallel.data}"
+        )
     if cfg.data.batch_size % cfg.actor.ppo_mini_batch_size:
         raise ConfigError(
             f"data.batch_size={cfg.data.batch_size} must be a multiple of "
@@ -238,7 +243,6 @@ def validate(cfg: RunConfig) -> None:
     unsupported = {
         "actor.parallel.tensor": cfg.actor.parallel.tensor,
         "actor.parallel.pipeline": cfg.actor.parallel.pipeline,
-        "actor.parallel.data": cfg.actor.parallel.data,
         "rollout.num_engines": cfg.rollout.num_engines,
     }
     for key, value in unsupported.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -34,10 +35,12 @@ def train(cfg: RunConfig) -> Path:
                           shuffle_buffer=cfg.data.shuffle_buffer, on_bad_row=cfg.data.on_bad_row,
                           filter_fn=renderer.fits)
 
-    start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus)
+    parallel = cfg.actor.parallel
+    policy_ranks = parallel.tensor * parallel.pipeline * parallel.data
+    start_ray(cfg.cluster.ray_address,
+              cfg.cluster.num_cpus or max(os.cpu_count() or 1, policy_ranks + cfg.rollout.num_engines))
     use_gpu = torch.cuda.is_available()
-    policy = WorkerGroup(PolicyWorker, cfg.actor.parallel.tensor * cfg.actor.parallel.pipeline, cfg,
-                         use_gpu=use_gpu, name="policy")
+    policy = WorkerGroup(PolicyWorker, policy_ranks, cfg, use_gpu=use_gpu, name="policy")
     engine = WorkerGroup(HFEngine, cfg.rollout.num_engines, cfg.model.path, use_gpu=use_gpu, name="rollout",
                          distributed=False, num_threads=cfg.trainer.num_threads).actors[0]
     rewards = RewardPool(cfg.reward.num_workers, cfg.reward.timeout_s,
@@ -78,17 +81,20 @@ def train(cfg: RunConfig) -> Path:
             scores = torch.tensor([r.score for r in results], dtype=torch.float32)
 
             # 4. old / reference log-probs and advantages
+            shards = _data_parallel_shards(batch, parallel.data)
             with _timer(timing, "logprobs"):
-                batch.old_logprobs = policy.call("compute_logprobs", batch)[0]
+                batch.old_logprobs = torch.cat(policy.call_each("compute_logprobs", [(s,) for s in shards]))
                 if cfg.algorithm.kl_coef > 0:
-                    batch.ref_logprobs = policy.call("compute_logprobs", batch, reference=True)[0]
+                    batch.ref_logprobs = torch.cat(
+                        policy.call_each("compute_logprobs", [(s, True) for s in shards]))
             batch.advantages, _ = estimator(
                 _token_level(scores, batch), batch.response_mask, [i // cfg.rollout.n for i in range(len(batch))],
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, gamma=cfg.algorithm.gamma)
 
             # 5. policy update
             with _timer(timing, "update"):
-                update_metrics = policy.call("update", batch)[0]
+                shards = _data_parallel_shards(batch, parallel.data)
+                update_metrics = _merge_rank_metrics(policy.call_each("update", [(s,) for s in shards]))
 
             # 6. weights into the engine, in HF names and bounded buckets
             with _timer(timing, "weight_sync"):
@@ -120,6 +126,21 @@ def sync_weights(policy_rank0, engines: list, version: int) -> None:
         pending += [engine.update_weights.remote(bucket_ref, version) for engine in engines]
     ray.get(pending)
     ray.get([engine.finish_weight_update.remote(version) for engine in engines])
+
+
+def _data_parallel_shards(batch: RolloutBatch, ranks: int) -> list[RolloutBatch]:
+    """Contiguous equal shards, one per data-parallel rank (TP = PP = 1: rank i is data-parallel rank i)."""
+    size = len(batch) // ranks
+    return [batch.select(slice(i * size, (i + 1) * size)) for i in range(ranks)]
+
+
+# Metrics every rank computes identically; all others are each rank's share of a global mean, so they add up.
+_SAME_ON_EVERY_RANK = ("actor/grad_norm", "actor/update_skipped")
+
+
+def _merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    return {key: per_rank[0][key] if key in _SAME_ON_EVERY_RANK else sum(m[key] for m in per_rank)
+            for key in per_rank[0]}
 
 
 def _token_level(scores: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:

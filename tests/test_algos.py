@@ -118,7 +118,8 @@ def test_reinforce_plus_plus_returns_and_whitening():
     adv, returns = get_advantage_estimator("reinforce_plus_plus")(rewards, mask, index, gamma=0.9)
     for i in range(12):
         for t in range(5):
-            expected = sum(0.9 ** (k - t) * rewards[i, k].item() for k in range(t, 5) if mask[i, k]) if mask[i, t] else 0
+            terms = [0.9 ** (k - t) * rewards[i, k].item() for k in range(t, 5) if mask[i, k]]
+            expected = sum(terms) if mask[i, t] else 0
             assert returns[i, t].item() == pytest.approx(expected, abs=1e-5)
     torch.testing.assert_close(adv, _masked_whiten_reference(returns, mask))
 

@@ -87,3 +87,25 @@ def test_update_then_sync_keeps_engine_and_trainer_identical_and_saves_hf(megatr
     ids = torch.randint(0, 96, (3, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (saved(ids).logits - worker.logits(ids)).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("mode,loss", [("token-mean", "vanilla"), ("seq-mean-token-mean", "gspo"),
+                                       ("seq-mean-token-sum", "vanilla"), ("seq-mean-token-sum-norm", "vanilla")])
+def test_two_data_parallel_ranks_give_the_single_rank_gradient(megatron_single_rank, model_dir, mode, loss,
+                                                               tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from rl360.network import free_port
+    from tests.dp_worker import config, fixed_batch, gradient
+
+    expected = gradient(PolicyWorker(config(model_dir, mode, loss, 1)), fixed_batch())
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    ranks = [subprocess.Popen([sys.executable, "-m", "tests.dp_worker", model_dir, mode, loss, str(rank), str(port),
+                               str(tmp_path / f"grad{rank}.pt")], env=env) for rank in range(2)]
+    assert [proc.wait(timeout=240) for proc in ranks] == [0, 0]
+    for rank in range(2):
+        got = torch.load(tmp_path / f"grad{rank}.pt")
+        assert (got - expected).abs().max().item() <= 1e-6  # all-reduced: every rank holds the full gradient

@@ -34,6 +34,10 @@ class PolicyWorker:
             torch.device("cpu")
         parallel = cfg.actor.parallel
         init_parallel(parallel.tensor, parallel.pipeline, seed=cfg.seed)
+        from megatron.core import parallel_state
+
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.dp_group = parallel_state.get_data_parallel_group()
         self.bridge = Bridge.from_hf_pretrained(cfg.model.path)
         dtype = DTYPES[cfg.model.dtype]
         self.models = _wrap_ddp(self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype))
@@ -72,7 +76,7 @@ class PolicyWorker:
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """PPO epochs over mini-batches of `batch`; returns averaged metrics."""
         cfg = self.cfg.actor
-        mini_size = cfg.ppo_mini_batch_size * self.cfg.rollout.n
+        mini_size = cfg.ppo_mini_batch_size * self.cfg.rollout.n // self.dp_size  # this rank's share
         generator = torch.Generator().manual_seed(self.cfg.seed)
         totals: dict[str, float] = {}
         steps = 0
@@ -99,8 +103,13 @@ class PolicyWorker:
         """Zero the gradients, then forward/backward every micro-batch of `mini`; per-micro-batch reports.
 
         Gradients end in megatron's `main_grad` buffers, equal to those of the unsplit mini-batch."""
-        normalizer = agg_normalizer(mini.response_mask, self.cfg.actor.loss_agg_mode)
-        self._tokens_in_mini = max(float(mini.response_mask.sum()), 1.0)
+        # denominators of the whole mini-batch, over every data-parallel rank's share of it
+        counts = torch.tensor([agg_normalizer(mini.response_mask, self.cfg.actor.loss_agg_mode),
+                               float(mini.response_mask.sum())], dtype=torch.float64, device=self.device)
+        if self.dp_size > 1:
+            torch.distributed.all_reduce(counts, group=self.dp_group)
+        normalizer = max(counts[0].item(), 1.0)
+        self._tokens_in_mini = max(counts[1].item(), 1.0)
         micro = self._micro_batches(mini)
         for chunk in self.models:
             chunk.zero_grad_buffer()
@@ -138,7 +147,9 @@ class PolicyWorker:
         report["actor/entropy"] = token_mean(entropy)
         report["actor/pg_clipfrac"] = token_mean(clipped)
         report["actor/ppo_kl"] = token_mean(mb.old_logprobs - logprob)
-        return loss * num_micro, report
+        # megatron divides by the micro-batch count and averages gradients over data-parallel ranks;
+        # the loss is already normalised by the global counts, so undo both
+        return loss * num_micro * self.dp_size, report
 
     # ---- megatron schedule ------------------------------------------------------------------------
 
@@ -199,11 +210,16 @@ def _gather_logprobs(response_logits: torch.Tensor, mb: RolloutBatch) -> torch.T
 
 
 def _wrap_ddp(chunks: list) -> list:
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    """Megatron DDP: gradients in contiguous buffers, all-reduced over data-parallel ranks by the
+    schedule's `finalize_model_grads` at the end of each mini-batch."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                use_distributed_optimizer=False)
-    return [DistributedDataParallel(chunk.config, ddp_config, chunk) for chunk in chunks]
+    wrapped = [DistributedDataParallel(chunk.config, ddp_config, chunk) for chunk in chunks]
+    for chunk in wrapped:
+        chunk.config.finalize_model_grads_func = finalize_model_grads
+    return wrapped
 
 
 def _unwrap(model):

@@ -58,6 +58,10 @@ class WorkerGroup:
         """Call `method` on every rank and wait for all results (in rank order)."""
         return ray.get([getattr(actor, method).remote(*args, **kwargs) for actor in self.actors])
 
+    def call_each(self, method: str, per_rank_args: list[tuple]) -> list[Any]:
+        """Call `method` on rank i with `per_rank_args[i]` and wait for all results (in rank order)."""
+        return ray.get([getattr(actor, method).remote(*args) for actor, args in zip(self.actors, per_rank_args)])
+
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor)

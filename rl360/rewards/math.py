@@ -46,10 +46,12 @@ def last_boxed(text: str) -> str | None:
     start = max(text.rfind(box) for box in _BOXES)
     if start < 0:
         return None
-    pos = start + len("\\boxed" if text.startswith("\\boxed", start) else "\\fbox")
-    if pos < len(text) and text[pos] in " \t":
-        token = text[pos:].lstrip().split(maxsplit=1)
-        return token[0].split("$", 1)[0] if token else None
+    name_end = start + len("\\boxed" if text.startswith("\\boxed", start) else "\\fbox")
+    pos = name_end
+    while pos < len(text) and text[pos] in " \t":
+        pos += 1
+    if pos < len(text) and text[pos] != "{" and pos > name_end:  # \boxed 5: one token
+        return text[pos:].split(maxsplit=1)[0].split("$", 1)[0]
     if pos >= len(text) or text[pos] != "{":
         return None
     depth = 0

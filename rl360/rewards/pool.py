@@ -1,29 +1,42 @@
 """Score many responses in worker processes, each call under a wall-clock timeout.
 
-A call past its timeout scores 0, counts as a timeout, and its worker is killed and replaced; an
-exception scores 0 with the error kept; a worker that dies (os._exit, segfault, out of memory) scores 0
-with an error and is replaced. Results come back in input order. Workers start from a "forkserver", a
-clean single-threaded process: safe under Ray actors, pytest and threads, and cheaper than "spawn" to
-replace a killed worker.
+`RewardPool.score(items)` keeps `num_workers` calls in flight and returns one `RewardResult` per item,
+in input order. A call past `timeout_s` scores 0 with `timed_out=True`, and its worker is killed (with
+any processes it started) and replaced, so a reward function that never returns costs one timeout and
+never blocks the pool. An exception in the reward function scores 0 with its text in `error`; a worker
+that dies (os._exit, a segfault, the kernel's OOM killer) scores 0 with an error and is replaced.
+
+Start method: "forkserver". Plain "fork" copies the parent's threads' locks in whatever state they are
+in; the trainer process, a Ray actor (gRPC and Ray's own threads) and torch all run threads, so a
+forked child can deadlock. "forkserver" forks each worker from one small single-threaded server that
+has already imported `rl360.rewards` (math-verify and sympy, about a second), so it is as safe as
+"spawn" and a killed worker is replaced in milliseconds instead of a fresh interpreter's start-up.
+Workers receive the parent's `sys.path` and import reward functions by "module:qualname", which works
+the same from a CLI process, a pytest session or a Ray actor. "spawn" is the fallback where the
+platform has no forkserver.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
+import threading
 import time
-import traceback
+from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from rl360.rewards.registry import reward_ref
+from rl360.rewards.registry import resolve, reward_ref
 
-_CONTEXT = mp.get_context("forkserver")
-_CONTEXT.set_forkserver_preload(["rl360.rewards"])
+_START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
 @dataclass
 class RewardItem:
+    """One response to score: routed by `data_source`, compared with `ground_truth`."""
+
     data_source: str
     solution_str: str
     ground_truth: str
@@ -32,37 +45,259 @@ class RewardItem:
 
 @dataclass
 class RewardResult:
+    """A score (0.0 on any failure); `timed_out` or `error` say why it failed; `extras` are the reward
+    function's other dict entries."""
+
     score: float
     timed_out: bool = False
     error: str | None = None
     extras: dict = field(default_factory=dict)
 
 
-def _domain(data_source: str) -> str:
+def domain_of(data_source: str) -> str:
+    """The part of a data_source before "__" (`math__deepscaler` -> `math`)."""
     return data_source.split("__", 1)[0]
 
 
 def score_one(ref: str, item: RewardItem) -> RewardResult:
-    """Run one reward call in this process; exceptions become a 0 score with the error."""
-    from rl360.rewards.registry import resolve
-
+    """Run one reward call in this process; an exception becomes a 0 score with its text."""
     try:
         value = resolve(ref)(item.solution_str, item.ground_truth, item.extra_info)
-    except Exception as err:  # the reward function's failure, kept and counted
-        return RewardResult(0.0, error=f"{type(err).__name__}: {err}")
-    if isinstance(value, dict):
-        if "score" not in value:
-            return RewardResult(0.0, error=f"reward function {ref} returned a dict without 'score'")
-        extras = {k: v for k, v in value.items() if k != "score"}
-        return RewardResult(float(value["score"]), extras=extras)
-    return RewardResult(float(value))
+        if isinstance(value, dict):
+            if "score" not in value:
+                return RewardResult(0.0, error=f"reward function {ref} returned a dict without a 'score' key")
+            return RewardResult(float(value["score"]), extras={k: v for k, v in value.items() if k != "score"})
+        return RewardResult(float(value))
+    except Exception as err:  # the reward function's failure (MemoryError included): kept and counted
+        return RewardResult(0.0, error=error_text(err))
+
+
+def error_text(err: BaseException) -> str:
+    """`ValueError: message`, or the bare type name when the message is empty."""
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
+class RewardPool:
+    """`num_workers` worker processes scoring `RewardItem`s, each call under `timeout_s` seconds.
+
+    `max_memory_bytes` caps each worker's address space (RLIMIT_AS); an allocation past it raises
+    MemoryError in the reward function, which scores 0 with that error. `num_workers=0` scores in this
+    process, one item after another and without a timeout (for debugging). Use a pool from one thread
+    at a time.
+    """
+
+    def __init__(self, num_workers: int = 2, timeout_s: float = 10.0, max_memory_bytes: int | None = None):
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if max_memory_bytes is not None and max_memory_bytes <= 0:
+            raise ValueError(f"max_memory_bytes must be > 0 or None, got {max_memory_bytes}")
+        self.num_workers = num_workers
+        self.timeout_s = timeout_s
+        self.max_memory_bytes = max_memory_bytes
+        self._context = _context()
+        self._workers = [_Worker(self._context, max_memory_bytes) for _ in range(num_workers)]
+        self._closed = False
+        self._last: dict[str, float] = {}
+        self._totals: dict[str, float] = {}
+
+    def score(self, items: list[RewardItem]) -> list[RewardResult]:
+        """One result per item, in input order. `KeyError` (before any call) for an unknown data_source."""
+        if self._closed:
+            raise RuntimeError("RewardPool.score called after close()")
+        refs = [reward_ref(item.data_source) for item in items]
+        if self.num_workers == 0:
+            results = [score_one(ref, item) for ref, item in zip(refs, items)]
+        else:
+            try:
+                results = self._score_in_workers(refs, items)
+            except BaseException:  # e.g. KeyboardInterrupt: no worker may keep a stale call in flight
+                for index, worker in enumerate(self._workers):
+                    if worker.task is not None:
+                        self._replace(index)
+                raise
+        self._count(items, results)
+        return results
+
+    def last_metrics(self) -> dict[str, float]:
+        """Counts of the last `score` call: `reward/calls`, `reward/timeouts`, `reward/errors` (errors
+        exclude timeouts), and the same per domain, e.g. `reward/timeouts/math`."""
+        return dict(self._last)
+
+    def total_metrics(self) -> dict[str, float]:
+        """The same counts summed over every `score` call so far."""
+        return dict(self._totals)
+
+    @property
+    def totals(self) -> dict[str, float]:
+        """Alias of `total_metrics()`."""
+        return self.total_metrics()
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self._workers:
+            worker.ask_to_exit()
+        for worker in self._workers:  # then make sure each one, and anything it started, is gone
+            worker.kill(grace_s=1.0)
+        self._workers = []
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _score_in_workers(self, refs: list[str], items: list[RewardItem]) -> list[RewardResult]:
+        results: list[RewardResult | None] = [None] * len(items)
+        pending = deque(range(len(items)))
+        while pending or any(worker.task is not None for worker in self._workers):
+            for index in range(len(self._workers)):
+                if pending and self._workers[index].task is None:
+                    task = pending.popleft()
+                    failure = self._dispatch(index, task, (refs[task], items[task]))
+                    if failure is not None:
+                        results[task] = failure
+            self._collect(results)
+        return results  # type: ignore[return-value]  (every slot is filled once the loop ends)
+
+    def _dispatch(self, index: int, task: int, message: tuple[str, RewardItem]) -> RewardResult | None:
+        """Send one call to an idle worker; a result only when it could not be sent."""
+        if self._workers[index].exited():  # died while idle: replace it before use
+            self._replace(index)
+        worker = self._workers[index]
+        try:
+            worker.conn.send(message)
+        except OSError as err:
+            self._replace(index)
+            return RewardResult(0.0, error=f"reward worker died before the call: {err}")
+        except Exception as err:  # the item cannot be pickled; nothing was written, the worker stays idle
+            return RewardResult(0.0, error=f"reward item could not be sent to a worker: {error_text(err)}")
+        worker.task, worker.started = task, time.monotonic()
+        return None
+
+    def _collect(self, results: list[RewardResult | None]) -> None:
+        """Wait for a result, a dead worker or the earliest deadline, and settle every worker concerned."""
+        busy = [worker for worker in self._workers if worker.task is not None]
+        if not busy:
+            return
+        deadline = min(worker.started for worker in busy) + self.timeout_s
+        handles = [worker.conn for worker in busy] + [worker.process.sentinel for worker in busy]
+        ready = set(wait(handles, timeout=max(0.0, deadline - time.monotonic())))
+        now = time.monotonic()
+        for index, worker in enumerate(self._workers):
+            task = worker.task
+            if task is None:
+                continue
+            if worker.conn in ready or worker.process.sentinel in ready:
+                results[task] = self._receive(index)
+            elif now - worker.started >= self.timeout_s:
+                results[task] = RewardResult(0.0, timed_out=True)
+                self._replace(index)
+
+    def _receive(self, index: int) -> RewardResult:
+        """The result a worker sent, or an error if it died mid-call (then it is replaced)."""
+        worker = self._workers[index]
+        try:
+            if not worker.conn.poll():  # only the process sentinel fired; a child of it may hold the pipe
+                raise EOFError
+            result = worker.conn.recv()
+        except (EOFError, OSError):  # nothing (or half a message) came: the worker died
+            ended = self._replace(index, grace_s=1.0)
+            return RewardResult(0.0, error=f"reward worker died during the call ({ended})")
+        except Exception as err:  # the whole message was read but cannot be unpickled here
+            result = RewardResult(0.0, error=f"reward result could not be read: {error_text(err)}")
+        worker.task = None
+        return result
+
+    def _replace(self, index: int, grace_s: float = 0.0) -> str:
+        """Kill worker `index` (after `grace_s` to exit by itself) and start a new one; how the old one ended."""
+        ended = self._workers[index].kill(grace_s)
+        self._workers[index] = _Worker(self._context, self.max_memory_bytes)
+        return ended
+
+    def _count(self, items: list[RewardItem], results: list[RewardResult]) -> None:
+        last: dict[str, float] = {"reward/calls": 0, "reward/timeouts": 0, "reward/errors": 0}
+        for item, result in zip(items, results):
+            domain = domain_of(item.data_source)
+            for kind in ("calls", "timeouts", "errors"):
+                last.setdefault(f"reward/{kind}/{domain}", 0)
+            kinds = ["calls"]
+            if result.timed_out:
+                kinds.append("timeouts")
+            elif result.error is not None:
+                kinds.append("errors")
+            for kind in kinds:
+                last[f"reward/{kind}"] += 1
+                last[f"reward/{kind}/{domain}"] += 1
+        self._last = last
+        for key, value in last.items():
+            self._totals[key] = self._totals.get(key, 0) + value
+
+
+def _context() -> mp.context.BaseContext:
+    context = mp.get_context(_START_METHOD)
+    if _START_METHOD == "forkserver":
+        # Takes effect when this process's forkserver starts (at the first pool); workers forked from it
+        # find the built-in rewards already imported.
+        context.set_forkserver_preload(["rl360.rewards"])
+    return context
+
+
+class _Worker:
+    """One worker process, the parent's end of its pipe, and the call it is running (`task`)."""
+
+    def __init__(self, context: mp.context.BaseContext, max_memory_bytes: int | None):
+        self.conn, child_conn = context.Pipe()
+        self.process = context.Process(target=_worker_main, args=(child_conn, max_memory_bytes),
+                                       name="rl360-reward-worker", daemon=True)
+        self.process.start()
+        child_conn.close()
+        self.task: int | None = None
+        self.started = 0.0
+
+    def exited(self) -> bool:
+        """Whether the process has ended (read from its sentinel, so it is not reaped yet)."""
+        return bool(wait([self.process.sentinel], timeout=0))
+
+    def kill(self, grace_s: float = 0.0) -> str:
+        """SIGKILL the worker's process group (the worker and whatever it started) after `grace_s` seconds
+        to exit by itself, reap it, and say how it ended. The worker is still unreaped when the signal is
+        sent, so its pid, which is also its group id, cannot have been reused."""
+        if grace_s > 0:
+            wait([self.process.sentinel], timeout=grace_s)
+        for send in (os.killpg, os.kill):  # the group, or the worker alone if it had not made one yet
+            try:
+                send(self.process.pid, signal.SIGKILL)
+                break
+            except (ProcessLookupError, PermissionError):
+                continue
+        self.process.join(timeout=5)
+        self.conn.close()
+        code = self.process.exitcode
+        if code is None:
+            return "did not exit after SIGKILL"
+        return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+    def ask_to_exit(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:  # already gone
+            pass
 
 
 def _worker_main(conn: Connection, max_memory_bytes: int | None) -> None:
+    os.setpgid(0, 0)  # a group of its own: a kill reaches any subprocess too, and Ctrl-C does not
+    _exit_with_parent()
     if max_memory_bytes:
         import resource
 
-        resource.setrlimit(resource.RLIMIT_AS, (max_memory_bytes, max_memory_bytes))
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = max_memory_bytes if hard == resource.RLIM_INFINITY else min(max_memory_bytes, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     while True:
         try:
             message = conn.recv()
@@ -73,118 +308,23 @@ def _worker_main(conn: Connection, max_memory_bytes: int | None) -> None:
         ref, item = message
         try:
             result = score_one(ref, item)
-        except BaseException as err:  # MemoryError and the like: report, then go on
-            result = RewardResult(0.0, error=f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}")
-        conn.send(result)
+        except BaseException as err:  # SystemExit, KeyboardInterrupt from the reward function
+            result = RewardResult(0.0, error=error_text(err))
+        try:
+            conn.send(result)
+        except Exception as err:  # extras the pickler cannot handle; nothing was written
+            conn.send(RewardResult(0.0, error=f"reward result could not be sent back: {error_text(err)}"))
 
 
-class _Worker:
-    def __init__(self, max_memory_bytes: int | None):
-        self.conn, child = _CONTEXT.Pipe()
-        self.process = _CONTEXT.Process(target=_worker_main, args=(child, max_memory_bytes), daemon=True)
-        self.process.start()
-        child.close()
-        self.task: int | None = None
-        self.started = 0.0
+def _exit_with_parent() -> None:
+    """A daemon thread that ends this worker when the pool's process dies, even while a reward call
+    hangs in the main thread (the pool would otherwise leave it running)."""
+    parent = mp.parent_process()
+    if parent is None or parent.sentinel is None:
+        return
 
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.join(timeout=5)
-        self.conn.close()
+    def watch() -> None:
+        wait([parent.sentinel])
+        os._exit(1)
 
-
-class RewardPool:
-    """`num_workers` processes; `score(items)` returns one `RewardResult` per item, in order.
-
-    `num_workers=0` scores in this process, sequentially and without a timeout (for debugging).
-    """
-
-    def __init__(self, num_workers: int = 2, timeout_s: float = 10.0, max_memory_bytes: int | None = None):
-        self.num_workers = num_workers
-        self.timeout_s = timeout_s
-        self.max_memory_bytes = max_memory_bytes
-        self._workers = [_Worker(max_memory_bytes) for _ in range(num_workers)]
-        self.totals: dict[str, float] = {}
-        self._last: dict[str, float] = {}
-
-    def score(self, items: list[RewardItem]) -> list[RewardResult]:
-        refs = [reward_ref(item.data_source) for item in items]
-        if self.num_workers == 0:
-            results = [score_one(ref, item) for ref, item in zip(refs, items)]
-        else:
-            results = self._score_in_workers(refs, items)
-        self._count(items, results)
-        return results
-
-    def _score_in_workers(self, refs: list[str], items: list[RewardItem]) -> list[RewardResult | None]:
-        results: list[RewardResult | None] = [None] * len(items)
-        queue = list(range(len(items)))[::-1]
-        while queue or any(w.task is not None for w in self._workers):
-            for index, worker in enumerate(self._workers):
-                if worker.task is None and queue:
-                    task = queue.pop()
-                    try:
-                        worker.conn.send((refs[task], items[task]))
-                    except (BrokenPipeError, OSError):
-                        results[task] = RewardResult(0.0, error="reward worker died before the call")
-                        self._replace(index)
-                        continue
-                    worker.task, worker.started = task, time.monotonic()
-            busy = [w for w in self._workers if w.task is not None]
-            if not busy:
-                continue
-            deadline = min(w.started for w in busy) + self.timeout_s
-            ready = wait([w.conn for w in busy], timeout=max(0.0, deadline - time.monotonic()))
-            for index, worker in enumerate(self._workers):
-                if worker.task is None:
-                    continue
-                if worker.conn in ready:
-                    try:
-                        results[worker.task] = worker.conn.recv()
-                        worker.task = None
-                    except (EOFError, OSError):
-                        code = worker.process.exitcode
-                        results[worker.task] = RewardResult(0.0, error=f"reward worker died (exit code {code})")
-                        self._replace(index)
-                elif time.monotonic() - worker.started >= self.timeout_s:
-                    results[worker.task] = RewardResult(
-                        0.0, timed_out=True, error=f"timed out after {self.timeout_s:g} s")
-                    self._replace(index)
-        return results
-
-    def _replace(self, index: int) -> None:
-        self._workers[index].kill()
-        self._workers[index] = _Worker(self.max_memory_bytes)
-
-    def _count(self, items: list[RewardItem], results: list[RewardResult]) -> None:
-        last: dict[str, float] = {"reward/calls": len(results), "reward/timeouts": 0, "reward/errors": 0}
-        for item, result in zip(items, results):
-            domain = _domain(item.data_source)
-            kind = "timeouts" if result.timed_out else "errors" if result.error else None
-            if kind:
-                last[f"reward/{kind}"] += 1
-                last[f"reward/{kind}/{domain}"] = last.get(f"reward/{kind}/{domain}", 0) + 1
-        self._last = last
-        for key, value in last.items():
-            self.totals[key] = self.totals.get(key, 0) + value
-
-    def last_metrics(self) -> dict[str, float]:
-        """Counts of the last `score` call: calls, timeouts and errors, also per domain."""
-        return dict(self._last)
-
-    def close(self) -> None:
-        for worker in self._workers:
-            try:
-                worker.conn.send(None)
-            except OSError:
-                pass
-            worker.process.join(timeout=1)
-            if worker.process.is_alive():
-                worker.kill()
-        self._workers = []
-
-    def __enter__(self) -> RewardPool:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    threading.Thread(target=watch, name="rl360-reward-parent-watch", daemon=True).start()

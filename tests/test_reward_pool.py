@@ -1,0 +1,210 @@
+"""The reward registry and the timeout-wrapped process pool."""
+
+import os
+import time
+
+import pytest
+
+import tests.reward_fixtures as fixtures
+from rl360.rewards import (
+    RewardItem,
+    RewardPool,
+    check_data_sources,
+    compute_score,
+    get_reward_fn,
+    register_reward,
+    register_reward_path,
+)
+
+# upper bounds only, far above the expected time: they prove that nothing blocks, not speed
+NON_BLOCKING_S = 20
+
+
+def _math(answer, truth="2"):
+    return RewardItem("math__t", f"\\boxed{{{answer}}}", truth)
+
+
+# --- registry -----------------------------------------------------------------------------------------
+
+
+def test_unknown_data_sources_are_listed_at_once():
+    check_data_sources(["math__x", "math", "test_echo"])
+    with pytest.raises(KeyError, match=r"\['codegen__y', 'zzz'\]") as err:
+        check_data_sources(["math__x", "zzz", "codegen__y", "zzz"])
+    assert "math" in str(err.value)  # the registered prefixes are named too
+
+
+def test_get_reward_fn_names_the_data_source():
+    with pytest.raises(KeyError, match="nope__x"):
+        get_reward_fn("nope__x")
+
+
+def test_longest_prefix_wins():
+    assert get_reward_fn("test_echo__special_set") is fixtures.echo_special
+    assert get_reward_fn("test_echo__other") is fixtures.echo
+    assert compute_score("test_echo__special", "a", "b") == {"score": 0.5, "seen": "special"}
+
+
+def test_register_by_path():
+    register_reward_path("test_by_path", "tests.reward_fixtures:echo")
+    assert compute_score("test_by_path__a", "x", "x", {"i": 1}) == {"score": 1.0, "seen": {"i": 1}}
+    with pytest.raises(ModuleNotFoundError):
+        register_reward_path("test_bad", "no_such_module:fn")
+    with pytest.raises(AttributeError, match="no_such_fn"):
+        register_reward_path("test_bad", "tests.reward_fixtures:no_such_fn")
+    with pytest.raises(ValueError, match="module:function"):
+        register_reward_path("test_bad", "tests.reward_fixtures.echo")
+    check_data_sources(["test_by_path__a"])
+    with pytest.raises(KeyError):
+        check_data_sources(["test_bad"])
+
+
+def test_a_function_workers_cannot_import_is_refused():
+    with pytest.raises(ValueError, match="module level"):
+        @register_reward("test_local")
+        def local(solution_str, ground_truth, extra_info=None):
+            return 1.0
+
+
+# --- pool ---------------------------------------------------------------------------------------------
+
+
+def test_results_in_input_order_with_scores_and_extras():
+    items = [_math(i % 3, "1") for i in range(30)]
+    items.insert(7, RewardItem("test_echo", "a", "a", {"k": 1}))
+    with RewardPool(num_workers=2, timeout_s=30) as pool:
+        results = pool.score(items)
+        metrics = pool.last_metrics()
+    expected = [1.0 if i % 3 == 1 else 0.0 for i in range(30)]
+    expected.insert(7, 1.0)
+    assert [r.score for r in results] == expected
+    assert results[7].extras == {"seen": {"k": 1}}
+    assert results[5].extras == {"pred": "2"}
+    assert all(not r.timed_out and r.error is None for r in results)
+    assert metrics["reward/calls"] == 31
+    assert metrics["reward/calls/math"] == 30 and metrics["reward/calls/test_echo"] == 1
+    assert metrics["reward/timeouts"] == 0 and metrics["reward/errors"] == 0
+
+
+def test_calls_run_concurrently_on_all_workers(tmp_path):
+    # each call waits for the other worker's call to start: both score 1 only if they run together
+    items = [RewardItem("test_rendezvous", str(tmp_path), "2") for _ in range(2)]
+    with RewardPool(num_workers=2, timeout_s=30) as pool:
+        assert [r.score for r in pool.score(items)] == [1.0, 1.0]
+
+
+def test_hanging_reward_costs_one_timeout_each_and_the_pool_recovers():
+    items = [RewardItem("test_hang", "x", "y") for _ in range(6)]
+    with RewardPool(num_workers=2, timeout_s=1.0) as pool:
+        started = time.monotonic()
+        results = pool.score(items)
+        assert time.monotonic() - started < NON_BLOCKING_S  # 3 rounds of 1 s timeouts, not a hang
+        assert all(r.score == 0.0 and r.timed_out for r in results)
+        metrics = pool.last_metrics()
+        assert metrics["reward/timeouts"] == 6 and metrics["reward/timeouts/test_hang"] == 6
+        assert metrics["reward/errors"] == 0
+
+        after = pool.score([_math(2), _math(1), _math(2), _math(3)])
+        assert [r.score for r in after] == [1.0, 0.0, 1.0, 0.0]
+        assert not any(r.timed_out for r in after)
+        assert pool.last_metrics()["reward/timeouts"] == 0
+        assert pool.total_metrics()["reward/timeouts"] == 6
+        assert pool.total_metrics()["reward/calls"] == 10
+
+
+def test_a_timeout_among_normal_calls_leaves_the_others_scored():
+    items = [_math(2), RewardItem("test_hang", "", ""), _math(2), _math(1), _math(2)]
+    with RewardPool(num_workers=2, timeout_s=1.0) as pool:
+        results = pool.score(items)
+    assert [r.score for r in results] == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert [r.timed_out for r in results] == [False, True, False, False, False]
+
+
+def test_raising_reward_scores_zero_with_its_error():
+    with RewardPool(num_workers=1, timeout_s=30) as pool:
+        results = pool.score([RewardItem("test_raise", "oops", "y"), _math(2)])
+        assert results[0].score == 0.0 and not results[0].timed_out
+        assert results[0].error == "ValueError: bad response 'oops'"
+        assert results[1].score == 1.0 and results[1].error is None
+        assert pool.last_metrics()["reward/errors"] == 1
+        assert pool.last_metrics()["reward/errors/test_raise"] == 1
+
+
+@pytest.mark.parametrize("source,why", [
+    ("test_exit", "exit code 3"),
+    ("test_segfault", "SIGSEGV"),
+    ("test_fork_exit", "exit code 4"),  # a forked child still holds the worker's pipe open
+])
+def test_dying_worker_scores_zero_and_is_replaced(source, why):
+    items = [RewardItem(source, "x", "y"), _math(2), RewardItem(source, "x", "y"), _math(1)]
+    with RewardPool(num_workers=1, timeout_s=30) as pool:
+        results = pool.score(items)
+        assert [r.score for r in results] == [0.0, 1.0, 0.0, 0.0]
+        for dead in (results[0], results[2]):
+            assert "died" in dead.error and why in dead.error and not dead.timed_out
+        assert results[1].error is None and results[3].error is None
+        assert pool.last_metrics()["reward/errors"] == 2
+        assert [r.score for r in pool.score([_math(2)])] == [1.0]
+
+
+def test_memory_limit_turns_a_huge_allocation_into_an_error():
+    with RewardPool(num_workers=1, timeout_s=30, max_memory_bytes=1 << 30) as pool:
+        results = pool.score([RewardItem("test_allocate", str(4 << 30), ""),
+                              RewardItem("test_allocate", str(1 << 20), ""), _math(2)])
+    assert results[0].score == 0.0 and results[0].error.startswith("MemoryError")
+    assert [r.score for r in results[1:]] == [1.0, 1.0]
+
+
+def test_a_timed_out_worker_takes_its_child_processes_with_it(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    with RewardPool(num_workers=1, timeout_s=2.0) as pool:
+        [result] = pool.score([RewardItem("test_child_hang", str(pid_file), "")])
+        assert result.timed_out
+        child = int(pid_file.read_text())
+        deadline = time.monotonic() + NON_BLOCKING_S
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(child)
+
+
+def test_bad_results_and_unknown_sources():
+    with RewardPool(num_workers=1, timeout_s=30) as pool:
+        [result] = pool.score([RewardItem("test_no_score", "", "")])
+        assert result.score == 0.0 and "'score'" in result.error
+        with pytest.raises(KeyError, match="nope__z"):
+            pool.score([_math(2), RewardItem("nope__z", "", "")])
+
+
+def test_in_process_mode():
+    with RewardPool(num_workers=0) as pool:
+        results = pool.score([_math(2), _math(3), RewardItem("test_raise", "r", "")])
+        assert [r.score for r in results] == [1.0, 0.0, 0.0]
+        assert results[2].error.startswith("ValueError")
+        assert pool.last_metrics()["reward/errors"] == 1
+
+
+def test_close_is_idempotent_and_final():
+    pool = RewardPool(num_workers=2, timeout_s=30)
+    workers = [w.process for w in pool._workers]
+    pool.close()
+    pool.close()
+    assert not any(process.is_alive() for process in workers)
+    with pytest.raises(RuntimeError, match="close"):
+        pool.score([_math(2)])
+
+
+def test_empty_batch():
+    with RewardPool(num_workers=2, timeout_s=30) as pool:
+        assert pool.score([]) == []
+        assert pool.last_metrics() == {"reward/calls": 0, "reward/timeouts": 0, "reward/errors": 0}
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a container's PID 1 may never reap orphans)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return os.path.exists(f"/proc/{pid}")
