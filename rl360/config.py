@@ -79,6 +79,8 @@ class AlgorithmConfig:
     adv_estimator: str = "grpo"  # grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | opo | grpo_passk
     norm_adv_by_std_in_grpo: bool = True  # divide by the group std (false: Dr.GRPO)
     gamma: float = 1.0  # discount of reinforce_plus_plus returns
+    filter_groups: bool = False  # DAPO dynamic sampling: train only on prompts whose n scores vary
+    max_num_gen_batches: int = 10  # with filter_groups: prompt batches sampled per step at most (0: no limit)
     kl_coef: float = 0.0  # weight of the KL(policy || reference) loss; > 0 loads a reference model
     kl_estimator: str = "k3"  # k1 | k2 (mse) | k3 (low_var_kl) | abs; a "+" suffix: straight-through
 
@@ -89,6 +91,8 @@ class RewardConfig:
     timeout_s: float = 10.0  # wall-clock limit per reward call; a timeout scores 0 and is counted
     max_memory_gb: float = 0.0  # address-space limit per reward worker (0: none)
     custom: dict[str, str] = field(default_factory=dict)  # data_source prefix -> "module:function"
+    overlong_buffer_len: int = 0  # DAPO overlong penalty: last this many tokens of the budget (0: off)
+    overlong_penalty_factor: float = 1.0  # penalty reached at rollout.max_response_length
 
 
 @dataclass
@@ -150,6 +154,7 @@ NON_NEGATIVE = (
     "actor.lr", "actor.weight_decay", "actor.grad_clip", "actor.clip_ratio_low", "actor.clip_ratio_high",
     "actor.clip_ratio_c", "actor.entropy_coeff",
     "algorithm.kl_coef", "reward.num_workers", "reward.max_memory_gb", "trainer.num_threads",
+    "algorithm.max_num_gen_batches", "reward.overlong_buffer_len", "reward.overlong_penalty_factor",
 )
 
 
@@ -236,6 +241,9 @@ def validate(cfg: RunConfig) -> None:
             f"data.batch_size={cfg.data.batch_size} must be a multiple of "
             f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}"
         )
+    if cfg.reward.overlong_buffer_len >= cfg.rollout.max_response_length:
+        raise ConfigError(f"reward.overlong_buffer_len={cfg.reward.overlong_buffer_len} must be < "
+                          f"rollout.max_response_length={cfg.rollout.max_response_length}")
     if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1.0:
         raise ConfigError(f"actor.clip_ratio_c={cfg.actor.clip_ratio_c} must be > 1 (or 0 to disable dual clip)")
     if cfg.algorithm.adv_estimator != "reinforce_plus_plus" and cfg.rollout.n < 2:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
@@ -13,11 +14,12 @@ from transformers import AutoTokenizer
 from rl360.actor.batch import RolloutBatch, build_batch
 from rl360.actor.policy import PolicyWorker
 from rl360.algos.advantages import get_advantage_estimator
+from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
 from rl360.cluster import WorkerGroup, start_ray
 from rl360.config import RunConfig, to_dict
 from rl360.data import PromptRenderer, PromptStream, scan_data_sources
 from rl360.rewards import RewardItem, RewardPool, check_data_sources, register_reward_path
-from rl360.rollout.base import SamplingParams
+from rl360.rollout.base import Sample, SamplingParams
 from rl360.rollout.hf_engine import HFEngine
 from rl360.tracking.tracker import Tracker
 
@@ -47,38 +49,36 @@ def train(cfg: RunConfig) -> Path:
                          int(cfg.reward.max_memory_gb * (1 << 30)) or None)
     tracker = Tracker(out, to_dict(cfg), cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
                       cfg.tracking.log_every)
-    estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
-    stop_ids = sorted({tokenizer.eos_token_id} - {None})
+    algo = cfg.algorithm
+    estimator = get_advantage_estimator(algo.adv_estimator)
     batches = iter(stream)
     try:
         for step in range(1, cfg.trainer.total_steps + 1):
             started = time.perf_counter()
             timing: dict[str, float] = {}
 
-            # 1. prompts
-            rows = next(batches)
-            prompt_ids = [renderer.render(row["prompt"]) for row in rows]
-
-            # 2. rollouts: n samples per prompt, with the engine's log-probs
-            with _timer(timing, "rollout"):
-                params = SamplingParams(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
-                                        top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                                        max_new_tokens=cfg.rollout.max_response_length,
-                                        stop_token_ids=stop_ids, seed=cfg.seed * 1_000_003 + step)
-                groups = ray.get(engine.generate.remote(prompt_ids, params))
-            samples = [sample for group in groups for sample in group]
-            sample_rows = [row for row in rows for _ in range(cfg.rollout.n)]
-            batch = build_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples],
-                                [s.logprobs for s in samples], pad_id=tokenizer.pad_token_id or 0)
-
-            # 3. rewards, by data_source, under a timeout
-            with _timer(timing, "reward"):
-                texts = tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
-                results = rewards.score([
-                    RewardItem(row["data_source"], text, row["reward_model"]["ground_truth"], row.get("extra_info"))
-                    for row, text in zip(sample_rows, texts)
-                ])
-            scores = torch.tensor([r.score for r in results], dtype=torch.float32)
+            # 1-3. prompts -> n rollouts each (with the engine's log-probs) -> rewards by data_source;
+            #      with DAPO dynamic sampling, only groups whose scores vary, sampling more until full
+            kept: list[Scored] = []
+            uniform: list[Scored] = []  # groups dynamic sampling set aside (all scores equal)
+            gen_batches = filled = 0
+            reward_counts: dict[str, float] = {}
+            while sum(g.num_groups for g in kept) < cfg.data.batch_size:
+                if gen_batches and algo.max_num_gen_batches and gen_batches >= algo.max_num_gen_batches:
+                    # out of tries: fill up with groups that carry no signal, and count them
+                    filled = cfg.data.batch_size - sum(g.num_groups for g in kept)
+                    kept += uniform
+                    break
+                gen_batches += 1
+                scored = rollout_and_score(next(batches), engine, rewards, renderer, tokenizer, cfg,
+                                           seed=cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
+                                           timing=timing, metrics=reward_counts)
+                varied = varied_groups(scored.scores, cfg.rollout.n) if algo.filter_groups else None
+                kept.append(scored if varied is None else scored.select_groups(varied))
+                if varied is not None:
+                    uniform.append(scored.select_groups(~varied))
+            scored = Scored.concat(kept).first_groups(cfg.data.batch_size)
+            batch, scores = scored.batch(tokenizer.pad_token_id or 0), scored.scores
 
             # 4. old / reference log-probs and advantages
             shards = _data_parallel_shards(batch, parallel.data)
@@ -103,7 +103,9 @@ def train(cfg: RunConfig) -> Path:
             # 7. log
             metrics = {
                 **_rollout_metrics(batch, scores),
-                **rewards.last_metrics(),
+                **reward_counts,
+                "dynamic_sampling/gen_batches": gen_batches,
+                "dynamic_sampling/filled_groups": filled,
                 **update_metrics,
                 **{f"timing/{k}_s": v for k, v in timing.items()},
                 "data/epoch": stream.epoch,
@@ -117,6 +119,68 @@ def train(cfg: RunConfig) -> Path:
         tracker.close()
         rewards.close()
     return out
+
+
+@dataclass
+class Scored:
+    """Sampled responses with their prompts' rows and their scores, `n` consecutive samples per prompt."""
+
+    rows: list[dict]  # one per sample
+    samples: list[Sample]
+    scores: torch.Tensor  # [num samples]
+    n: int
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.samples) // self.n
+
+    def select_groups(self, keep: torch.Tensor) -> Scored:
+        rows = [i for g in keep.nonzero().flatten().tolist() for i in range(g * self.n, (g + 1) * self.n)]
+        return Scored([self.rows[i] for i in rows], [self.samples[i] for i in rows], self.scores[rows], self.n)
+
+    def first_groups(self, count: int) -> Scored:
+        return self.select_groups(torch.arange(self.num_groups) < count)
+
+    @staticmethod
+    def concat(parts: list[Scored]) -> Scored:
+        return Scored([r for p in parts for r in p.rows], [s for p in parts for s in p.samples],
+                      torch.cat([p.scores for p in parts]), parts[0].n)
+
+    def batch(self, pad_id: int) -> RolloutBatch:
+        return build_batch([s.prompt_ids for s in self.samples], [s.response_ids for s in self.samples],
+                           [s.logprobs for s in self.samples], pad_id=pad_id)
+
+
+def rollout_and_score(rows: list[dict], engine, rewards: RewardPool, renderer: PromptRenderer, tokenizer,
+                      cfg: RunConfig, seed: int, timing: dict[str, float],
+                      metrics: dict[str, float]) -> Scored:
+    """`rollout.n` responses for each prompt row, scored by its data_source's reward under a timeout;
+    reward counts are added to `metrics`."""
+    n = cfg.rollout.n
+    with _timer(timing, "rollout"):
+        params = SamplingParams(n=n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_response_length,
+                                stop_token_ids=sorted({tokenizer.eos_token_id} - {None}), seed=seed)
+        groups = ray.get(engine.generate.remote([renderer.render(row["prompt"]) for row in rows], params))
+    samples = [sample for group in groups for sample in group]
+    sample_rows = [row for row in rows for _ in range(n)]
+    with _timer(timing, "reward"):
+        texts = tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
+        results = rewards.score([
+            RewardItem(row["data_source"], text, row["reward_model"]["ground_truth"], row.get("extra_info"))
+            for row, text in zip(sample_rows, texts)
+        ])
+    scores = torch.tensor([r.score for r in results], dtype=torch.float32)
+    counts = rewards.last_metrics()
+    if cfg.reward.overlong_buffer_len:
+        lengths = torch.tensor([len(s.response_ids) for s in samples])
+        penalty = overlong_penalty(lengths, cfg.rollout.max_response_length, cfg.reward.overlong_buffer_len,
+                                   cfg.reward.overlong_penalty_factor)
+        scores = scores + penalty
+        counts["reward/overlong_penalized"] = int((penalty < 0).sum())
+    for key, value in counts.items():
+        metrics[key] = metrics.get(key, 0) + value
+    return Scored(sample_rows, samples, scores, n)
 
 
 def sync_weights(policy_rank0, engines: list, version: int) -> None:
@@ -173,5 +237,5 @@ class _timer:
     def __enter__(self):
         self.start = time.perf_counter()
 
-    def __exit__(self, *exc):
-        self.sink[self.name] = time.perf_counter() - self.start
+    def __exit__(self, *exc):  # adds up when a phase runs several times in a step
+        self.sink[self.name] = self.sink.get(self.name, 0.0) + time.perf_counter() - self.start

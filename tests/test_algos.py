@@ -194,3 +194,18 @@ def test_seq_mean_token_sum_norm_divides_by_max_length():
     mask = torch.tensor([[1.0, 1, 0, 0], [1, 1, 1, 1]])
     assert agg_loss(loss, mask, "seq-mean-token-sum-norm", 2.0, max_response_length=8).item() == pytest.approx(
         (2 / 8 + 4 / 8) / 2)
+
+
+def test_dynamic_sampling_keeps_groups_whose_scores_vary():
+    from rl360.algos.dynamic_sampling import varied_groups
+
+    scores = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.5, 0.0, 0.0, 0.0])
+    assert varied_groups(scores, 3).tolist() == [False, True, False]
+
+
+def test_overlong_penalty_is_linear_in_the_buffer():
+    from rl360.algos.dynamic_sampling import overlong_penalty
+
+    lengths = torch.tensor([10, 16, 18, 20])
+    penalty = overlong_penalty(lengths, max_response_length=20, buffer_length=4, penalty_factor=2.0)
+    assert penalty.tolist() == pytest.approx([0.0, 0.0, -1.0, -2.0])

@@ -65,3 +65,26 @@ def test_hf_checkpoint_and_wandb_offline_run_are_written(run):
     tokenizer = AutoTokenizer.from_pretrained(out / "hf")
     assert model.config.vocab_size == len(tokenizer)
     assert list((out / "wandb").glob("offline-run-*"))
+
+
+def test_dapo_dynamic_sampling_run(tmp_path):
+    model = build_quickstart_model(tmp_path / "model")
+    rows = [_row(f"{a}+{b}", str(a + b)) for a in range(4) for b in range(4)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    cfg = load_config("configs/quickstart.yaml", [
+        "configs/algorithms/dapo.yaml", f"output_dir={tmp_path / 'out'}", f"model.path={model}",
+        f"data.train_files=[{tmp_path / 'train.parquet'}]", "data.batch_size=4", "rollout.n=4",
+        "actor.ppo_mini_batch_size=2", "trainer.total_steps=2", "algorithm.max_num_gen_batches=3",
+        "trainer.save_hf=false",
+    ])
+    try:
+        out = train(cfg)
+    finally:
+        ray.shutdown()
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        assert 1 <= record["dynamic_sampling/gen_batches"] <= 3
+        assert record["reward/calls"] == 16 * record["dynamic_sampling/gen_batches"]  # every batch scored
+        if record["dynamic_sampling/gen_batches"] < 3:
+            assert record["dynamic_sampling/filled_groups"] == 0
