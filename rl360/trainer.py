@@ -63,6 +63,7 @@ def train(cfg: RunConfig) -> Path:
             uniform: list[Scored] = []  # groups dynamic sampling set aside (all scores equal)
             gen_batches = filled = 0
             reward_counts: dict[str, float] = {}
+            sampled: list[torch.Tensor] = []  # every score of the step, trained on or not
             while sum(g.num_groups for g in kept) < cfg.data.batch_size:
                 if gen_batches and algo.max_num_gen_batches and gen_batches >= algo.max_num_gen_batches:
                     # out of tries: fill up with groups that carry no signal, and count them
@@ -74,6 +75,7 @@ def train(cfg: RunConfig) -> Path:
                                            seed=cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
                                            timing=timing, metrics=reward_counts)
                 varied = varied_groups(scored.scores, cfg.rollout.n) if algo.filter_groups else None
+                sampled.append(scored.scores)
                 kept.append(scored if varied is None else scored.select_groups(varied))
                 if varied is not None:
                     uniform.append(scored.select_groups(~varied))
@@ -104,6 +106,7 @@ def train(cfg: RunConfig) -> Path:
             metrics = {
                 **_rollout_metrics(batch, scores),
                 **reward_counts,
+                "reward/mean_sampled": torch.cat(sampled).mean().item(),
                 "dynamic_sampling/gen_batches": gen_batches,
                 "dynamic_sampling/filled_groups": filled,
                 **update_metrics,
