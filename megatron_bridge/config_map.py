@@ -1,10 +1,13 @@
-"""Hugging Face `config.json` -> megatron-core `TransformerConfig` and `GPTModel` arguments.
+"""Hugging Face `config.json` <-> megatron-core `TransformerConfig` and `GPTModel` arguments.
 
-A field the bridge cannot honour is a `ValueError` that names it; nothing is silently defaulted.
+A field the bridge cannot honour is a `ValueError` that names it and its value; nothing is silently
+defaulted. The way back (megatron -> HF) keeps the original HF config and checks that the megatron model
+still describes it, so a saved checkpoint carries every HF field unchanged except its dtype.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -12,47 +15,69 @@ import torch.nn.functional as F
 
 from megatron_bridge.arch import Architecture
 
+SILU_NAMES = ("silu", "swish")  # transformers maps both to torch.nn.SiLU
 
-def check_supported(hf: dict[str, Any]) -> None:
-    """Raise for HF config fields whose behaviour the megatron model would not reproduce."""
+
+def as_dict(hf: Mapping[str, Any] | Any) -> dict[str, Any]:
+    """A config.json dict from a dict or a transformers `PretrainedConfig`."""
+    return dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
+
+
+def check_supported(hf: Mapping[str, Any]) -> None:
+    """Raise `ValueError` naming every HF config field whose behaviour the megatron model would not reproduce."""
     problems = []
-    if hf.get("hidden_act", "silu") != "silu":
+    if hf.get("hidden_act", "silu") not in SILU_NAMES:
         problems.append(f"hidden_act={hf['hidden_act']!r} (only 'silu')")
-    scaling = hf.get("rope_scaling") or {}
-    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        problems.append(f"rope_scaling={hf['rope_scaling']!r} (only unscaled RoPE)")
+    for field in ("rope_scaling", "rope_parameters"):
+        rope = hf.get(field) or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            problems.append(f"{field}={rope!r} (only unscaled RoPE)")
     if hf.get("use_sliding_window"):
-        problems.append("use_sliding_window=True (sliding-window attention)")
-    if float(hf.get("attention_dropout", 0.0) or 0.0) != 0.0:
-        problems.append(f"attention_dropout={hf['attention_dropout']} (only 0)")
-    if hf.get("num_attention_heads", 1) % hf.get("num_key_value_heads", hf.get("num_attention_heads", 1)):
-        problems.append("num_attention_heads is not a multiple of num_key_value_heads")
+        problems.append(f"use_sliding_window={hf['use_sliding_window']!r} (no sliding-window attention)")
+    other_layers = sorted(set(hf.get("layer_types") or ()) - {"full_attention"})
+    if other_layers:
+        problems.append(f"layer_types containing {other_layers} (only 'full_attention')")
+    if float(hf.get("attention_dropout") or 0.0) != 0.0:
+        problems.append(f"attention_dropout={hf['attention_dropout']!r} (only 0)")
+    heads = hf.get("num_attention_heads", 1)
+    groups = hf.get("num_key_value_heads") or heads
+    if heads % groups:
+        problems.append(f"num_key_value_heads={groups!r} does not divide num_attention_heads={heads!r}")
     if problems:
         raise ValueError("config.json fields the bridge cannot honour: " + "; ".join(problems))
 
 
-def rope_theta(hf: dict[str, Any]) -> float:
-    if "rope_theta" in hf:
+def rope_theta(hf: Mapping[str, Any]) -> float:
+    """RoPE base, from `rope_theta` (transformers 4) or `rope_parameters.rope_theta` (transformers 5)."""
+    if hf.get("rope_theta") is not None:
         return float(hf["rope_theta"])
-    params = hf.get("rope_parameters") or {}
-    return float(params.get("rope_theta", 10000.0))
+    return float((hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))
 
 
-def head_dim(hf: dict[str, Any]) -> int:
+def head_dim(hf: Mapping[str, Any]) -> int:
+    """Per-head width: `head_dim` when given, else hidden_size / num_attention_heads."""
     return int(hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"])
 
 
-def to_megatron(hf: dict[str, Any], arch: Architecture, params_dtype: torch.dtype = torch.float32):
-    """(TransformerConfig, GPTModel keyword arguments) for an HF config dict."""
+def num_query_groups(hf: Mapping[str, Any]) -> int:
+    """Key/value heads (GQA groups); equal to the attention heads when the config has none."""
+    return int(hf.get("num_key_value_heads") or hf["num_attention_heads"])
+
+
+def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture,
+                params_dtype: torch.dtype = torch.float32) -> tuple[Any, dict[str, Any]]:
+    """(TransformerConfig, GPTModel keyword arguments) describing the HF model, with CPU-safe settings:
+    no fused kernels, no dropout, parameters created in `params_dtype`."""
     from megatron.core.transformer import TransformerConfig
 
+    hf = as_dict(hf)
     check_supported(hf)
     config = TransformerConfig(
         num_layers=hf["num_hidden_layers"],
         hidden_size=hf["hidden_size"],
         ffn_hidden_size=hf["intermediate_size"],
         num_attention_heads=hf["num_attention_heads"],
-        num_query_groups=hf.get("num_key_value_heads", hf["num_attention_heads"]),
+        num_query_groups=num_query_groups(hf),
         kv_channels=head_dim(hf),
         normalization="RMSNorm",
         layernorm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
@@ -64,7 +89,9 @@ def to_megatron(hf: dict[str, Any], arch: Architecture, params_dtype: torch.dtyp
         attention_dropout=0.0,
         hidden_dropout=0.0,
         params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
         use_cpu_initialization=not torch.cuda.is_available(),
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
@@ -80,3 +107,32 @@ def to_megatron(hf: dict[str, Any], arch: Architecture, params_dtype: torch.dtyp
         share_embeddings_and_output_weights=bool(hf.get("tie_word_embeddings", False)),
     )
     return config, model_kwargs
+
+
+def to_hf_config(hf: Mapping[str, Any] | Any, model: Any, dtype: torch.dtype) -> dict[str, Any]:
+    """The HF config dict to save beside `model`'s weights: the original `hf` with `dtype` set, after
+    checking that the megatron `model` (a GPTModel chunk) still has the shape `hf` describes."""
+    hf = as_dict(hf)
+    config = model.config
+    expected = {
+        "num_hidden_layers": (config.num_layers, hf["num_hidden_layers"]),
+        "hidden_size": (config.hidden_size, hf["hidden_size"]),
+        "intermediate_size": (config.ffn_hidden_size, hf["intermediate_size"]),
+        "num_attention_heads": (config.num_attention_heads, hf["num_attention_heads"]),
+        "num_key_value_heads": (config.num_query_groups, num_query_groups(hf)),
+        "head_dim": (config.kv_channels, head_dim(hf)),
+        "rms_norm_eps": (config.layernorm_epsilon, float(hf.get("rms_norm_eps", 1e-6))),
+        "vocab_size": (model.vocab_size, hf["vocab_size"]),
+        "tie_word_embeddings": (model.share_embeddings_and_output_weights, bool(hf.get("tie_word_embeddings"))),
+        "rope_theta": (float(model.rotary_base), rope_theta(hf)),
+    }
+    mismatched = [f"{name}: megatron {ours!r} vs config.json {theirs!r}"
+                  for name, (ours, theirs) in expected.items() if ours != theirs]
+    if mismatched:
+        raise ValueError("megatron model does not match its HF config: " + "; ".join(mismatched))
+    out = dict(hf)
+    dtype_name = str(dtype).removeprefix("torch.")
+    out["dtype"] = dtype_name
+    if "torch_dtype" in out:  # transformers 4 spelling
+        out["torch_dtype"] = dtype_name
+    return out

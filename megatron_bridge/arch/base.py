@@ -1,4 +1,11 @@
-"""What an architecture file declares, and the q/k/v and gate/up layouts shared by all of them."""
+"""What an architecture file declares, and the q/k/v and gate/up layouts shared by all of them.
+
+A table row is `(megatron name, HF name or names, layout)`; `{i}` stands for the layer index. Layouts:
+- "same": one tensor, copied as is;
+- "qkv": HF q/k/v projections fused into megatron's `linear_qkv`, interleaved per query group
+  (each group's query heads, then its key head, then its value head);
+- "gate_up": HF gate/up projections stacked into megatron's `linear_fc1` (gate rows first).
+"""
 
 from __future__ import annotations
 
@@ -6,20 +13,25 @@ from dataclasses import dataclass
 
 import torch
 
-Row = tuple[str, str | tuple[str, ...], str]  # (megatron name, HF name or names, layout)
+Row = tuple[str, str | tuple[str, ...], str]
+LAYOUTS = ("same", "qkv", "gate_up")
 
 
 @dataclass(frozen=True)
 class Architecture:
     name: str
-    hf_architectures: tuple[str, ...]
-    global_weights: list[Row]
-    layer_weights: list[Row]
+    model_type: str  # HF `model_type`
+    hf_architectures: tuple[str, ...]  # HF `architectures` entries this table describes
+    global_weights: tuple[Row, ...]  # outside the decoder layers
+    layer_weights: tuple[Row, ...]  # per decoder layer, with `{i}` for the layer index
     qkv_bias: bool = False
     qk_layernorm: bool = False
+    ignored_hf_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)  # buffers some checkpoints carry
 
     def rows(self, num_layers: int, tied_embeddings: bool) -> list[tuple[str, tuple[str, ...], str]]:
-        """Every (megatron name, HF names, layout) of a model with `num_layers` layers."""
+        """Every (megatron name, HF names, layout) of a model with `num_layers` layers, in HF order.
+
+        With tied embeddings the output layer is the embedding, so its row is left out."""
         out = []
         for mcore, hf, layout in self.global_weights:
             if tied_embeddings and mcore == "output_layer.weight":
@@ -33,25 +45,27 @@ class Architecture:
 
 
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_query_groups: int) -> torch.Tensor:
-    """HF q [heads*d, ...], k/v [groups*d, ...] -> megatron [groups * (heads/groups + 2) * d, ...],
-    each query group's q heads followed by its k and v head."""
+    """HF q [heads*d, ...], k/v [groups*d, ...] -> megatron [groups * (heads/groups + 2) * d, ...]."""
     q_groups = q.reshape(num_query_groups, -1, *q.shape[1:])
     k_groups = k.reshape(num_query_groups, -1, *k.shape[1:])
     v_groups = v.reshape(num_query_groups, -1, *v.shape[1:])
     return torch.cat([q_groups, k_groups, v_groups], dim=1).reshape(-1, *q.shape[1:])
 
 
-def split_qkv(qkv: torch.Tensor, num_query_groups: int, heads_per_group: int, head_dim: int):
+def split_qkv(qkv: torch.Tensor, num_query_groups: int, heads_per_group: int,
+              head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inverse of `fuse_qkv`: megatron `linear_qkv` -> (q, k, v) in HF layout."""
     grouped = qkv.reshape(num_query_groups, (heads_per_group + 2) * head_dim, *qkv.shape[1:])
     q, k, v = torch.split(grouped, [heads_per_group * head_dim, head_dim, head_dim], dim=1)
-    return (q.reshape(-1, *qkv.shape[1:]), k.reshape(-1, *qkv.shape[1:]), v.reshape(-1, *qkv.shape[1:]))
+    return q.reshape(-1, *qkv.shape[1:]), k.reshape(-1, *qkv.shape[1:]), v.reshape(-1, *qkv.shape[1:])
 
 
 def fuse_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """HF gate/up [ffn, hidden] each -> megatron `linear_fc1` [2*ffn, hidden]."""
     return torch.cat([gate, up], dim=0)
 
 
 def split_gate_up(fc1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of `fuse_gate_up`."""
     gate, up = torch.chunk(fc1, 2, dim=0)
     return gate, up

@@ -3,43 +3,53 @@
 Active only when `torch.cuda.is_available()` is false; on a GPU `activate_cpu_compat()` does nothing.
 What megatron-core 0.16 asks of CUDA on the paths rl360 uses, and the CPU answer given here:
 
-- `torch.cuda.current_device()` (rotary embeddings, p2p buffers, DDP grad buffers) -> "cpu";
-- the model-parallel RNG tracker keeps CUDA generator states -> it keeps CPU generator states;
-- `torch.cuda.synchronize` / `current_stream` / `Stream` / `stream` (p2p, DDP) -> no-ops;
+- `torch.cuda.current_device()` (DDP grad buffers, rotary embeddings, p2p buffers) -> "cpu";
+- the model-parallel RNG tracker keeps CUDA generator states (`torch.cuda.get_rng_state`, megatron's
+  `_get/_set_cuda_rng_state`) -> it keeps CPU generator states. `torch.cuda.manual_seed` seeds the CPU
+  generator, so each tracker state is really seeded; note that `model_parallel_cuda_manual_seed(seed)`
+  therefore also reseeds the process's default CPU generator;
+- `torch.cuda.synchronize` (pipeline p2p) and the stream API (`current_stream`, `default_stream`,
+  `Stream`, `stream`: DDP with overlapped reduction) -> no-ops;
 - gradient clipping asserts `torch.cuda.FloatTensor` grads -> the same clipping without the assert;
-- tensors created with a literal `device="cuda"` or moved with `.cuda()` (pipeline schedules)
-  -> created on / kept on the CPU, by a `TorchFunctionMode` entered once for the process.
+- tensors created with a literal `device="cuda"` or moved with `.cuda()` / `.to("cuda")` (pipeline
+  schedules, the optimizer's loss scale) -> created on / kept on the CPU, by a `TorchFunctionMode`.
+
+The mode is entered once and never exited, rather than wrapped around each megatron call, so every
+code path (schedules, optimizer, checkpointing) is covered without callers having to know. PyTorch keeps
+the mode stack per thread: the first call enters it for the calling thread, and a later call from
+another thread enters it there too (the rest of the patches are installed once per process).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-_ACTIVE = False
+_PATCHED = False
+_THREAD = threading.local()
 
 
-def activate_cpu_compat() -> bool:
-    """Install the patches (idempotent). Returns True when they are active."""
-    global _ACTIVE
+def activate_cpu_compat() -> None:
+    """Make megatron-core run on the CPU in this process (and this thread). Idempotent; no-op with CUDA."""
+    global _PATCHED
     if torch.cuda.is_available():
-        return False
-    if _ACTIVE:
-        return True
-    _patch_cuda_module()
-    _patch_megatron_rng()
-    _patch_megatron_clip_grads()
-    _CudaToCpu().__enter__()  # stays entered for the life of the process
-    _ACTIVE = True
-    return True
+        return
+    if not _PATCHED:
+        _patch_cuda_module()
+        _patch_megatron_rng()
+        _patch_megatron_clip_grads()
+        _PATCHED = True
+    if not getattr(_THREAD, "mode_entered", False):
+        _CudaToCpu().__enter__()  # stays entered for the life of the thread
+        _THREAD.mode_entered = True
 
 
 def _patch_cuda_module() -> None:
     cuda = torch.cuda
     cuda.current_device = lambda: "cpu"
-    cuda.device_count = lambda: 0
     cuda.synchronize = lambda *args, **kwargs: None
     cuda.current_stream = lambda *args, **kwargs: _NullStream()
     cuda.default_stream = lambda *args, **kwargs: _NullStream()
@@ -47,9 +57,7 @@ def _patch_cuda_module() -> None:
     cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()
     cuda.get_rng_state = lambda *args, **kwargs: torch.get_rng_state()
     cuda.set_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
-    # torch.manual_seed itself calls cuda.manual_seed_all: seed the CPU generator directly
     cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
-    cuda.manual_seed_all = lambda seed: None
 
 
 def _patch_megatron_rng() -> None:
@@ -79,6 +87,8 @@ def _patch_megatron_clip_grads() -> None:
 
 
 class _NullStream:
+    """Stands in for `torch.cuda.Stream`: every operation is immediate on the CPU."""
+
     def __init__(self, *args, **kwargs):
         pass
 
