@@ -1,4 +1,5 @@
-"""`rl360` command line: `rl360 train CONFIG [key=value ...]`, `rl360 quickstart [key=value ...]`."""
+"""`rl360` command line: `rl360 train CONFIG [key=value ...]`, `rl360 quickstart [key=value ...]`,
+`rl360 data inspect FILE...`."""
 
 from __future__ import annotations
 
@@ -45,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     quick.add_argument("overrides", nargs="*", help="key=value overrides of configs/quickstart.yaml")
     quick.add_argument("--config", default=str(QUICKSTART_CONFIG), help="config to use")
     quick.set_defaults(run=_quickstart)
+
+    data = commands.add_parser("data", help="look at prompt parquet files")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    from rl360.data.inspect import add_inspect_parser
+
+    add_inspect_parser(data_commands)
 
     args = parser.parse_args(argv)
     from rl360.config import ConfigError

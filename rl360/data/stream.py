@@ -239,19 +239,25 @@ class PromptStream:
     def _rows(self, epoch: int, skip: int) -> Iterator[dict[str, Any] | None]:
         """This rank's rows of `epoch` after its first `skip`; None stands for a filtered or bad row."""
         left = [unit.num_rows for unit in self.units]  # rows of each unit still to pass in this epoch
-        tables: dict[int, pa.Table] = {}  # row groups with rows still to pass, once one was needed
+        # Rows (as Python objects) of row groups that were read and still have rows to pass; each row is
+        # dropped as its position passes, so memory holds about the shuffle buffer's rows, not whole
+        # row groups kept alive by one lingering row.
+        pending: dict[int, list[dict[str, Any] | None]] = {}
         owned = 0
         for position, (unit_index, row) in enumerate(self._epoch_order(epoch)):
+            rows = pending.get(unit_index)
             if position % self.dp_size == self.dp_rank:
                 owned += 1
                 if owned > skip:
-                    table = tables.get(unit_index)
-                    if table is None:
-                        table = tables[unit_index] = self._read_unit(self.units[unit_index])
-                    yield self._check(table.slice(row, 1).to_pylist()[0], self.units[unit_index], row)
+                    if rows is None:
+                        rows = pending[unit_index] = self._read_unit(self.units[unit_index]).to_pylist()
+                    record, rows[row] = rows[row], None
+                    yield self._check(record, self.units[unit_index], row)
+            elif rows is not None:
+                rows[row] = None
             left[unit_index] -= 1
             if left[unit_index] == 0:
-                tables.pop(unit_index, None)
+                pending.pop(unit_index, None)
 
     def _read_unit(self, unit: _Unit) -> pa.Table:
         if self._handle is None or self._handle[0] != unit.file:

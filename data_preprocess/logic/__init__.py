@@ -1,0 +1,1 @@
+"""Logic puzzles: the answer goes inside the last <answer> … </answer> of the response."""

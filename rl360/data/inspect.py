@@ -1,0 +1,189 @@
+"""`rl360 data inspect FILE...`: what a set of prompt parquet files holds.
+
+It prints the rows, the rows per data_source (with their ability), prompt-length percentiles and the first
+row of each data_source (up to --samples) rendered, with its ground truth. Lengths are in tokens of the chat
+template with the generation prompt when --tokenizer is given (exactly what PromptRenderer feeds the
+length filter in training), and otherwise in characters of the message contents, which the output says.
+Files are read one row group at a time and only the columns needed, so files larger than memory work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from rl360.data.render import PromptRenderer
+from rl360.data.schema import DataError, validate_row
+from rl360.data.stream import expand_paths, open_parquet
+
+PERCENTILES = (50, 90, 95, 99)
+_COLUMNS = ("data_source", "prompt", "reward_model", "ability")
+
+
+@dataclass
+class Sample:
+    """One row shown in full: where it is, its source, its prompt as the model sees it, its ground truth."""
+
+    path: str
+    row: int
+    data_source: str
+    rendered: str
+    ground_truth: str
+
+
+@dataclass
+class Inspection:
+    """What `inspect_files` found."""
+
+    files: dict[str, int]  # path -> rows
+    per_source: Counter = field(default_factory=Counter)  # data_source -> rows
+    abilities: dict[str, Counter] = field(default_factory=dict)  # data_source -> ability -> rows
+    lengths: list[int] = field(default_factory=list)  # one per row with a valid prompt
+    unit: str = "characters"  # "tokens" with a tokenizer
+    bad_rows: int = 0
+    first_bad: str | None = None
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.files.values())
+
+
+def inspect_files(paths: str | list[str], tokenizer: Any = None, samples: int = 3) -> Inspection:
+    """Read the files (paths, directories or globs) row group by row group and gather an `Inspection`."""
+    renderer = PromptRenderer(tokenizer, max_prompt_length=sys.maxsize) if tokenizer is not None else None
+    found = Inspection(files={}, unit="tokens" if renderer else "characters")
+    for path in expand_paths(paths):
+        handle = open_parquet(path)
+        try:
+            columns = [name for name in _COLUMNS if name in handle.schema_arrow.names]
+            first_row = 0
+            for group in range(handle.num_row_groups):
+                rows = _read_rows(handle, path, group, columns)
+                for offset, row in enumerate(rows):
+                    _add_row(found, row, path, first_row + offset, renderer, samples)
+                first_row += len(rows)
+            found.files[path] = first_row
+        finally:
+            handle.close()
+    return found
+
+
+def _read_rows(handle: Any, path: str, group: int, columns: list[str]) -> list[dict[str, Any]]:
+    try:
+        return handle.read_row_group(group, columns=columns).to_pylist()
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise DataError(f"{path}: row group {group} cannot be read ({type(err).__name__}: {err})") from None
+
+
+def _add_row(found: Inspection, row: dict[str, Any], path: str, index: int, renderer: PromptRenderer | None,
+             samples: int) -> None:
+    source = row.get("data_source") if isinstance(row.get("data_source"), str) else "<missing>"
+    found.per_source[source] += 1
+    found.abilities.setdefault(source, Counter())[str(row.get("ability") or "-")] += 1
+    try:
+        validate_row(row, path, index)
+    except DataError as err:
+        found.bad_rows += 1
+        found.first_bad = found.first_bad or str(err)
+        return
+    messages = row["prompt"]
+    if renderer is not None:
+        ids = renderer.render(messages)
+        found.lengths.append(len(ids))
+    else:
+        found.lengths.append(sum(len(message["content"]) for message in messages))
+    if len(found.samples) < samples and all(sample.data_source != source for sample in found.samples):
+        rendered = renderer.tokenizer.decode(ids) if renderer is not None else _plain(messages)
+        found.samples.append(Sample(path, index, source, rendered, str(row["reward_model"]["ground_truth"])))
+
+
+def _plain(messages: list[dict[str, Any]]) -> str:
+    return "\n".join(f"[{message['role']}]\n{message['content']}" for message in messages)
+
+
+def percentile(sorted_values: list[int], q: float) -> int:
+    """The nearest-rank q-th percentile of already sorted values."""
+    return sorted_values[max(0, math.ceil(q / 100 * len(sorted_values)) - 1)]
+
+
+def format_report(found: Inspection, tokenizer_name: str | None = None, max_chars: int = 1500,
+                  max_prompt_length: int | None = None) -> str:
+    """The human-readable report of an inspection."""
+    lines = [f"{len(found.files)} file(s), {found.rows} rows"]
+    lines += [f"  {path}: {rows} rows" for path, rows in found.files.items()]
+    width = max([len("data_source")] + [len(source) for source in found.per_source])
+    lines += ["", f"rows per data_source ({len(found.per_source)}):",
+              f"  {'data_source':<{width}}  {'rows':>9}  {'share':>6}  ability"]
+    for source, count in sorted(found.per_source.items(), key=lambda item: (-item[1], item[0])):
+        abilities = ", ".join(name for name, _ in found.abilities[source].most_common())
+        lines.append(f"  {source:<{width}}  {count:>9}  {100 * count / found.rows:>5.1f}%  {abilities}")
+    lines.append("")
+    if found.unit == "tokens":
+        lines.append(f"prompt length in tokens (chat template of {tokenizer_name}, with the generation prompt):")
+    else:
+        lines.append("prompt length in characters of the message contents (no --tokenizer given, so not tokens):")
+    if found.lengths:
+        values = sorted(found.lengths)
+        parts = [f"min {values[0]}"] + [f"p{q} {percentile(values, q)}" for q in PERCENTILES]
+        parts += [f"max {values[-1]}", f"mean {sum(values) / len(values):.1f}"]
+        lines.append("  " + "  ".join(parts))
+        if max_prompt_length is not None:
+            over = sum(length > max_prompt_length for length in values)
+            share = 100 * over / len(values)
+            lines.append(f"  longer than {max_prompt_length} {found.unit}: {over} rows ({share:.1f}%)")
+    else:
+        lines.append("  (no row with a valid prompt)")
+    lines.append(f"bad rows (failing validate_row): {found.bad_rows}"
+                 + (f"; the first: {found.first_bad}" if found.first_bad else ""))
+    if found.samples:
+        how = "rendered with the chat template" if found.unit == "tokens" else "messages as stored"
+        lines += ["", f"samples (the first row of each data_source, {how}):"]
+    for number, sample in enumerate(found.samples, start=1):
+        lines += [f"--- sample {number}: {sample.data_source}, {sample.path} row {sample.row}",
+                  _clip(sample.rendered, max_chars), f"--- ground truth: {_clip(sample.ground_truth, max_chars)}"]
+    return "\n".join(lines)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+# ----- command line ---------------------------------------------------------------------------------------
+
+
+def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the `inspect` command to a subparsers group (`rl360 data inspect`)."""
+    parser = subparsers.add_parser("inspect", help="rows, data_sources, prompt lengths and samples of parquet files",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("files", nargs="+", help="parquet files, directories or globs")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer (or model) directory: prompt lengths in tokens of its chat template")
+    parser.add_argument("--samples", type=int, default=3, help="data_sources to show a sample row of")
+    parser.add_argument("--max-chars", type=int, default=1500, help="characters of each sample shown")
+    parser.add_argument("--max-prompt-length", type=int, default=None,
+                        help="also count the prompts longer than this (e.g. data.max_prompt_length)")
+    parser.set_defaults(run=run_inspect)
+    return parser
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """Run `rl360 data inspect` with parsed arguments; prints the report and returns the exit status."""
+    tokenizer = None
+    if args.tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    try:
+        found = inspect_files(args.files, tokenizer, samples=args.samples)
+    except DataError as err:
+        print(f"rl360: data error: {err}", file=sys.stderr)
+        return 2
+    print(format_report(found, args.tokenizer, args.max_chars, args.max_prompt_length))
+    return 0
