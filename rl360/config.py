@@ -36,6 +36,7 @@ class DataConfig:
     shuffle: bool = True  # seeded per-epoch shuffle of row groups and rows
     shuffle_buffer: int = 1024  # rows held in the shuffle buffer
     on_bad_row: str = "error"  # error | skip: what a malformed row does
+    mix_weights: dict[str, float] = field(default_factory=dict)  # data_source prefix -> sampling weight
 
 
 @dataclass

@@ -17,7 +17,7 @@ from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
 from rl360.cluster import WorkerGroup, start_ray
 from rl360.config import RunConfig, to_dict
-from rl360.data import PromptRenderer, PromptStream, scan_data_sources
+from rl360.data import MixedPromptStream, PromptRenderer, PromptStream, scan_data_sources
 from rl360.rewards import RewardItem, RewardPool, check_data_sources, register_reward_path
 from rl360.rollout.base import Sample, SamplingParams
 from rl360.rollout.hf_engine import HFEngine
@@ -33,9 +33,13 @@ def train(cfg: RunConfig) -> Path:
         register_reward_path(prefix, path)
     check_data_sources(scan_data_sources(cfg.data.train_files))  # unknown data_source: fail now
     renderer = PromptRenderer(tokenizer, cfg.data.max_prompt_length)
-    stream = PromptStream(cfg.data.train_files, cfg.data.batch_size, seed=cfg.seed, shuffle=cfg.data.shuffle,
-                          shuffle_buffer=cfg.data.shuffle_buffer, on_bad_row=cfg.data.on_bad_row,
-                          filter_fn=renderer.fits)
+    stream_kwargs = dict(seed=cfg.seed, shuffle=cfg.data.shuffle, shuffle_buffer=cfg.data.shuffle_buffer,
+                         on_bad_row=cfg.data.on_bad_row, filter_fn=renderer.fits)
+    if cfg.data.mix_weights:  # sample data_source prefixes in these proportions
+        stream = MixedPromptStream.by_data_source(cfg.data.train_files, cfg.data.mix_weights, cfg.data.batch_size,
+                                                  **stream_kwargs)
+    else:
+        stream = PromptStream(cfg.data.train_files, cfg.data.batch_size, **stream_kwargs)
 
     parallel = cfg.actor.parallel
     policy_ranks = parallel.tensor * parallel.pipeline * parallel.data

@@ -75,7 +75,7 @@ def test_dapo_dynamic_sampling_run(tmp_path):
         "configs/algorithms/dapo.yaml", f"output_dir={tmp_path / 'out'}", f"model.path={model}",
         f"data.train_files=[{tmp_path / 'train.parquet'}]", "data.batch_size=4", "rollout.n=4",
         "actor.ppo_mini_batch_size=2", "trainer.total_steps=2", "algorithm.max_num_gen_batches=3",
-        "trainer.save_hf=false",
+        "trainer.save_hf=false", "data.mix_weights={math__synthetic: 1.0}",  # the mixed stream, one source
     ])
     try:
         out = train(cfg)
