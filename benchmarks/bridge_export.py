@@ -1,0 +1,77 @@
+"""Export throughput of megatron_bridge (megatron -> Hugging Face names, bucketed) beside a plain copy.
+
+    python benchmarks/bridge_export.py                      # CPU, fp32
+    python benchmarks/bridge_export.py --dtype bfloat16     # on a CUDA machine: GPU model, bf16
+
+Builds a random Qwen2 of the Qwen2.5-0.5B shape (494M parameters), loads it into megatron-core at
+TP=1 x PP=1 through the bridge, then times, in one run, (a) `export_hf_weights` streamed to CPU tensors in
+HF layout (q/k/v and gate/up split back) in 256 MiB buckets, and (b) a plain copy of the same parameters
+to CPU tensors. Prints both throughputs and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+QWEN25_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                  num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                  tie_word_embeddings=True, rope_theta=1_000_000.0)
+
+
+def best_of(repeats: int, fn) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--bucket-mb", type=float, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+
+    from megatron_bridge import Bridge
+    from rl360.actor.parallel import init_parallel
+
+    init_parallel(1, 1, seed=0)
+    with tempfile.TemporaryDirectory() as hf_dir:
+        torch.manual_seed(0)
+        Qwen2ForCausalLM(Qwen2Config(**QWEN25_05B)).to(dtype).save_pretrained(hf_dir)
+        bridge = Bridge.from_hf_pretrained(hf_dir)
+        models = bridge.to_megatron_model(load_weights=True, params_dtype=dtype)
+    params = [p for m in models for p in m.parameters()]
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    bucket_bytes = int(args.bucket_mb * (1 << 20))
+
+    def export() -> None:
+        for bucket in bridge.export_hf_weights(models, bucket_bytes=bucket_bytes):
+            del bucket
+
+    def plain_copy() -> None:
+        for p in params:
+            p.detach().to("cpu", copy=True)
+
+    export_s = best_of(args.repeats, export)
+    copy_s = best_of(args.repeats, plain_copy)
+    device = str(params[0].device)
+    gib = nbytes / (1 << 30)
+    print(f"model: {sum(p.numel() for p in params) / 1e6:.0f}M parameters, {gib:.2f} GiB {args.dtype} on {device}")
+    print(f"{'export_hf_weights (HF layout, buckets)':<42} {gib / export_s:7.2f} GiB/s  ({export_s:.2f} s)")
+    print(f"{'plain copy of the same bytes to CPU':<42} {gib / copy_s:7.2f} GiB/s  ({copy_s:.2f} s)")
+    print(f"ratio export / plain copy throughput: {copy_s / export_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()
