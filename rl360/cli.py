@@ -1,5 +1,5 @@
 """`rl360` command line: `rl360 train CONFIG [key=value ...]`, `rl360 quickstart [key=value ...]`,
-`rl360 data inspect FILE...`."""
+`rl360 data inspect FILE...`, `rl360 reward check FILE.parquet --responses R.jsonl --out S.jsonl`."""
 
 from __future__ import annotations
 
@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     from rl360.data.inspect import add_inspect_parser
 
     add_inspect_parser(data_commands)
+
+    from rl360.rewards.check import add_reward_parser
+
+    add_reward_parser(commands)
 
     args = parser.parse_args(argv)
     from rl360.config import ConfigError

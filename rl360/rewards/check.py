@@ -1,0 +1,187 @@
+"""`rl360 reward check FILE.parquet --responses FILE.jsonl --out SCORES.jsonl`: score saved responses.
+
+The responses file holds one JSON object per parquet row, in row order, each with a `response` string.
+Every row is scored by its `data_source` through a `RewardPool` (row group by row group, so a large file
+is never loaded whole); SCORES.jsonl gets one JSON object per row: `score`, `timed_out`, `error`
+(and `extras`, the reward function's other outputs). The summary printed at the end gives, per domain,
+the number of rows, the accuracy (mean score), the timeouts and the errors.
+
+The responses file is checked in full before any scoring, so a bad line (invalid JSON, no `response`,
+a line count that differs from the parquet's row count) stops the command with an error naming the
+file and line, and no scores are written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import pyarrow.parquet as pq
+
+from rl360.rewards.pool import RewardItem, RewardPool, RewardResult, domain_of
+from rl360.rewards.registry import UnknownDataSource, check_data_sources
+
+
+class CheckError(ValueError):
+    """Bad input to `reward check`; the message names the file (and line or row)."""
+
+
+@dataclass
+class DomainTally:
+    """Counts of one domain."""
+
+    rows: int = 0
+    score_sum: float = 0.0
+    timeouts: int = 0
+    errors: int = 0
+
+    @property
+    def accuracy(self) -> float:
+        return self.score_sum / self.rows if self.rows else 0.0
+
+
+@dataclass
+class CheckSummary:
+    """Per-domain counts of a whole check."""
+
+    domains: dict[str, DomainTally] = field(default_factory=dict)
+
+    def add(self, data_source: str, result: RewardResult) -> None:
+        tally = self.domains.setdefault(domain_of(data_source), DomainTally())
+        tally.rows += 1
+        tally.score_sum += result.score
+        tally.timeouts += int(result.timed_out)
+        tally.errors += int(result.error is not None and not result.timed_out)
+
+    def table(self) -> str:
+        """A plain-text table: one line per domain, then the total."""
+        lines = [f"{'domain':<20} {'rows':>8} {'accuracy':>9} {'timeouts':>9} {'errors':>7}"]
+        total = DomainTally()
+        for name in sorted(self.domains):
+            tally = self.domains[name]
+            lines.append(_row(name, tally))
+            total.rows += tally.rows
+            total.score_sum += tally.score_sum
+            total.timeouts += tally.timeouts
+            total.errors += tally.errors
+        lines.append(_row("all", total))
+        return "\n".join(lines)
+
+
+def check_file(parquet_path: str | Path, responses_path: str | Path, out_path: str | Path,
+               num_workers: int = 2, timeout_s: float = 10.0, max_memory_bytes: int | None = None) -> CheckSummary:
+    """Score every row of `parquet_path` with its response from `responses_path`, writing `out_path`."""
+    parquet = pq.ParquetFile(parquet_path)
+    rows = parquet.metadata.num_rows
+    for column in ("data_source", "reward_model"):
+        if column not in parquet.schema_arrow.names:
+            raise CheckError(f"{parquet_path}: missing column {column!r}; the file has {parquet.schema_arrow.names}")
+    responses = read_responses(responses_path, rows, parquet_path)
+    _check_sources(parquet, parquet_path)
+    columns = [c for c in ("data_source", "reward_model", "extra_info") if c in parquet.schema_arrow.names]
+    summary = CheckSummary()
+    with RewardPool(num_workers=num_workers, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes) as pool, \
+            open(out_path, "w", encoding="utf-8") as out:
+        first_row = 0
+        for group in range(parquet.num_row_groups):
+            items = list(_items(parquet.read_row_group(group, columns=columns).to_pylist(), first_row,
+                                responses, parquet_path))
+            for item, result in zip(items, pool.score(items)):
+                summary.add(item.data_source, result)
+                _write(out, result)
+            first_row += len(items)
+    return summary
+
+
+def read_responses(path: str | Path, expected_rows: int, parquet_path: str | Path) -> list[str]:
+    """The `response` of every line of `path`; `CheckError` naming the file and line for a bad one, or
+    when the number of lines is not `expected_rows`."""
+    responses: list[str] = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                raise CheckError(f"{path} line {number}: empty line (one JSON object per parquet row expected)")
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise CheckError(f"{path} line {number}: not valid JSON ({err})") from None
+            if not isinstance(record, dict) or "response" not in record:
+                raise CheckError(f"{path} line {number}: no 'response' key")
+            if not isinstance(record["response"], str):
+                raise CheckError(f"{path} line {number}: 'response' must be a string, "
+                                 f"got {type(record['response']).__name__}")
+            responses.append(record["response"])
+    if len(responses) != expected_rows:
+        where = f"line {expected_rows + 1} is extra" if len(responses) > expected_rows else \
+            f"line {len(responses) + 1} is missing"
+        raise CheckError(f"{path} has {len(responses)} lines but {parquet_path} has {expected_rows} rows ({where})")
+    return responses
+
+
+def add_reward_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `reward` command group (with `check`) to an argparse subparsers object; returns `reward`."""
+    reward = subparsers.add_parser("reward", help="reward tools: score saved responses")
+    commands = reward.add_subparsers(dest="reward_command", required=True)
+    check = commands.add_parser("check", help="score a responses file against a parquet file's ground truths")
+    check.add_argument("parquet", help="prompts with data_source and reward_model.ground_truth")
+    check.add_argument("--responses", required=True, help="jsonl, one {\"response\": ...} per parquet row")
+    check.add_argument("--out", required=True, help="jsonl written with one {score, timed_out, error} per row")
+    check.add_argument("--workers", type=int, default=2, help="reward worker processes (0: in this process)")
+    check.add_argument("--timeout", type=float, default=30.0, help="seconds per reward call")
+    check.set_defaults(run=run_check)
+    return reward
+
+
+def run_check(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
+    """Run `reward check` from parsed arguments; 0 on success, 2 on bad input (the error is printed)."""
+    stdout = stdout or sys.stdout
+    try:
+        summary = check_file(args.parquet, args.responses, args.out, num_workers=args.workers,
+                             timeout_s=args.timeout)
+    except (CheckError, FileNotFoundError) as err:
+        print(f"rl360 reward check: error: {err}", file=sys.stderr)
+        return 2
+    print(summary.table(), file=stdout)
+    print(f"scores written to {args.out}", file=stdout)
+    return 0
+
+
+def _items(rows: list[dict], first_row: int, responses: list[str], parquet_path: str | Path) -> Iterator[RewardItem]:
+    for offset, row in enumerate(rows):
+        index = first_row + offset
+        source, reward = row.get("data_source"), row.get("reward_model")
+        if not isinstance(reward, dict) or reward.get("ground_truth") is None:
+            raise CheckError(f"{parquet_path} row {index}: key 'reward_model.ground_truth' is missing")
+        extra = row.get("extra_info")
+        if isinstance(extra, list):  # a map column reads as a list of (key, value) pairs
+            extra = dict(extra)
+        yield RewardItem(source, responses[index], str(reward["ground_truth"]), extra)
+
+
+def _check_sources(parquet: pq.ParquetFile, parquet_path: str | Path) -> None:
+    """Every data_source has a reward function (read column-only, before any scoring)."""
+    first_row = 0
+    for group in range(parquet.num_row_groups):
+        sources = parquet.read_row_group(group, columns=["data_source"]).column(0).to_pylist()
+        for offset, source in enumerate(sources):
+            try:
+                check_data_sources([source])
+            except UnknownDataSource as err:
+                raise CheckError(f"{parquet_path} row {first_row + offset}: {err}") from None
+        first_row += len(sources)
+
+
+def _write(out: TextIO, result: RewardResult) -> None:
+    record = {"score": result.score, "timed_out": result.timed_out, "error": result.error}
+    if result.extras:
+        record["extras"] = result.extras
+    out.write(json.dumps(record, default=str) + "\n")
+
+
+def _row(name: str, tally: DomainTally) -> str:
+    return f"{name:<20} {tally.rows:>8} {tally.accuracy:>9.3f} {tally.timeouts:>9} {tally.errors:>7}"

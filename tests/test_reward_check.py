@@ -1,0 +1,105 @@
+"""`rl360 reward check`: score a responses file against a parquet file's ground truths."""
+
+import argparse
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rl360.rewards.check import add_reward_parser
+
+DOUBLE = json.dumps({"inputs": ["2\n"], "outputs": ["4\n"]})
+ROWS = [  # (data_source, ground truth, response)
+    ("math__a", "2", "so \\boxed{2}"),
+    ("math__a", "3", "so \\boxed{4}"),
+    ("math__b", "1/2", "<think>\\boxed{1}</think> \\boxed{\\frac{1}{2}}"),
+    ("codegen__c", DOUBLE, "```python\nprint(int(input()) * 2)\n```"),
+    ("codegen__c", DOUBLE, "```python\nprint(5)\n```"),
+]
+
+
+def _parquet(path, rows=ROWS, row_group_size=2):
+    table = pa.table({
+        "prompt": [[{"role": "user", "content": "q"}] for _ in rows],
+        "data_source": [source for source, _, _ in rows],
+        "reward_model": [{"style": "rule", "ground_truth": truth} for _, truth, _ in rows],
+        "extra_info": [{"index": i} for i in range(len(rows))],
+    })
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return path
+
+
+def _responses(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def _run(argv):
+    parser = argparse.ArgumentParser(prog="rl360")
+    add_reward_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    printed = io.StringIO()
+    return args.run(args, stdout=printed), printed.getvalue()
+
+
+def _argv(tmp_path, responses):
+    return ["reward", "check", str(tmp_path / "data.parquet"), "--responses", str(responses),
+            "--out", str(tmp_path / "scores.jsonl"), "--workers", "1", "--timeout", "60"]
+
+
+def test_check_writes_one_score_per_row_and_prints_a_summary(tmp_path):
+    _parquet(tmp_path / "data.parquet")
+    responses = _responses(tmp_path / "r.jsonl", [json.dumps({"response": r, "id": i})
+                                                 for i, (_, _, r) in enumerate(ROWS)])
+    code, printed = _run(_argv(tmp_path, responses))
+    assert code == 0
+    scores = [json.loads(line) for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
+    assert [s["score"] for s in scores] == [1.0, 0.0, 1.0, 1.0, 0.0]
+    assert all(s["timed_out"] is False and s["error"] is None for s in scores)
+    assert scores[4]["extras"]["failure"] == "case 0: wrong answer"
+    lines = {line.split()[0]: line.split()[1:] for line in printed.splitlines()[1:] if line.strip()}
+    assert lines["math"] == ["3", "0.667", "0", "0"]
+    assert lines["codegen"] == ["2", "0.500", "0", "0"]
+    assert lines["all"] == ["5", "0.600", "0", "0"]
+    assert "scores.jsonl" in printed
+
+
+def test_fewer_responses_than_rows_names_the_file(tmp_path, capsys):
+    _parquet(tmp_path / "data.parquet")
+    responses = _responses(tmp_path / "r.jsonl", [json.dumps({"response": "x"})] * 4)
+    code, _ = _run(_argv(tmp_path, responses))
+    error = capsys.readouterr().err
+    assert code == 2 and "r.jsonl has 4 lines" in error and "5 rows" in error and "line 5 is missing" in error
+    assert not (tmp_path / "scores.jsonl").exists()
+
+
+def test_more_responses_than_rows(tmp_path, capsys):
+    _parquet(tmp_path / "data.parquet")
+    responses = _responses(tmp_path / "r.jsonl", [json.dumps({"response": "x"})] * 6)
+    assert _run(_argv(tmp_path, responses))[0] == 2
+    assert "line 6 is extra" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad,message", [
+    (json.dumps({"text": "x"}), "line 3: no 'response' key"),
+    ("{not json", "line 3: not valid JSON"),
+    (json.dumps({"response": 5}), "line 3: 'response' must be a string"),
+])
+def test_a_bad_line_is_named(tmp_path, capsys, bad, message):
+    _parquet(tmp_path / "data.parquet")
+    lines = [json.dumps({"response": "x"})] * 5
+    lines[2] = bad
+    code, _ = _run(_argv(tmp_path, _responses(tmp_path / "r.jsonl", lines)))
+    error = capsys.readouterr().err
+    assert code == 2 and "r.jsonl" in error and message in error
+
+
+def test_unknown_data_source_names_the_row(tmp_path, capsys):
+    rows = ROWS[:2] + [("nope__x", "1", "r")]
+    _parquet(tmp_path / "data.parquet", rows)
+    responses = _responses(tmp_path / "r.jsonl", [json.dumps({"response": "x"})] * 3)
+    assert _run(_argv(tmp_path, responses))[0] == 2
+    error = capsys.readouterr().err
+    assert "data.parquet row 2" in error and "nope__x" in error
