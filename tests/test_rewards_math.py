@@ -92,13 +92,15 @@ def test_math_reward_works_outside_the_main_thread():
 
 
 def test_time_limit_interrupts_a_busy_loop():
+    outer = signal.getitimer(signal.ITIMER_REAL)[0]  # pytest-timeout's own timer, when it runs one
     started = time.monotonic()
     with pytest.raises(MathTimeout):
         with time_limit(0.2):
             while time.monotonic() - started < 30:
                 pass
     assert time.monotonic() - started < 20
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    after = signal.getitimer(signal.ITIMER_REAL)[0]
+    assert after == 0.0 if outer == 0.0 else 0.0 < after <= outer  # ours is gone, the caller's is back
 
 
 def test_time_limit_restores_the_callers_timer_and_handler():
