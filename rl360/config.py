@@ -72,6 +72,9 @@ class ActorConfig:
     loss_mode: str = "vanilla"  # policy loss: vanilla (PPO clip) | gspo | gspo_token
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
     entropy_coeff: float = 0.0  # weight of the entropy bonus (subtracted from the loss)
+    rollout_correction: str = "none"  # none | tis (truncated IS weights) | mask (drop tokens outside range)
+    rollout_is_threshold: float = 2.0  # upper bound C of pi_old / pi_engine (tis: cap; mask: keep <= C)
+    rollout_is_threshold_lower: float = 0.0  # mask: keep ratios >= this (0: 1 / rollout_is_threshold)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
@@ -140,6 +143,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "rollout.engine": ("hf",),
     "actor.loss_agg_mode": AGG_MODES,
     "actor.loss_mode": tuple(policy_losses()),
+    "actor.rollout_correction": ("none", "tis", "mask"),
     "algorithm.adv_estimator": tuple(advantage_estimators()),
     "algorithm.kl_estimator": KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS),
 }
@@ -150,10 +154,11 @@ POSITIVE = (
     "rollout.num_engines", "rollout.temperature", "actor.ppo_mini_batch_size", "actor.micro_batch_size",
     "actor.ppo_epochs", "actor.parallel.tensor", "actor.parallel.pipeline", "actor.parallel.data",
     "trainer.total_steps", "trainer.weight_bucket_mb", "reward.timeout_s", "tracking.log_every",
+    "actor.rollout_is_threshold",
 )
 NON_NEGATIVE = (
     "actor.lr", "actor.weight_decay", "actor.grad_clip", "actor.clip_ratio_low", "actor.clip_ratio_high",
-    "actor.clip_ratio_c", "actor.entropy_coeff",
+    "actor.clip_ratio_c", "actor.entropy_coeff", "actor.rollout_is_threshold_lower",
     "algorithm.kl_coef", "reward.num_workers", "reward.max_memory_gb", "trainer.num_threads",
     "algorithm.max_num_gen_batches", "reward.overlong_buffer_len", "reward.overlong_penalty_factor",
 )

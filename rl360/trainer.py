@@ -15,6 +15,7 @@ from rl360.actor.batch import RolloutBatch, build_batch
 from rl360.actor.policy import PolicyWorker
 from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
+from rl360.algos.losses import kl_penalty
 from rl360.cluster import WorkerGroup, start_ray
 from rl360.config import RunConfig, to_dict
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream, scan_data_sources
@@ -234,6 +235,9 @@ def _rollout_metrics(batch: RolloutBatch, scores: torch.Tensor) -> dict[str, flo
         "response_length/max": lengths.max().item(),
         "rollout/logprob_abs_diff": (diff.sum() / mask.sum().clamp(min=1)).item(),
         "rollout/logprob_abs_diff_max": diff.max().item(),
+        # k3 estimate of KL(engine || trainer) over the sampled tokens: the training-inference mismatch
+        "rollout/k3_kl": ((kl_penalty(batch.rollout_logprobs, batch.old_logprobs, "k3") * mask).sum()
+                          / mask.sum().clamp(min=1)).item(),
     }
 
 

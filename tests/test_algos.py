@@ -209,3 +209,14 @@ def test_overlong_penalty_is_linear_in_the_buffer():
     lengths = torch.tensor([10, 16, 18, 20])
     penalty = overlong_penalty(lengths, max_response_length=20, buffer_length=4, penalty_factor=2.0)
     assert penalty.tolist() == pytest.approx([0.0, 0.0, -1.0, -2.0])
+
+
+def test_rollout_correction_weights():
+    from rl360.algos.losses import rollout_correction
+
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5]]))
+    engine = torch.log(torch.tensor([[0.5, 0.1, 0.9, 0.2]]))  # rho = 1, 5, 0.556, 2.5
+    torch.testing.assert_close(rollout_correction(old, engine, "tis", 2.0), torch.tensor([[1.0, 2.0, 5 / 9, 2.0]]))
+    assert rollout_correction(old, engine, "mask", 3.0).tolist() == [[1.0, 0.0, 1.0, 1.0]]
+    assert rollout_correction(old, engine, "mask", 3.0, lower=0.6).tolist() == [[1.0, 0.0, 0.0, 1.0]]
+    assert rollout_correction(old, engine, "none", 2.0).tolist() == [[1.0] * 4]

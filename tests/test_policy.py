@@ -109,3 +109,26 @@ def test_two_data_parallel_ranks_give_the_single_rank_gradient(megatron_single_r
     for rank in range(2):
         got = torch.load(tmp_path / f"grad{rank}.pt")
         assert (got - expected).abs().max().item() <= 1e-6  # all-reduced: every rank holds the full gradient
+
+
+def test_truncated_importance_sampling_scales_each_tokens_gradient(megatron_single_rank, model_dir):
+    """With TIS, a token whose engine log-prob is lower than the trainer's by log 5 contributes with weight
+    min(5, C) = C: the gradient is that of the plain loss with those tokens' advantages times C."""
+    from tests.dp_worker import fixed_batch
+
+    batch = fixed_batch()
+    plain = PolicyWorker(_config(model_dir, "actor.micro_batch_size=4"))
+    batch.old_logprobs = plain.compute_logprobs(batch)
+    batch.rollout_logprobs = batch.old_logprobs.clone()
+    batch.rollout_logprobs[:4] -= torch.log(torch.tensor(5.0))  # the engine under-estimated rows 0-3
+    corrected = PolicyWorker(_config(model_dir, "actor.micro_batch_size=4", "actor.rollout_correction=tis",
+                                     "actor.rollout_is_threshold=2.0"))
+    corrected.accumulate_gradients(batch)
+    expected_batch = batch.select(slice(None))
+    expected_batch.advantages = batch.advantages.clone()
+    expected_batch.advantages[:4] *= 2.0
+    plain.accumulate_gradients(expected_batch)
+    got = torch.cat([p.main_grad.flatten() for p in corrected.models[0].parameters()])
+    want = torch.cat([p.main_grad.flatten() for p in plain.models[0].parameters()])
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

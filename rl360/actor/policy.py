@@ -16,7 +16,14 @@ import torch
 from megatron_bridge import Bridge
 from rl360.actor.batch import RolloutBatch
 from rl360.actor.parallel import init_parallel
-from rl360.algos.losses import agg_loss, agg_normalizer, entropy_from_logits, get_policy_loss, kl_penalty
+from rl360.algos.losses import (
+    agg_loss,
+    agg_normalizer,
+    entropy_from_logits,
+    get_policy_loss,
+    kl_penalty,
+    rollout_correction,
+)
 from rl360.config import RunConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -134,7 +141,9 @@ class PolicyWorker:
             return ((per_token.detach() * mask).sum() / self._tokens_in_mini).item()
 
         pg_tokens, clipped = get_policy_loss(cfg.loss_mode)(logprob, mb.old_logprobs, mb.advantages, mask, cfg)
-        pg_loss = aggregate(pg_tokens)
+        is_weights = rollout_correction(mb.old_logprobs, mb.rollout_logprobs, cfg.rollout_correction,
+                                        cfg.rollout_is_threshold, cfg.rollout_is_threshold_lower)
+        pg_loss = aggregate(pg_tokens * is_weights)
         loss = pg_loss
         report = {"actor/pg_loss": pg_loss.item()}
         if self.ref_models is not None:
@@ -147,6 +156,8 @@ class PolicyWorker:
         report["actor/entropy"] = token_mean(entropy)
         report["actor/pg_clipfrac"] = token_mean(clipped)
         report["actor/ppo_kl"] = token_mean(mb.old_logprobs - logprob)
+        if cfg.rollout_correction != "none":
+            report["rollout_correction/mean_weight"] = token_mean(is_weights)
         # megatron divides by the micro-batch count and averages gradients over data-parallel ranks;
         # the loss is already normalised by the global counts, so undo both
         return loss * num_micro * self.dp_size, report

@@ -144,3 +144,21 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Per-position entropy of softmax(logits) over the last dimension."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+def rollout_correction(old_logprob: torch.Tensor, rollout_logprob: torch.Tensor, mode: str, upper: float,
+                       lower: float = 0.0) -> torch.Tensor:
+    """Per-token weights that correct for the engine sampling from pi_engine while the loss assumes pi_old.
+
+    With rho = pi_old / pi_engine of each sampled token (no gradient):
+    tis: min(rho, upper) (truncated importance sampling); mask: 1 where lower <= rho <= upper, else 0
+    (lower 0 means 1 / upper); none: 1.
+    """
+    if mode == "none":
+        return torch.ones_like(old_logprob)
+    rho = torch.exp((old_logprob - rollout_logprob).detach().clamp(-20.0, 20.0))
+    if mode == "tis":
+        return rho.clamp(max=upper)
+    if mode == "mask":
+        return ((rho >= (lower or 1.0 / upper)) & (rho <= upper)).to(old_logprob.dtype)
+    raise KeyError(f"unknown rollout correction {mode!r}; choose one of ['none', 'tis', 'mask']")
