@@ -54,8 +54,7 @@ def train(cfg: RunConfig) -> Path:
                          int(cfg.reward.max_memory_gb * (1 << 30)) or None)
     tracker = Tracker(out, to_dict(cfg), cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
                       cfg.tracking.log_every)
-    algo = cfg.algorithm
-    estimator = get_advantage_estimator(algo.adv_estimator)
+    estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
     batches = iter(stream)
     try:
         for step in range(1, cfg.trainer.total_steps + 1):
@@ -64,27 +63,8 @@ def train(cfg: RunConfig) -> Path:
 
             # 1-3. prompts -> n rollouts each (with the engine's log-probs) -> rewards by data_source;
             #      with DAPO dynamic sampling, only groups whose scores vary, sampling more until full
-            kept: list[Scored] = []
-            uniform: list[Scored] = []  # groups dynamic sampling set aside (all scores equal)
-            gen_batches = filled = 0
-            reward_counts: dict[str, float] = {}
-            sampled: list[torch.Tensor] = []  # every score of the step, trained on or not
-            while sum(g.num_groups for g in kept) < cfg.data.batch_size:
-                if gen_batches and algo.max_num_gen_batches and gen_batches >= algo.max_num_gen_batches:
-                    # out of tries: fill up with groups that carry no signal, and count them
-                    filled = cfg.data.batch_size - sum(g.num_groups for g in kept)
-                    kept += uniform
-                    break
-                gen_batches += 1
-                scored = rollout_and_score(next(batches), engine, rewards, renderer, tokenizer, cfg,
-                                           seed=cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
-                                           timing=timing, metrics=reward_counts)
-                varied = varied_groups(scored.scores, cfg.rollout.n) if algo.filter_groups else None
-                sampled.append(scored.scores)
-                kept.append(scored if varied is None else scored.select_groups(varied))
-                if varied is not None:
-                    uniform.append(scored.select_groups(~varied))
-            scored = Scored.concat(kept).first_groups(cfg.data.batch_size)
+            scored, sampling_metrics = collect_groups(batches, engine, rewards, renderer, tokenizer, cfg, step,
+                                                      timing)
             batch, scores = scored.batch(tokenizer.pad_token_id or 0), scored.scores
 
             # 4. old / reference log-probs and advantages
@@ -98,7 +78,7 @@ def train(cfg: RunConfig) -> Path:
                 _token_level(scores, batch), batch.response_mask, [i // cfg.rollout.n for i in range(len(batch))],
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, gamma=cfg.algorithm.gamma)
 
-            # 5. policy update
+            # 5. policy update (shards again: they now carry the log-probs and advantages)
             with _timer(timing, "update"):
                 shards = _data_parallel_shards(batch, parallel.data)
                 update_metrics = _merge_rank_metrics(policy.call_each("update", [(s,) for s in shards]))
@@ -110,18 +90,15 @@ def train(cfg: RunConfig) -> Path:
             # 7. log
             metrics = {
                 **_rollout_metrics(batch, scores),
-                **reward_counts,
-                "reward/mean_sampled": torch.cat(sampled).mean().item(),
-                "dynamic_sampling/gen_batches": gen_batches,
-                "dynamic_sampling/filled_groups": filled,
+                **sampling_metrics,
                 **update_metrics,
                 **{f"timing/{k}_s": v for k, v in timing.items()},
                 "data/epoch": stream.epoch,
                 "timing/step_s": time.perf_counter() - started,
             }
             tracker.log(step, metrics)
-        if cfg.trainer.save_hf:
-            policy.call("save_hf", str(out / "hf"))
+        if cfg.trainer.save_hf:  # data-parallel replicas hold the same weights: rank 0 writes them
+            ray.get(policy.actors[0].save_hf.remote(str(out / "hf")))
             tokenizer.save_pretrained(str(out / "hf"))
     finally:
         tracker.close()
@@ -157,6 +134,40 @@ class Scored:
     def batch(self, pad_id: int) -> RolloutBatch:
         return build_batch([s.prompt_ids for s in self.samples], [s.response_ids for s in self.samples],
                            [s.logprobs for s in self.samples], pad_id=pad_id)
+
+
+def collect_groups(batches, engine, rewards: RewardPool, renderer: PromptRenderer, tokenizer, cfg: RunConfig,
+                   step: int, timing: dict[str, float]) -> tuple[Scored, dict[str, float]]:
+    """`data.batch_size` scored prompt groups for one step, and the step's sampling metrics.
+
+    Without dynamic sampling: one prompt batch. With it (DAPO): groups whose scores are all equal are set
+    aside and more prompt batches are sampled; after `max_num_gen_batches` the step fills up with set-aside
+    groups (no signal under group-centred advantages) and counts them."""
+    algo = cfg.algorithm
+    kept: list[Scored] = []
+    uniform: list[Scored] = []
+    sampled: list[torch.Tensor] = []  # every score of the step, trained on or not
+    metrics: dict[str, float] = {}
+    gen_batches = filled = 0
+    while sum(g.num_groups for g in kept) < cfg.data.batch_size:
+        if gen_batches and algo.max_num_gen_batches and gen_batches >= algo.max_num_gen_batches:
+            filled = cfg.data.batch_size - sum(g.num_groups for g in kept)
+            kept += uniform
+            break
+        gen_batches += 1
+        scored = rollout_and_score(next(batches), engine, rewards, renderer, tokenizer, cfg,
+                                   seed=cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1), timing=timing,
+                                   metrics=metrics)
+        sampled.append(scored.scores)
+        if algo.filter_groups:
+            varied = varied_groups(scored.scores, cfg.rollout.n)
+            kept.append(scored.select_groups(varied))
+            uniform.append(scored.select_groups(~varied))
+        else:
+            kept.append(scored)
+    metrics.update({"reward/mean_sampled": torch.cat(sampled).mean().item(),
+                    "dynamic_sampling/gen_batches": gen_batches, "dynamic_sampling/filled_groups": filled})
+    return Scored.concat(kept).first_groups(cfg.data.batch_size), metrics
 
 
 def rollout_and_score(rows: list[dict], engine, rewards: RewardPool, renderer: PromptRenderer, tokenizer,
