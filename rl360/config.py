@@ -87,6 +87,9 @@ class AlgorithmConfig:
     max_num_gen_batches: int = 10  # with filter_groups: prompt batches sampled per step at most (0: no limit)
     kl_coef: float = 0.0  # weight of the KL(policy || reference) loss; > 0 loads a reference model
     kl_estimator: str = "k3"  # k1 | k2 (mse) | k3 (low_var_kl) | abs; a "+" suffix: straight-through
+    kl_in_reward_coef: float = 0.0  # KL(policy || reference) penalty in the reward, per token (0: off)
+    kl_in_reward_target: float = 0.0  # > 0: adapt the coefficient towards this KL per sequence
+    kl_in_reward_horizon: int = 10000  # adaptive controller horizon, in samples
 
 
 @dataclass
@@ -154,13 +157,14 @@ POSITIVE = (
     "rollout.num_engines", "rollout.temperature", "actor.ppo_mini_batch_size", "actor.micro_batch_size",
     "actor.ppo_epochs", "actor.parallel.tensor", "actor.parallel.pipeline", "actor.parallel.data",
     "trainer.total_steps", "trainer.weight_bucket_mb", "reward.timeout_s", "tracking.log_every",
-    "actor.rollout_is_threshold",
+    "actor.rollout_is_threshold", "algorithm.kl_in_reward_horizon",
 )
 NON_NEGATIVE = (
     "actor.lr", "actor.weight_decay", "actor.grad_clip", "actor.clip_ratio_low", "actor.clip_ratio_high",
     "actor.clip_ratio_c", "actor.entropy_coeff", "actor.rollout_is_threshold_lower",
     "algorithm.kl_coef", "reward.num_workers", "reward.max_memory_gb", "trainer.num_threads",
     "algorithm.max_num_gen_batches", "reward.overlong_buffer_len", "reward.overlong_penalty_factor",
+    "algorithm.kl_in_reward_coef", "algorithm.kl_in_reward_target",
 )
 
 

@@ -15,6 +15,7 @@ from rl360.actor.batch import RolloutBatch, build_batch
 from rl360.actor.policy import PolicyWorker
 from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
+from rl360.algos.kl_control import KLController
 from rl360.algos.losses import kl_penalty
 from rl360.cluster import WorkerGroup, start_ray
 from rl360.config import RunConfig, to_dict
@@ -55,6 +56,8 @@ def train(cfg: RunConfig) -> Path:
     tracker = Tracker(out, to_dict(cfg), cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
                       cfg.tracking.log_every)
     estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
+    kl_control = KLController(cfg.algorithm.kl_in_reward_coef, cfg.algorithm.kl_in_reward_target,
+                              cfg.algorithm.kl_in_reward_horizon)
     batches = iter(stream)
     try:
         for step in range(1, cfg.trainer.total_steps + 1):
@@ -71,11 +74,19 @@ def train(cfg: RunConfig) -> Path:
             shards = _data_parallel_shards(batch, parallel.data)
             with _timer(timing, "logprobs"):
                 batch.old_logprobs = torch.cat(policy.call_each("compute_logprobs", [(s,) for s in shards]))
-                if cfg.algorithm.kl_coef > 0:
+                if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
                     batch.ref_logprobs = torch.cat(
                         policy.call_each("compute_logprobs", [(s, True) for s in shards]))
+            token_rewards = _token_level(scores, batch)
+            if cfg.algorithm.kl_in_reward_coef > 0:  # KL penalty in the reward, per token
+                token_kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.algorithm.kl_estimator)
+                token_kl = token_kl * batch.response_mask
+                token_rewards = token_rewards - kl_control.coef * token_kl
+                sequence_kl = token_kl.sum(-1).mean().item()
+                sampling_metrics.update({"reward/kl": sequence_kl, "reward/kl_coef": kl_control.coef})
+                kl_control.update(sequence_kl, len(batch))
             batch.advantages, _ = estimator(
-                _token_level(scores, batch), batch.response_mask, [i // cfg.rollout.n for i in range(len(batch))],
+                token_rewards, batch.response_mask, [i // cfg.rollout.n for i in range(len(batch))],
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, gamma=cfg.algorithm.gamma)
 
             # 5. policy update (shards again: they now carry the log-probs and advantages)

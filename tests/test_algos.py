@@ -220,3 +220,16 @@ def test_rollout_correction_weights():
     assert rollout_correction(old, engine, "mask", 3.0).tolist() == [[1.0, 0.0, 1.0, 1.0]]
     assert rollout_correction(old, engine, "mask", 3.0, lower=0.6).tolist() == [[1.0, 0.0, 0.0, 1.0]]
     assert rollout_correction(old, engine, "none", 2.0).tolist() == [[1.0] * 4]
+
+
+def test_kl_controller_fixed_and_adaptive():
+    from rl360.algos.kl_control import KLController
+
+    fixed = KLController(0.1)
+    fixed.update(kl=5.0, n=1000)
+    assert fixed.coef == 0.1
+    adaptive = KLController(0.1, target=1.0, horizon=1000)
+    adaptive.update(kl=5.0, n=100)  # far above target: error clipped at +0.2
+    assert adaptive.coef == pytest.approx(0.1 * (1 + 0.2 * 0.1))
+    adaptive.update(kl=0.5, n=100)  # below target: error -0.5 clipped at -0.2
+    assert adaptive.coef == pytest.approx(0.1 * (1 + 0.2 * 0.1) * (1 - 0.2 * 0.1))

@@ -31,6 +31,7 @@ def run(tmp_path_factory):
         f"output_dir={root / 'out'}", f"model.path={model}", f"data.train_files=[{root / 'train.parquet'}]",
         "data.batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2", "trainer.total_steps=3",
         "reward.timeout_s=1", "tracking.wandb=true", "reward.custom={test_hang: 'tests.reward_fixtures:never_returns'}",
+        "algorithm.kl_in_reward_coef=0.01", "algorithm.kl_in_reward_target=0.1",
     ])
     try:
         out = train(cfg)
@@ -44,6 +45,14 @@ def test_every_step_is_logged_with_the_required_metrics(run):
     assert [r["step"] for r in records] == [1, 2, 3]
     for record in records:
         assert all(key in record and record[key] is not None for key in REQUIRED), record
+
+
+def test_kl_in_reward_is_applied_and_its_coefficient_adapts(run):
+    _, records = run
+    assert records[0]["reward/kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: policy == reference
+    assert records[0]["reward/kl_coef"] == pytest.approx(0.01)
+    assert records[-1]["reward/kl"] > 0  # the policy moved away from the reference
+    assert records[-1]["reward/kl_coef"] < 0.01  # KL below the target so far: the coefficient shrank
 
 
 def test_engine_samples_from_the_trainers_weights_at_every_step(run):

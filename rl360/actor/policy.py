@@ -50,7 +50,7 @@ class PolicyWorker:
         self.models = _wrap_ddp(self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype))
         self.optimizer = _build_optimizer(cfg, self.models)
         self.ref_models = None
-        if cfg.algorithm.kl_coef > 0:
+        if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
             self.ref_models = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype)
             for chunk in self.ref_models:
                 chunk.eval().requires_grad_(False)
@@ -146,7 +146,7 @@ class PolicyWorker:
         pg_loss = aggregate(pg_tokens * is_weights)
         loss = pg_loss
         report = {"actor/pg_loss": pg_loss.item()}
-        if self.ref_models is not None:
+        if algo.kl_coef > 0:
             kl = aggregate(kl_penalty(logprob, mb.ref_logprobs, algo.kl_estimator))
             loss = loss + algo.kl_coef * kl
             report["actor/kl"] = kl.item()
