@@ -1,4 +1,10 @@
-"""`Bridge`: build megatron-core models from Hugging Face checkpoints and stream weights back in HF names."""
+"""`Bridge`: build megatron-core models from Hugging Face checkpoints and stream weights back in HF names.
+
+Any TP x PP layout: each rank builds its pipeline stage's chunk, reads only its tensor-parallel slices
+from the safetensors files, and on export every rank yields the whole model in HF names and order,
+gathered over TP (all-gather) and PP (broadcast from the stage that holds each layer). Every rank of a
+model-parallel group must take part in `export_hf_weights` / `save_hf_pretrained` (they are collectives).
+"""
 
 from __future__ import annotations
 
@@ -9,56 +15,67 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+import torch.distributed as dist
 from safetensors.torch import save_file
 
 from megatron_bridge.arch import Architecture, get_architecture
-from megatron_bridge.arch.base import fuse_gate_up, fuse_qkv, split_gate_up, split_qkv
+from megatron_bridge.arch.base import split_gate_up, split_qkv
 from megatron_bridge.config_map import check_supported, head_dim, num_query_groups, to_hf_config, to_megatron
+from megatron_bridge.safetensors_io import INDEX_FILE, SINGLE_FILE, SafetensorsReader
+from megatron_bridge.sharding import VOCAB_PARAMS, TPSlice, gather_full, load_slice
 
 # files copied beside the saved weights so tokenizer, chat template and generation defaults come along
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model",
                    "added_tokens.json", "preprocessor_config.json", "processor_config.json")
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 
 Bucket = list[tuple[str, torch.Tensor]]
+Row = tuple[str, tuple[str, ...], str]
 
 
 class Bridge:
     """One HF model directory and its architecture table: HF <-> megatron weights for this rank."""
 
-    def __init__(self, hf_dir: str | Path, hf_config: dict[str, Any]):
+    def __init__(self, hf_dir: str | Path, hf_config: dict[str, Any], vocab_divisible_by: int = 128):
         self.hf_dir = Path(hf_dir)
         self.hf_config = hf_config
         self.arch: Architecture = get_architecture(hf_config)
+        self.vocab_divisible_by = vocab_divisible_by
         check_supported(hf_config)
 
     @classmethod
-    def from_hf_pretrained(cls, hf_dir: str | Path) -> Bridge:
+    def from_hf_pretrained(cls, hf_dir: str | Path, vocab_divisible_by: int = 128) -> Bridge:
         """A bridge for the HF model in `hf_dir` (its config.json is read now, its weights when loading)."""
         path = Path(hf_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: not a Hugging Face model directory")
-        return cls(hf_dir, json.loads(path.read_text()))
+        return cls(hf_dir, json.loads(path.read_text()), vocab_divisible_by)
+
+    @property
+    def vocab_size(self) -> int:
+        """The real vocabulary: megatron's logits past it (padding rows) are not part of the model."""
+        return int(self.hf_config["vocab_size"])
+
+    @property
+    def tied_embeddings(self) -> bool:
+        return bool(self.hf_config.get("tie_word_embeddings"))
 
     # ---- Hugging Face -> megatron --------------------------------------------------------------------
 
     def to_megatron_model(self, load_weights: bool = True, params_dtype: torch.dtype = torch.float32) -> list:
-        """This rank's GPTModel chunks (one at PP=1), built inside initialised megatron parallel state,
-        with the HF weights loaded when `load_weights`."""
+        """This rank's GPTModel chunks (one per rank: no virtual pipeline stages), built inside initialised
+        megatron parallel state for its TP x PP position, with the HF weights loaded when `load_weights`."""
         from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-        sizes = (parallel_state.get_tensor_model_parallel_world_size(),
-                 parallel_state.get_pipeline_model_parallel_world_size())
-        if sizes != (1, 1):
-            raise NotImplementedError(f"the bridge builds TP=1 x PP=1 models only, not TP x PP = {sizes}")
-        config, kwargs = to_megatron(self.hf_config, self.arch, params_dtype)
+        config, kwargs = to_megatron(self.hf_config, self.arch, params_dtype,
+                                     parallel_state.get_tensor_model_parallel_world_size(),
+                                     parallel_state.get_pipeline_model_parallel_world_size(),
+                                     self.vocab_divisible_by)
         spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.arch.qk_layernorm)
-        model = GPTModel(config, spec, pre_process=True, post_process=True, **kwargs)
+        model = GPTModel(config, spec, pre_process=parallel_state.is_pipeline_first_stage(),
+                         post_process=parallel_state.is_pipeline_last_stage(), **kwargs)
         if torch.cuda.is_available():
             model = model.cuda()
         if load_weights:
@@ -66,59 +83,65 @@ class Bridge:
         return [model]
 
     def load_hf_weights(self, models: list) -> None:
-        """Copy the HF safetensors weights into this rank's `models`, reading each tensor by slice."""
-        params = _named_parameters(models)
-        rows = self._rows(params)
-        with _SafetensorsReader(self.hf_dir) as reader:
-            used = set()
-            for mcore, hf_names, layout in rows:
-                fused = self._fuse([reader.read(name) for name in hf_names], layout)
+        """Copy the HF safetensors weights into this rank's `models`, reading only this rank's slices."""
+        from megatron.core import parallel_state
+
+        params = self._rank_parameters(models)
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        with SafetensorsReader(self.hf_dir) as reader:
+            self._check_checkpoint_names(reader.names())
+            for mcore, hf_names, layout in self._load_rows(params):
                 target = params[mcore]
-                if fused.shape != target.shape:
-                    raise ValueError(f"{hf_names} -> {mcore}: shape {tuple(fused.shape)} != {tuple(target.shape)}")
+                where = TPSlice.of(mcore, target, tp_rank, tp_size)
+                part = load_slice(reader, hf_names, layout, where, num_query_groups(self.hf_config))
+                if part.shape != target.shape:
+                    raise ValueError(f"{hf_names} -> {mcore}: shape {tuple(part.shape)} != {tuple(target.shape)} "
+                                     f"(TP rank {tp_rank} of {tp_size})")
                 with torch.no_grad():
-                    target.copy_(fused)
-                used.update(hf_names)
-            unexpected = sorted(name for name in set(reader.names()) - used if not self._ignorable(name))
-        if unexpected:
-            raise ValueError(f"{self.hf_dir}: tensors the {self.arch.name} table does not map: {unexpected[:8]}"
-                             + (f" and {len(unexpected) - 8} more" if len(unexpected) > 8 else ""))
+                    target.copy_(part)
+                del part
 
     # ---- megatron -> Hugging Face --------------------------------------------------------------------
 
     def export_hf_weights(self, models: list, bucket_bytes: int = 256 << 20) -> Iterator[Bucket]:
-        """Buckets of `(hf_name, tensor)` in HF names and layout, covering every tensor of the HF checkpoint
-        once. A bucket holds at most `bucket_bytes`, unless a single tensor is larger (a bucket of one).
-        Tensors are contiguous CPU copies that share no storage with the model."""
-        params = _named_parameters(models)
+        """Buckets of `(hf_name, tensor)` in HF names, layout and order, covering every tensor of the HF
+        checkpoint once, identical on every rank and for every TP x PP layout. A bucket holds at most
+        `bucket_bytes`, unless a single tensor is larger (a bucket of one). Tensors are contiguous CPU
+        copies that share no storage with the model."""
         bucket: Bucket = []
         size = 0
-        for mcore, hf_names, layout in self._rows(params):
-            for name, piece in zip(hf_names, self._split(params[mcore].detach(), layout)):
-                tensor = _owned_cpu_copy(piece)
-                nbytes = tensor.numel() * tensor.element_size()
-                if bucket and size + nbytes > bucket_bytes:
-                    yield bucket
-                    bucket, size = [], 0
-                bucket.append((name, tensor))
-                size += nbytes
+        for name, tensor in self._iter_hf_tensors(models):
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += nbytes
         if bucket:
             yield bucket
 
     def save_hf_pretrained(self, models: list, out_dir: str | Path, max_shard_bytes: int = 5 << 30) -> None:
         """Write config.json, the weights (one model.safetensors, or shards of at most `max_shard_bytes`
-        with an index) and the source's tokenizer files, loadable by transformers' `from_pretrained`."""
+        with an index) and the source's tokenizer files, loadable by transformers' `from_pretrained`.
+        Call it on every rank; global rank 0 writes."""
+        writer = not dist.is_initialized() or dist.get_rank() == 0
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        for stale in [*out.glob("model-*-of-*.safetensors"), out / SINGLE_FILE, out / INDEX_FILE]:
-            stale.unlink(missing_ok=True)
+        if writer:
+            out.mkdir(parents=True, exist_ok=True)
+            for stale in [*out.glob("model-*-of-*.safetensors"), out / SINGLE_FILE, out / INDEX_FILE]:
+                stale.unlink(missing_ok=True)
         shards: list[list[str]] = []
         dtype, total = None, 0
         for bucket in self.export_hf_weights(models, bucket_bytes=max_shard_bytes):
+            if not writer:
+                continue
             dtype = bucket[0][1].dtype if dtype is None else dtype
             total += sum(tensor.numel() * tensor.element_size() for _, tensor in bucket)
             save_file(dict(bucket), str(out / f"shard-{len(shards)}.tmp"), metadata={"format": "pt"})
             shards.append([name for name, _ in bucket])
+        if not writer:
+            return
         if len(shards) == 1:
             (out / "shard-0.tmp").rename(out / SINGLE_FILE)
         else:
@@ -129,50 +152,126 @@ class Bridge:
                 weight_map.update({name: final for name in names})
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-        config = to_hf_config(self.hf_config, _unwrap(models[0]), dtype)
+        config = to_hf_config(self.hf_config, _unwrap(models[0]), dtype, self.vocab_divisible_by)
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if self.hf_dir.resolve() != out.resolve():
             for name in TOKENIZER_FILES:
                 if (self.hf_dir / name).is_file():
                     shutil.copy2(self.hf_dir / name, out / name)
 
-    # ---- layouts --------------------------------------------------------------------------------------
+    def _iter_hf_tensors(self, models: list) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every HF tensor in table order: gathered over TP by its stage, broadcast over PP."""
+        from megatron.core import parallel_state
 
-    def _rows(self, params: dict[str, torch.Tensor]) -> list[tuple[str, tuple[str, ...], str]]:
-        """The table's rows for this model, checked against the megatron parameters both ways."""
-        rows = self.arch.rows(self.hf_config["num_hidden_layers"], bool(self.hf_config.get("tie_word_embeddings")))
-        mapped = {mcore for mcore, _, _ in rows}
-        missing, unmapped = sorted(mapped - set(params)), sorted(set(params) - mapped)
+        params = self._rank_parameters(models)
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        pp_group = parallel_state.get_pipeline_model_parallel_group()
+        pp_ranks = dist.get_process_group_ranks(pp_group) if dist.is_initialized() else [0]
+        owners = self._stage_owners(params, pp_group, len(pp_ranks))
+        my_stage = parallel_state.get_pipeline_model_parallel_rank()
+        for mcore, hf_names, layout in self._all_rows():
+            tensors = None
+            if owners[mcore] == my_stage:
+                param = params[mcore].detach()
+                full = gather_full(param, layout, TPSlice.of(mcore, param, tp_rank, tp_size))
+                if mcore in VOCAB_PARAMS:
+                    full = full[:self.vocab_size]
+                tensors = self._split(full, layout)
+            if len(pp_ranks) > 1:
+                tensors = _broadcast_tensors(tensors, pp_ranks[owners[mcore]], pp_group)
+            for name, tensor in zip(hf_names, tensors):
+                yield name, _owned_cpu_copy(tensor)
+
+    # ---- rows of the table on this rank --------------------------------------------------------------
+
+    def _all_rows(self) -> list[Row]:
+        return self.arch.rows(self.hf_config["num_hidden_layers"], self.tied_embeddings)
+
+    def _rank_parameters(self, models: list) -> dict[str, torch.Tensor]:
+        """This rank's parameters by megatron name with global layer indices, checked against the table:
+        every row of this stage's layers (and its embedding / final norm / output layer) is present and
+        nothing else, except the output layer that a last stage holds as a copy of tied embeddings."""
+        params, layers = {}, set()
+        first = last = False
+        for model in models:
+            model = _unwrap(model)
+            first, last = first or model.pre_process, last or model.post_process
+            global_index = {str(j): layer.layer_number - 1 for j, layer in enumerate(model.decoder.layers)}
+            layers.update(global_index.values())
+            for name, param in model.named_parameters():
+                parts = name.split(".")
+                if name.startswith("decoder.layers."):
+                    parts[2] = str(global_index[parts[2]])
+                params[".".join(parts)] = param
+        expected = {mcore for mcore, _, _ in self._all_rows() if _row_on_stage(mcore, layers, first, last)}
+        tied_copy = {"output_layer.weight"} if self.tied_embeddings and last and not first else set()
+        missing, unmapped = sorted(expected - set(params)), sorted(set(params) - expected - tied_copy)
         if missing or unmapped:
             raise KeyError(f"{self.arch.name} table and megatron model disagree: not in the model {missing}, "
                            f"not in the table {unmapped}")
+        return params
+
+    def _load_rows(self, params: dict[str, torch.Tensor]) -> list[Row]:
+        rows = [row for row in self._all_rows() if row[0] in params]
+        if self.tied_embeddings and "output_layer.weight" in params:  # last stage's copy of the embedding
+            rows.append(("output_layer.weight", ("model.embed_tokens.weight",), "same"))
         return rows
 
+    def _stage_owners(self, params: dict[str, torch.Tensor], pp_group, pp_size: int) -> dict[str, int]:
+        """Pipeline stage that holds each row's parameter (the first stage for tied embeddings)."""
+        mine = sorted(name for name in params if not (name == "output_layer.weight" and self.tied_embeddings))
+        if pp_size == 1:
+            return dict.fromkeys(mine, 0)
+        held: list[list[str] | None] = [None] * pp_size
+        dist.all_gather_object(held, mine, group=pp_group)
+        return {name: stage for stage, names in enumerate(held) for name in names}
+
+    def _check_checkpoint_names(self, names: list[str]) -> None:
+        mapped = {hf for _, hf_names, _ in self._all_rows() for hf in hf_names}
+        unexpected = sorted(name for name in set(names) - mapped if not self._ignorable(name))
+        absent = sorted(mapped - set(names))
+        if unexpected or absent:
+            raise ValueError(f"{self.hf_dir}: checkpoint and the {self.arch.name} table disagree: "
+                             f"tensors the table does not map {_first(unexpected)}, "
+                             f"tensors the table needs but the checkpoint lacks {_first(absent)}")
+
     def _ignorable(self, hf_name: str) -> bool:
-        tied_head = hf_name == "lm_head.weight" and bool(self.hf_config.get("tie_word_embeddings"))
-        return tied_head or hf_name.endswith(self.arch.ignored_hf_suffixes)
-
-    def _groups(self) -> tuple[int, int, int]:
-        groups = num_query_groups(self.hf_config)
-        return groups, self.hf_config["num_attention_heads"] // groups, head_dim(self.hf_config)
-
-    def _fuse(self, tensors: list[torch.Tensor], layout: str) -> torch.Tensor:
-        if layout == "same":
-            return tensors[0]
-        if layout == "qkv":
-            return fuse_qkv(*tensors, num_query_groups=self._groups()[0])
-        if layout == "gate_up":
-            return fuse_gate_up(*tensors)
-        raise ValueError(f"unknown layout {layout!r}")
+        return (hf_name == "lm_head.weight" and self.tied_embeddings) or hf_name.endswith(self.arch.ignored_hf_suffixes)
 
     def _split(self, tensor: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:
         if layout == "same":
             return (tensor,)
         if layout == "qkv":
-            return split_qkv(tensor, *self._groups())
+            groups = num_query_groups(self.hf_config)
+            return split_qkv(tensor, groups, self.hf_config["num_attention_heads"] // groups, head_dim(self.hf_config))
         if layout == "gate_up":
             return split_gate_up(tensor)
         raise ValueError(f"unknown layout {layout!r}")
+
+
+def _row_on_stage(mcore: str, layers: set[int], first: bool, last: bool) -> bool:
+    if mcore.startswith("decoder.layers."):
+        return int(mcore.split(".")[2]) in layers
+    return first if mcore.startswith("embedding.") else last
+
+
+def _broadcast_tensors(tensors: tuple[torch.Tensor, ...] | None, src: int, group) -> tuple[torch.Tensor, ...]:
+    """`tensors` of the rank `src` (global rank) on every rank of `group`: shapes and dtypes first."""
+    meta = [[(tuple(t.shape), t.dtype) for t in tensors] if tensors is not None else None]
+    dist.broadcast_object_list(meta, src=src, group=group)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if tensors is None:
+        tensors = tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in meta[0])
+    else:
+        tensors = tuple(t.contiguous() for t in tensors)
+    for tensor in tensors:
+        dist.broadcast(tensor, src=src, group=group)
+    return tensors
+
+
+def _first(names: list[str], count: int = 8) -> str:
+    return f"{names[:count]}" + (f" and {len(names) - count} more" if len(names) > count else "")
 
 
 def _unwrap(model):
@@ -182,51 +281,8 @@ def _unwrap(model):
     return model
 
 
-def _named_parameters(models: list) -> dict[str, torch.Tensor]:
-    """Parameters of this rank's (unwrapped) model chunks by megatron name."""
-    named = {}
-    for model in models:
-        named.update(dict(_unwrap(model).named_parameters()))
-    return named
-
-
 def _owned_cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor with its own storage (safe to hand to another process)."""
     if tensor.device.type == "cpu":
         return tensor.clone(memory_format=torch.contiguous_format)
     return tensor.contiguous().to("cpu")
-
-
-class _SafetensorsReader:
-    """Reads tensors, or slices of them, by name from a single or sharded (index.json) safetensors checkpoint."""
-
-    def __init__(self, hf_dir: Path):
-        if (hf_dir / INDEX_FILE).is_file():
-            weight_map = json.loads((hf_dir / INDEX_FILE).read_text())["weight_map"]
-            self.files = {name: hf_dir / file for name, file in weight_map.items()}
-        elif (hf_dir / SINGLE_FILE).is_file():
-            with safe_open(str(hf_dir / SINGLE_FILE), framework="pt") as handle:
-                self.files = {name: hf_dir / SINGLE_FILE for name in handle.keys()}
-        else:
-            raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}")
-        self._open: dict[Path, Any] = {}
-
-    def names(self) -> list[str]:
-        return list(self.files)
-
-    def read(self, name: str, index: tuple[slice, ...] | slice = slice(None)) -> torch.Tensor:
-        """`name[index]`, reading only that part of the file (a rank's shard, later)."""
-        if name not in self.files:
-            raise KeyError(f"checkpoint has no tensor {name!r}")
-        path = self.files[name]
-        if path not in self._open:
-            self._open[path] = safe_open(str(path), framework="pt").__enter__()
-        return self._open[path].get_slice(name)[index]
-
-    def __enter__(self) -> _SafetensorsReader:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._open.values():
-            handle.__exit__(None, None, None)
-        self._open.clear()

@@ -7,6 +7,7 @@ still describes it, so a saved checkpoint carries every HF field unchanged excep
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,10 +29,10 @@ def check_supported(hf: Mapping[str, Any]) -> None:
     problems = []
     if hf.get("hidden_act", "silu") not in SILU_NAMES:
         problems.append(f"hidden_act={hf['hidden_act']!r} (only 'silu')")
-    for field in ("rope_scaling", "rope_parameters"):
-        rope = hf.get(field) or {}
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            problems.append(f"{field}={rope!r} (only unscaled RoPE)")
+    problems += _rope_problems(hf)
+    for field in ("attention_bias", "mlp_bias"):
+        if hf.get(field):
+            problems.append(f"{field}={hf[field]!r} (no bias on attention output / MLP projections)")
     if hf.get("use_sliding_window"):
         problems.append(f"use_sliding_window={hf['use_sliding_window']!r} (no sliding-window attention)")
     other_layers = sorted(set(hf.get("layer_types") or ()) - {"full_attention"})
@@ -45,6 +46,46 @@ def check_supported(hf: Mapping[str, Any]) -> None:
         problems.append(f"num_key_value_heads={groups!r} does not divide num_attention_heads={heads!r}")
     if problems:
         raise ValueError("config.json fields the bridge cannot honour: " + "; ".join(problems))
+
+
+# megatron-core applies llama3 RoPE scaling with these fixed values; only `factor` is a parameter
+LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def rope_scaling(hf: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(config field, its dict) of the RoPE scaling: `rope_scaling` (transformers 4) or
+    `rope_parameters` (transformers 5), whichever names a type."""
+    for field in ("rope_scaling", "rope_parameters"):
+        rope = hf.get(field) or {}
+        if "rope_type" in rope or "type" in rope:
+            return field, dict(rope)
+    return "rope_scaling", {}
+
+
+def rope_type(hf: Mapping[str, Any]) -> str:
+    rope = rope_scaling(hf)[1]
+    return rope.get("rope_type", rope.get("type", "default"))
+
+
+def _rope_problems(hf: Mapping[str, Any]) -> list[str]:
+    field, rope = rope_scaling(hf)
+    kind = rope_type(hf)
+    if kind == "default":
+        return []
+    if kind != "llama3":
+        return [f"{field}={rope!r} (only unscaled RoPE or rope_type 'llama3')"]
+    return [f"{field}.{key}={rope.get(key)!r} (megatron-core's llama3 scaling fixes it to {value})"
+            for key, value in LLAMA3_FIXED.items() if float(rope.get(key, value)) != value]
+
+
+def padded_vocab_size(vocab_size: int, tensor_parallel: int = 1, divisible_by: int = 128) -> int:
+    """Rows of megatron's embedding and output layer: `vocab_size` rounded up to a multiple of
+    lcm(divisible_by, tensor_parallel), so each tensor-parallel rank holds an equal slice and, for any
+    TP that divides `divisible_by`, the padded size (and so a distributed checkpoint) does not depend on TP.
+    The extra rows are zeros on the way in and dropped on the way out; their logits are not part of the
+    model's output (see `Bridge.vocab_size`)."""
+    multiple = math.lcm(divisible_by, tensor_parallel)
+    return -(-vocab_size // multiple) * multiple
 
 
 def rope_theta(hf: Mapping[str, Any]) -> float:
@@ -64,15 +105,21 @@ def num_query_groups(hf: Mapping[str, Any]) -> int:
     return int(hf.get("num_key_value_heads") or hf["num_attention_heads"])
 
 
-def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture,
-                params_dtype: torch.dtype = torch.float32) -> tuple[Any, dict[str, Any]]:
-    """(TransformerConfig, GPTModel keyword arguments) describing the HF model, with CPU-safe settings:
-    no fused kernels, no dropout, parameters created in `params_dtype`."""
+def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture, params_dtype: torch.dtype = torch.float32,
+                tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                vocab_divisible_by: int = 128) -> tuple[Any, dict[str, Any]]:
+    """(TransformerConfig, GPTModel keyword arguments) describing the HF model at TP x PP, with CPU-safe
+    settings: no fused kernels, no dropout, parameters created in `params_dtype`."""
     from megatron.core.transformer import TransformerConfig
 
     hf = as_dict(hf)
     check_supported(hf)
+    _check_divisible(hf, tensor_parallel, pipeline_parallel)
+    rope = rope_scaling(hf)[1]
     config = TransformerConfig(
+        tensor_model_parallel_size=tensor_parallel,
+        pipeline_model_parallel_size=pipeline_parallel,
+        sequence_parallel=False,
         num_layers=hf["num_hidden_layers"],
         hidden_size=hf["hidden_size"],
         ffn_hidden_size=hf["intermediate_size"],
@@ -100,16 +147,30 @@ def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture,
         gradient_accumulation_fusion=False,
     )
     model_kwargs = dict(
-        vocab_size=hf["vocab_size"],
+        vocab_size=padded_vocab_size(hf["vocab_size"], tensor_parallel, vocab_divisible_by),
         max_sequence_length=hf.get("max_position_embeddings", 4096),
         position_embedding_type="rope",
         rotary_base=rope_theta(hf),
+        rope_scaling=rope_type(hf) == "llama3",
+        rope_scaling_factor=float(rope.get("factor", 8.0)),
         share_embeddings_and_output_weights=bool(hf.get("tie_word_embeddings", False)),
     )
     return config, model_kwargs
 
 
-def to_hf_config(hf: Mapping[str, Any] | Any, model: Any, dtype: torch.dtype) -> dict[str, Any]:
+def _check_divisible(hf: Mapping[str, Any], tensor_parallel: int, pipeline_parallel: int) -> None:
+    sizes = {"num_attention_heads": (hf["num_attention_heads"], tensor_parallel),
+             "num_key_value_heads": (num_query_groups(hf), tensor_parallel),
+             "intermediate_size": (hf["intermediate_size"], tensor_parallel),
+             "num_hidden_layers": (hf["num_hidden_layers"], pipeline_parallel)}
+    bad = [f"{field}={value} is not divisible by {'TP' if field != 'num_hidden_layers' else 'PP'}={size}"
+           for field, (value, size) in sizes.items() if value % size]
+    if bad:
+        raise ValueError("cannot shard this model: " + "; ".join(bad))
+
+
+def to_hf_config(hf: Mapping[str, Any] | Any, model: Any, dtype: torch.dtype,
+                 vocab_divisible_by: int = 128) -> dict[str, Any]:
     """The HF config dict to save beside `model`'s weights: the original `hf` with `dtype` set, after
     checking that the megatron `model` (a GPTModel chunk) still has the shape `hf` describes."""
     hf = as_dict(hf)
@@ -122,7 +183,8 @@ def to_hf_config(hf: Mapping[str, Any] | Any, model: Any, dtype: torch.dtype) ->
         "num_key_value_heads": (config.num_query_groups, num_query_groups(hf)),
         "head_dim": (config.kv_channels, head_dim(hf)),
         "rms_norm_eps": (config.layernorm_epsilon, float(hf.get("rms_norm_eps", 1e-6))),
-        "vocab_size": (model.vocab_size, hf["vocab_size"]),
+        "vocab_size": (model.vocab_size, padded_vocab_size(hf["vocab_size"], config.tensor_model_parallel_size,
+                                                           vocab_divisible_by)),
         "tie_word_embeddings": (model.share_embeddings_and_output_weights, bool(hf.get("tie_word_embeddings"))),
         "rope_theta": (float(model.rotary_base), rope_theta(hf)),
     }

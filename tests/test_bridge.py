@@ -24,11 +24,12 @@ def _exported(bridge, models, **kw) -> dict[str, torch.Tensor]:
     return {name: t for bucket in bridge.export_hf_weights(models, **kw) for name, t in bucket}
 
 
-def _megatron_logits(model, ids: torch.Tensor) -> torch.Tensor:
+def _megatron_logits(model, ids: torch.Tensor, vocab_size: int = 96) -> torch.Tensor:
+    """Logits over the real vocabulary (megatron's output layer has padding rows past it)."""
     device = next(model.parameters()).device
     positions = torch.arange(ids.shape[1], device=device).expand_as(ids)
     with torch.no_grad():
-        return model.eval()(ids.to(device), positions, None).float().cpu()
+        return model.eval()(ids.to(device), positions, None).float().cpu()[..., :vocab_size]
 
 
 def test_round_trip_is_bitwise_identical(megatron_single_rank, tiny):
@@ -136,7 +137,8 @@ def test_config_map_and_its_inverse(megatron_single_rank, tiny):
     assert (config.num_query_groups, config.kv_channels, config.ffn_hidden_size) == (2, 16, 128)
     assert config.add_qkv_bias and not config.add_bias_linear and config.gated_linear_unit
     assert config.layernorm_epsilon == bridge.hf_config["rms_norm_eps"] and config.normalization == "RMSNorm"
-    assert model.rotary_base == ROPE_THETA and model.vocab_size == 96
+    assert model.rotary_base == ROPE_THETA and model.vocab_size == 128  # padded to a multiple of 128
+    assert bridge.vocab_size == 96
     assert model.share_embeddings_and_output_weights == bridge.hf_config["tie_word_embeddings"]
     saved = to_hf_config(bridge.hf_config, model, torch.bfloat16)
     assert saved == dict(bridge.hf_config, dtype="bfloat16")

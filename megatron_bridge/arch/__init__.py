@@ -4,9 +4,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron_bridge.arch.base import Architecture
+from megatron_bridge.arch.llama import LLAMA
 from megatron_bridge.arch.qwen2 import QWEN2
+from megatron_bridge.arch.qwen3 import QWEN3
 
-_TABLES = (QWEN2,)
+_TABLES = (QWEN2, QWEN3, LLAMA)
 ARCHITECTURES: dict[str, Architecture] = {name: arch for arch in _TABLES for name in arch.hf_architectures}
 MODEL_TYPES: dict[str, Architecture] = {arch.model_type: arch for arch in _TABLES}
 

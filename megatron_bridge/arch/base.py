@@ -44,6 +44,41 @@ class Architecture:
         return out
 
 
+def llama_style_layer_rows(qkv_bias: bool = False, qk_norm: bool = False) -> tuple[Row, ...]:
+    """The decoder-layer rows shared by Llama-style models (RMSNorm, GQA attention, SwiGLU MLP).
+
+    Megatron names are those of `GPTModel` built with `get_gpt_layer_local_spec(normalization="RMSNorm")`:
+    its layer norms are separate modules (`input_layernorm`, `pre_mlp_layernorm`), not the
+    `linear_qkv.layer_norm_weight` / `linear_fc1.layer_norm_weight` of Transformer Engine's fused spec.
+    """
+    attn, mlp, layer = "model.layers.{i}.self_attn", "model.layers.{i}.mlp", "decoder.layers.{i}"
+    rows: list[Row] = [
+        (f"{layer}.input_layernorm.weight", "model.layers.{i}.input_layernorm.weight", "same"),
+        (f"{layer}.self_attention.linear_qkv.weight",
+         (f"{attn}.q_proj.weight", f"{attn}.k_proj.weight", f"{attn}.v_proj.weight"), "qkv"),
+    ]
+    if qkv_bias:
+        rows.append((f"{layer}.self_attention.linear_qkv.bias",
+                     (f"{attn}.q_proj.bias", f"{attn}.k_proj.bias", f"{attn}.v_proj.bias"), "qkv"))
+    if qk_norm:  # RMSNorm over each head's channels, before RoPE
+        rows += [(f"{layer}.self_attention.q_layernorm.weight", f"{attn}.q_norm.weight", "same"),
+                 (f"{layer}.self_attention.k_layernorm.weight", f"{attn}.k_norm.weight", "same")]
+    rows += [
+        (f"{layer}.self_attention.linear_proj.weight", f"{attn}.o_proj.weight", "same"),
+        (f"{layer}.pre_mlp_layernorm.weight", "model.layers.{i}.post_attention_layernorm.weight", "same"),
+        (f"{layer}.mlp.linear_fc1.weight", (f"{mlp}.gate_proj.weight", f"{mlp}.up_proj.weight"), "gate_up"),
+        (f"{layer}.mlp.linear_fc2.weight", f"{mlp}.down_proj.weight", "same"),
+    ]
+    return tuple(rows)
+
+
+LLAMA_STYLE_GLOBAL_ROWS: tuple[Row, ...] = (
+    ("embedding.word_embeddings.weight", "model.embed_tokens.weight", "same"),
+    ("decoder.final_layernorm.weight", "model.norm.weight", "same"),
+    ("output_layer.weight", "lm_head.weight", "same"),  # absent when embeddings are tied
+)
+
+
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_query_groups: int) -> torch.Tensor:
     """HF q [heads*d, ...], k/v [groups*d, ...] -> megatron [groups * (heads/groups + 2) * d, ...]."""
     q_groups = q.reshape(num_query_groups, -1, *q.shape[1:])

@@ -76,7 +76,8 @@ class PolicyWorker:
         input_ids = input_ids.to(self.device)
         positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
         with torch.no_grad():
-            return _unwrap(self.models[0])(input_ids, positions, None).float().cpu()
+            logits = _unwrap(self.models[0])(input_ids, positions, None)
+        return logits[..., :self.bridge.vocab_size].float().cpu()
 
     # ---- update -----------------------------------------------------------------------------------
 
@@ -175,7 +176,7 @@ class PolicyWorker:
         def forward_step(data_iterator, model):
             mb = next(data_iterator).to(self.device)
             positions = torch.arange(mb.input_ids.shape[1], device=self.device).expand_as(mb.input_ids)
-            logits = model(mb.input_ids, positions, None)
+            logits = model(mb.input_ids, positions, None)[..., :self.bridge.vocab_size]  # drop vocab padding
             if forward_only:
                 return logits, lambda out, non_loss_data=True: on_logits(out, mb)
             return logits, lambda out: on_logits(out, mb)
