@@ -173,8 +173,8 @@ class Bridge:
         for mcore, hf_names, layout in self._all_rows():
             tensors = None
             if owners[mcore] == my_stage:
-                param = params[mcore].detach()
-                full = gather_full(param, layout, TPSlice.of(mcore, param, tp_rank, tp_size))
+                param = params[mcore]  # (detach() would drop megatron's partition attributes)
+                full = gather_full(param.detach(), layout, TPSlice.of(mcore, param, tp_rank, tp_size))
                 if mcore in VOCAB_PARAMS:
                     full = full[:self.vocab_size]
                 tensors = self._split(full, layout)

@@ -21,3 +21,33 @@ def make_tiny_qwen2(out_dir: str, tie_word_embeddings: bool, seed: int = 0, voca
                 param.add_(0.1 * torch.randn_like(param))
     model.save_pretrained(out_dir)
     return out_dir
+
+
+def make_tiny_model(out_dir: str, arch: str, tie_word_embeddings: bool, seed: int = 0, vocab_size: int = 99,
+                    num_layers: int = 4, hidden_size: int = 64, intermediate_size: int = 128) -> str:
+    """Save a random tiny `arch` ("qwen2", "qwen3" or "llama") with GQA (4 heads, 2 key/value groups) and a
+    vocabulary that does not split evenly (so the bridge's padding is exercised); return `out_dir`.
+
+    Qwen3 gets a head_dim different from hidden/heads, Llama the llama3 RoPE scaling of Llama 3.1."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    common = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                  num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=128, tie_word_embeddings=tie_word_embeddings, initializer_range=0.1)
+    if arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common, rope_theta=1_000_000.0))
+    elif arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=32, rope_theta=1_000_000.0))
+    elif arch == "llama":
+        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192, "rope_theta": 10000.0}
+        common["max_position_embeddings"] = 16384  # above the scaling's original 8192, as in Llama 3.1
+        model = LlamaForCausalLM(LlamaConfig(**common, rope_theta=10000.0, rope_scaling=rope))
+    else:
+        raise ValueError(f"unknown arch {arch!r}")
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(0.1 * torch.randn_like(param) + (1.0 if "norm" in name else 0.0))
+    model.save_pretrained(out_dir)
+    return out_dir

@@ -1,0 +1,73 @@
+"""Megatron distributed checkpoints (megatron-core `dist_checkpointing`), loadable at any TP x PP layout.
+
+A checkpoint directory holds megatron-core's sharded files plus `hf/`: the source model's config.json and
+tokenizer files, so the bridge that built the model can be rebuilt from the checkpoint alone, and
+`rl360.json` recording the layout and dtype it was saved at. Every rank calls `save` and `load`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from megatron_bridge.bridge import TOKENIZER_FILES, Bridge, _unwrap
+
+HF_SUBDIR = "hf"
+META_FILE = "rl360.json"
+
+
+def save_checkpoint(bridge: Bridge, models: list, ckpt_dir: str | Path) -> Path:
+    """Save this rank's shards of `models` (all ranks together write the whole model) into `ckpt_dir`."""
+    from megatron.core import dist_checkpointing, parallel_state
+
+    out = Path(ckpt_dir)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        if out.exists() and any(out.iterdir()):
+            raise FileExistsError(f"{out} is not empty: refusing to mix two checkpoints")
+        (out / HF_SUBDIR).mkdir(parents=True)
+        (out / HF_SUBDIR / "config.json").write_text(json.dumps(bridge.hf_config, indent=2) + "\n")
+        for name in TOKENIZER_FILES:
+            if (bridge.hf_dir / name).is_file():
+                shutil.copy2(bridge.hf_dir / name, out / HF_SUBDIR / name)
+        meta = {"format": "megatron-core dist_checkpointing",
+                "tensor_parallel": parallel_state.get_tensor_model_parallel_world_size(),
+                "pipeline_parallel": parallel_state.get_pipeline_model_parallel_world_size(),
+                "vocab_divisible_by": bridge.vocab_divisible_by,
+                "dtype": str(next(_unwrap(models[0]).parameters()).dtype).removeprefix("torch.")}
+        (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    if dist.is_initialized():
+        dist.barrier()
+    dist_checkpointing.save(_sharded_state_dict(models), str(out))
+    return out
+
+
+def checkpoint_bridge(ckpt_dir: str | Path) -> Bridge:
+    """The bridge of the model saved in `ckpt_dir` (from its `hf/` config and its recorded vocab padding)."""
+    ckpt = Path(ckpt_dir)
+    meta_path = ckpt / META_FILE
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{meta_path} not found: not a checkpoint written by rl360 / megatron_bridge")
+    meta = json.loads(meta_path.read_text())
+    return Bridge.from_hf_pretrained(ckpt / HF_SUBDIR, vocab_divisible_by=meta["vocab_divisible_by"])
+
+
+def checkpoint_dtype(ckpt_dir: str | Path) -> torch.dtype:
+    return getattr(torch, json.loads((Path(ckpt_dir) / META_FILE).read_text())["dtype"])
+
+
+def load_checkpoint(models: list, ckpt_dir: str | Path) -> None:
+    """Load `ckpt_dir` into this rank's `models`, whatever TP x PP layout saved it."""
+    from megatron.core import dist_checkpointing
+
+    state = dist_checkpointing.load(_sharded_state_dict(models), str(ckpt_dir))
+    _unwrap(models[0]).load_state_dict(state, strict=True)
+
+
+def _sharded_state_dict(models: list) -> dict:
+    if len(models) != 1:
+        raise ValueError(f"expected one model chunk per rank (no virtual pipeline stages), got {len(models)}")
+    return _unwrap(models[0]).sharded_state_dict()

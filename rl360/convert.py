@@ -1,0 +1,94 @@
+"""`rl360 convert`: Hugging Face checkpoints <-> megatron-core distributed checkpoints at any TP x PP.
+
+    rl360 convert hf-to-megatron --hf DIR --out DIR --tp N --pp M [--dtype auto|bfloat16|float32|float16]
+    rl360 convert megatron-to-hf --ckpt DIR --out DIR [--tp N --pp M]
+
+Each command starts its own TP x PP ranks as processes on this host (gloo on CPU, NCCL on GPUs).
+Every rank reads only its slices of the HF files; the megatron checkpoint loads at any layout, so
+`megatron-to-hf` may use fewer ranks than the checkpoint was saved with (memory allowing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+DTYPE_NAMES = ("auto", "bfloat16", "float32", "float16")
+
+
+def hf_to_megatron_rank(hf_dir: str, out_dir: str, tp: str, pp: str, dtype: str) -> None:
+    from megatron_bridge import Bridge
+    from megatron_bridge.checkpoint import save_checkpoint
+    from rl360.actor.parallel import destroy_parallel, init_parallel
+
+    init_parallel(int(tp), int(pp))
+    bridge = Bridge.from_hf_pretrained(hf_dir)
+    models = bridge.to_megatron_model(load_weights=True, params_dtype=getattr(torch, dtype))
+    save_checkpoint(bridge, models, out_dir)
+    destroy_parallel()
+
+
+def megatron_to_hf_rank(ckpt_dir: str, out_dir: str, tp: str, pp: str) -> None:
+    from megatron_bridge.checkpoint import checkpoint_bridge, checkpoint_dtype, load_checkpoint
+    from rl360.actor.parallel import destroy_parallel, init_parallel
+
+    init_parallel(int(tp), int(pp))
+    bridge = checkpoint_bridge(ckpt_dir)
+    models = bridge.to_megatron_model(load_weights=False, params_dtype=checkpoint_dtype(ckpt_dir))
+    load_checkpoint(models, ckpt_dir)
+    bridge.save_hf_pretrained(models, out_dir)
+    destroy_parallel()
+
+
+def hf_dtype(hf_dir: str | Path) -> str:
+    """The dtype a HF checkpoint declares (`dtype`, or `torch_dtype` in transformers 4), float32 if none."""
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"{hf_dir}/config.json: dtype {name!r} is not one of {DTYPE_NAMES[1:]}")
+    return name
+
+
+def _hf_to_megatron(args: argparse.Namespace) -> int:
+    from rl360.cluster.launch import run_ranks
+
+    if not (Path(args.hf) / "config.json").is_file():
+        raise SystemExit(f"rl360 convert: {args.hf}/config.json not found (--hf must be a Hugging Face model dir)")
+    dtype = hf_dtype(args.hf) if args.dtype == "auto" else args.dtype
+    run_ranks("rl360.convert:hf_to_megatron_rank", args.tp * args.pp,
+              [args.hf, args.out, str(args.tp), str(args.pp), dtype])
+    print(f"wrote megatron checkpoint (TP={args.tp}, PP={args.pp}, {dtype}) to {args.out}")
+    return 0
+
+
+def _megatron_to_hf(args: argparse.Namespace) -> int:
+    from rl360.cluster.launch import run_ranks
+
+    if not (Path(args.ckpt) / "rl360.json").is_file():
+        raise SystemExit(f"rl360 convert: {args.ckpt}/rl360.json not found (--ckpt must be a checkpoint written by "
+                         "`rl360 convert hf-to-megatron` or the trainer)")
+    run_ranks("rl360.convert:megatron_to_hf_rank", args.tp * args.pp, [args.ckpt, args.out, str(args.tp),
+                                                                        str(args.pp)])
+    print(f"wrote Hugging Face checkpoint to {args.out}")
+    return 0
+
+
+def add_convert_parser(commands) -> None:
+    convert = commands.add_parser("convert", help="convert checkpoints between Hugging Face and megatron-core")
+    kinds = convert.add_subparsers(dest="convert_command", required=True)
+    to_mcore = kinds.add_parser("hf-to-megatron", help="HF model dir -> megatron distributed checkpoint")
+    to_mcore.add_argument("--hf", required=True, help="Hugging Face model directory")
+    to_mcore.add_argument("--out", required=True, help="checkpoint directory to create")
+    to_mcore.add_argument("--tp", type=int, default=1, help="tensor-parallel size (processes = tp * pp)")
+    to_mcore.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
+    to_mcore.add_argument("--dtype", choices=DTYPE_NAMES, default="auto", help="parameter dtype (auto: the HF one)")
+    to_mcore.set_defaults(run=_hf_to_megatron)
+    to_hf = kinds.add_parser("megatron-to-hf", help="megatron distributed checkpoint -> HF model dir")
+    to_hf.add_argument("--ckpt", required=True, help="checkpoint directory")
+    to_hf.add_argument("--out", required=True, help="Hugging Face model directory to write")
+    to_hf.add_argument("--tp", type=int, default=1, help="tensor-parallel size to load it at")
+    to_hf.add_argument("--pp", type=int, default=1, help="pipeline-parallel size to load it at")
+    to_hf.set_defaults(run=_megatron_to_hf)

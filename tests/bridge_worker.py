@@ -1,0 +1,84 @@
+"""Bridge ranks for tests/test_bridge_parallel.py, started by `rl360.cluster.launch.run_ranks`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from megatron_bridge import Bridge
+from rl360.actor.parallel import destroy_parallel, init_parallel
+
+
+def token_ids() -> torch.Tensor:
+    """[2, 40] fixed token ids below the tiny models' vocabulary of 99."""
+    return torch.randint(0, 99, (2, 40), generator=torch.Generator().manual_seed(7))
+
+
+def pipeline_logits(models: list, ids: torch.Tensor, vocab_size: int) -> torch.Tensor | None:
+    """Logits over the real vocabulary through megatron's own pipeline schedule (forward only), gathered
+    over tensor-parallel ranks; None on ranks other than the last stage."""
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator)
+        positions = torch.arange(batch.shape[1]).expand_as(batch)
+        output = model(batch, positions, None)
+        return output, lambda out, non_loss_data=True: gather_from_tensor_model_parallel_region(out)
+
+    for model in models:
+        model.eval()
+    with torch.no_grad():
+        out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([ids]), model=models,
+                                          num_microbatches=1, seq_length=ids.shape[1], micro_batch_size=ids.shape[0],
+                                          forward_only=True, collect_non_loss_data=True)
+    if not parallel_state.is_pipeline_last_stage():
+        return None
+    return out[0][..., :vocab_size].float()
+
+
+def export_all(bridge: Bridge, models: list, bucket_bytes: int = 30_000) -> dict[str, torch.Tensor]:
+    return {name: tensor for bucket in bridge.export_hf_weights(models, bucket_bytes=bucket_bytes)
+            for name, tensor in bucket}
+
+
+def export_and_logits(hf_dir: str, out_dir: str, tp: str, pp: str) -> None:
+    """Load `hf_dir` at TP x PP; every rank writes what it exported; the last stage writes the logits."""
+    init_parallel(int(tp), int(pp))
+    rank = dist.get_rank()
+    bridge = Bridge.from_hf_pretrained(hf_dir)
+    models = bridge.to_megatron_model(load_weights=True)
+    save_file(export_all(bridge, models), f"{out_dir}/exported_rank{rank}.safetensors")
+    logits = pipeline_logits(models, token_ids(), bridge.vocab_size)
+    if logits is not None:
+        torch.save(logits, f"{out_dir}/logits_rank{rank}.pt")
+    destroy_parallel()
+
+
+def load_peak_memory(hf_dir: str, out_dir: str, tp: str, pp: str) -> None:
+    """Build this rank's model, then measure the peak resident memory added while loading its weights
+    (the kernel's high-water mark, reset just before loading)."""
+    init_parallel(int(tp), int(pp))
+    bridge = Bridge.from_hf_pretrained(hf_dir)
+    models = bridge.to_megatron_model(load_weights=False)
+    share = sum(p.numel() * p.element_size() for p in models[0].parameters())
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    before = _status_kib("VmRSS")
+    bridge.load_hf_weights(models)
+    peak = _status_kib("VmHWM")
+    Path(f"{out_dir}/memory_rank{dist.get_rank()}.json").write_text(json.dumps(
+        {"share_bytes": share, "load_peak_bytes": (peak - before) * 1024, "pid": os.getpid()}))
+    destroy_parallel()
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)

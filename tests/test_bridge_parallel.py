@@ -1,0 +1,103 @@
+"""megatron_bridge at TP=2 x PP=2 on CPU (4 gloo processes): round trip, logits parity, checkpoints at
+other layouts through `rl360 convert`, and per-rank memory while loading."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from megatron_bridge import Bridge
+from rl360.cluster.launch import RankFailed, run_ranks
+from tests.bridge_worker import token_ids
+from tests.helpers import make_tiny_model
+
+ARCHS = ["qwen2", "qwen3", "llama"]
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tp2_pp2_round_trip_is_bitwise_and_logits_match_transformers(tmp_path, arch, tied):
+    hf = make_tiny_model(str(tmp_path / "hf"), arch, tie_word_embeddings=tied, seed=ARCHS.index(arch))
+    run_ranks("tests.bridge_worker:export_and_logits", 4, [hf, str(tmp_path), "2", "2"], timeout_s=600)
+    original = load_file(f"{hf}/model.safetensors")
+    assert ("lm_head.weight" in original) != tied
+    for rank in range(4):  # every rank yields the whole model, identical to the input
+        exported = load_file(tmp_path / f"exported_rank{rank}.safetensors")
+        assert sorted(exported) == sorted(original), rank
+        for name, tensor in original.items():
+            assert torch.equal(exported[name], tensor), (rank, name)
+    reference = AutoModelForCausalLM.from_pretrained(hf).eval()
+    with torch.no_grad():
+        expected = reference(token_ids()).logits
+    for rank in (2, 3):  # the last pipeline stage's two tensor-parallel ranks
+        logits = torch.load(tmp_path / f"logits_rank{rank}.pt")
+        assert logits.shape == expected.shape
+        assert (logits - expected).abs().max().item() <= 1e-4, rank
+
+
+def _convert(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "rl360.cli", "convert", *args], check=True, timeout=600)
+
+
+@pytest.mark.parametrize("save_at, load_at, arch, tied", [
+    ((2, 2), (1, 1), "qwen3", True),
+    ((1, 1), (2, 2), "llama", False),
+], ids=["tp2pp2-to-tp1pp1", "tp1pp1-to-tp2pp2"])
+def test_checkpoint_saved_at_one_layout_loads_at_another(tmp_path, save_at, load_at, arch, tied):
+    hf = make_tiny_model(str(tmp_path / "hf"), arch, tie_word_embeddings=tied)
+    ckpt, back = tmp_path / "ckpt", tmp_path / "back"
+    _convert("hf-to-megatron", "--hf", hf, "--out", str(ckpt), "--tp", str(save_at[0]), "--pp", str(save_at[1]))
+    meta = json.loads((ckpt / "rl360.json").read_text())
+    assert (meta["tensor_parallel"], meta["pipeline_parallel"], meta["dtype"]) == (*save_at, "float32")
+    _convert("megatron-to-hf", "--ckpt", str(ckpt), "--out", str(back), "--tp", str(load_at[0]),
+             "--pp", str(load_at[1]))
+    original, converted = load_file(f"{hf}/model.safetensors"), load_file(back / "model.safetensors")
+    assert sorted(converted) == sorted(original)
+    for name, tensor in original.items():
+        assert torch.equal(converted[name], tensor), name
+    config = json.loads((back / "config.json").read_text())
+    assert config == json.loads((tmp_path / "hf" / "config.json").read_text())
+    AutoModelForCausalLM.from_pretrained(back)  # and transformers takes it
+
+
+def test_convert_refuses_a_directory_that_is_not_a_checkpoint(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "rl360.cli", "convert", "megatron-to-hf", "--ckpt", str(tmp_path),
+                           "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "rl360.json not found" in proc.stderr
+
+
+def test_a_failing_rank_is_reported_with_its_output(tmp_path):
+    hf = make_tiny_model(str(tmp_path / "hf"), "qwen2", tie_word_embeddings=False)  # 4 heads: TP=8 cannot split
+    with pytest.raises(RankFailed, match="num_attention_heads=4 is not divisible by TP=8"):
+        run_ranks("rl360.convert:hf_to_megatron_rank", 8, [hf, str(tmp_path / "ckpt"), "8", "1", "float32"],
+                  timeout_s=600)
+
+
+def test_loading_peak_memory_per_rank_is_its_share_plus_about_one_tensor(tmp_path):
+    """A 268 MB model (16 layers of hidden 512 / ffn 2048) at TP=2 x PP=2: each rank holds ~67 MB; the memory
+    its loading adds at peak stays near the largest tensor it reads, far below the whole checkpoint."""
+    hf = make_tiny_model(str(tmp_path / "hf"), "qwen2", tie_word_embeddings=False, vocab_size=4096, num_layers=16,
+                         hidden_size=512, intermediate_size=2048)
+    checkpoint_bytes = (tmp_path / "hf" / "model.safetensors").stat().st_size
+    largest = max(t.numel() * t.element_size() for t in load_file(f"{hf}/model.safetensors").values())
+    run_ranks("tests.bridge_worker:load_peak_memory", 4, [hf, str(tmp_path), "2", "2"], timeout_s=600)
+    for rank in range(4):
+        report = json.loads((tmp_path / f"memory_rank{rank}.json").read_text())
+        assert report["share_bytes"] < 0.3 * checkpoint_bytes
+        # transient memory: at most this rank's halves of gate + up and their fused copy, and allocator slack
+        assert report["load_peak_bytes"] <= 2 * largest + (16 << 20), report
+        assert report["load_peak_bytes"] < 0.15 * checkpoint_bytes, report
+
+
+def test_llama3_rope_scaling_reaches_megatron(megatron_single_rank, tmp_path):
+    hf = make_tiny_model(str(tmp_path / "hf"), "llama", tie_word_embeddings=False)
+    model = Bridge.from_hf_pretrained(hf).to_megatron_model(load_weights=False)[0]
+    reference = AutoModelForCausalLM.from_pretrained(hf)
+    theirs = reference.model.rotary_emb.inv_freq
+    plain = 1.0 / (10000.0 ** (torch.arange(0, 16, 2).float() / 16))
+    assert not torch.allclose(theirs, plain)  # the scaling changes some frequencies ...
+    torch.testing.assert_close(model.rotary_pos_emb.inv_freq.cpu(), theirs, rtol=1e-6, atol=0)  # ... and ours
