@@ -114,12 +114,12 @@ class Bridge:
         for name, tensor in self._iter_hf_tensors(models):
             nbytes = tensor.numel() * tensor.element_size()
             if bucket and size + nbytes > bucket_bytes:
-                yield bucket
+                yield _finished(bucket)
                 bucket, size = [], 0
-            bucket.append((name, tensor))
+            bucket.append((name, _owned_cpu_copy(tensor)))
             size += nbytes
         if bucket:
-            yield bucket
+            yield _finished(bucket)
 
     def save_hf_pretrained(self, models: list, out_dir: str | Path, max_shard_bytes: int = 5 << 30) -> None:
         """Write config.json, the weights (one model.safetensors, or shards of at most `max_shard_bytes`
@@ -180,8 +180,7 @@ class Bridge:
                 tensors = self._split(full, layout)
             if len(pp_ranks) > 1:
                 tensors = _broadcast_tensors(tensors, pp_ranks[owners[mcore]], pp_group)
-            for name, tensor in zip(hf_names, tensors):
-                yield name, _owned_cpu_copy(tensor)
+            yield from zip(hf_names, tensors)
 
     # ---- rows of the table on this rank --------------------------------------------------------------
 
@@ -282,7 +281,16 @@ def _unwrap(model):
 
 
 def _owned_cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU tensor with its own storage (safe to hand to another process)."""
+    """A contiguous CPU tensor with its own storage (safe to hand to another process). From a GPU the
+    copy goes to pinned memory without waiting; `_finished` waits once per bucket."""
     if tensor.device.type == "cpu":
         return tensor.clone(memory_format=torch.contiguous_format)
-    return tensor.contiguous().to("cpu")
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor, non_blocking=True)
+
+
+def _finished(bucket: Bucket) -> Bucket:
+    """`bucket` once its device-to-host copies have landed."""
+    if torch.cuda.is_available():
+        torch.cuda.current_stream().synchronize()
+    return bucket
