@@ -94,12 +94,13 @@ class Bridge:
             for mcore, hf_names, layout in self._load_rows(params):
                 target = params[mcore]
                 where = TPSlice.of(mcore, target, tp_rank, tp_size)
-                part = load_slice(reader, hf_names, layout, where, num_query_groups(self.hf_config))
+                part = load_slice(reader, hf_names, layout, where, num_query_groups(self.hf_config), target.data)
                 if part.shape != target.shape:
                     raise ValueError(f"{hf_names} -> {mcore}: shape {tuple(part.shape)} != {tuple(target.shape)} "
                                      f"(TP rank {tp_rank} of {tp_size})")
-                with torch.no_grad():
-                    target.copy_(part)
+                if part.data_ptr() != target.data_ptr():  # not read in place
+                    with torch.no_grad():
+                        target.copy_(part)
                 del part
 
     # ---- megatron -> Hugging Face --------------------------------------------------------------------

@@ -80,8 +80,10 @@ class SafetensorsReader:
             raise KeyError(f"checkpoint has no tensor {name!r}")
         return self.tensors[name]
 
-    def read(self, name: str, dim: int = 0, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """`name` restricted to `start:stop` along `dim` (the whole tensor by default), read from disk."""
+    def read(self, name: str, dim: int = 0, start: int = 0, stop: int | None = None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+        """`name` restricted to `start:stop` along `dim` (the whole tensor by default), read from disk into
+        a new tensor, or straight into `out` when it is a contiguous CPU tensor of that shape and dtype."""
         info = self.info(name)
         if not info.shape:
             return self._read_bytes(info, info.offset, info.nbytes).reshape(())
@@ -91,14 +93,15 @@ class SafetensorsReader:
         outer, inner = math.prod(info.shape[:dim]), math.prod(info.shape[dim + 1:])
         item = info.dtype.itemsize
         run = (stop - start) * inner * item  # contiguous bytes per outer index
-        out = torch.empty(outer * run, dtype=torch.uint8)
-        buffer = out.numpy()
+        shape = (*info.shape[:dim], stop - start, *info.shape[dim + 1:])
+        if out is None or not _fits(out, shape, info.dtype):
+            out = torch.empty(shape, dtype=info.dtype)
+        buffer = out.view(-1).view(torch.uint8).numpy()
         fd = self._fd(info.path)
         for index in range(outer):
             position = info.offset + (index * info.shape[dim] + start) * inner * item
             _pread_into(fd, buffer[index * run:(index + 1) * run], position, info.path)
-        shape = (*info.shape[:dim], stop - start, *info.shape[dim + 1:])
-        return out.view(info.dtype).reshape(shape)
+        return out
 
     def _read_bytes(self, info: TensorInfo, position: int, nbytes: int) -> torch.Tensor:
         out = torch.empty(nbytes, dtype=torch.uint8)
@@ -120,6 +123,11 @@ class SafetensorsReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _fits(out: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
+    return (out.device.type == "cpu" and out.is_contiguous() and tuple(out.shape) == shape and out.dtype == dtype
+            and not out.requires_grad)
 
 
 def _pread_into(fd: int, buffer, position: int, path: Path) -> None:

@@ -48,8 +48,9 @@ class TPSlice:
 
 
 def load_slice(reader: SafetensorsReader, hf_names: tuple[str, ...], layout: str, where: TPSlice,
-               num_query_groups: int) -> torch.Tensor:
-    """This rank's part of the megatron tensor fused from `hf_names`, reading only that part from disk."""
+               num_query_groups: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """This rank's part of the megatron tensor fused from `hf_names`, reading only that part from disk
+    (for a plain row, straight into `out` when it can take the bytes as they are; see `read`)."""
     if layout == "qkv":
         q, k, v = (_read_part(reader, name, where) for name in hf_names)
         return fuse_qkv(q, k, v, num_query_groups=num_query_groups // (where.size if where.dim is not None else 1))
@@ -59,7 +60,7 @@ def load_slice(reader: SafetensorsReader, hf_names: tuple[str, ...], layout: str
     if layout != "same":
         raise ValueError(f"unknown layout {layout!r}")
     if where.padded_rows is None:
-        return _read_part(reader, hf_names[0], where)
+        return _read_part(reader, hf_names[0], where, out)
     return _read_vocab_part(reader, hf_names[0], where)
 
 
@@ -81,14 +82,14 @@ def gather_full(local: torch.Tensor, layout: str, where: TPSlice) -> torch.Tenso
     return full
 
 
-def _read_part(reader: SafetensorsReader, name: str, where: TPSlice) -> torch.Tensor:
+def _read_part(reader: SafetensorsReader, name: str, where: TPSlice, out: torch.Tensor | None = None) -> torch.Tensor:
     if where.dim is None:
-        return reader.read(name)
+        return reader.read(name, out=out)
     full = reader.info(name).shape[where.dim]
     if full % where.size:
         raise ValueError(f"{name}: dimension {where.dim} of size {full} does not split over TP={where.size}")
     start, stop = where.bounds(full)
-    return reader.read(name, where.dim, start, stop)
+    return reader.read(name, where.dim, start, stop, out=out)
 
 
 def _read_vocab_part(reader: SafetensorsReader, name: str, where: TPSlice) -> torch.Tensor:
