@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
@@ -59,26 +55,3 @@ def export_and_logits(hf_dir: str, out_dir: str, tp: str, pp: str) -> None:
     if logits is not None:
         torch.save(logits, f"{out_dir}/logits_rank{rank}.pt")
     destroy_parallel()
-
-
-def load_peak_memory(hf_dir: str, out_dir: str, tp: str, pp: str) -> None:
-    """Build this rank's model, then measure the peak resident memory added while loading its weights
-    (the kernel's high-water mark, reset just before loading)."""
-    init_parallel(int(tp), int(pp))
-    bridge = Bridge.from_hf_pretrained(hf_dir)
-    models = bridge.to_megatron_model(load_weights=False)
-    share = sum(p.numel() * p.element_size() for p in models[0].parameters())
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-    before = _status_kib("VmRSS")
-    bridge.load_hf_weights(models)
-    peak = _status_kib("VmHWM")
-    Path(f"{out_dir}/memory_rank{dist.get_rank()}.json").write_text(json.dumps(
-        {"share_bytes": share, "load_peak_bytes": (peak - before) * 1024, "pid": os.getpid()}))
-    destroy_parallel()
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
