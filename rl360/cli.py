@@ -1,6 +1,6 @@
 """`rl360` command line: `rl360 train CONFIG [key=value ...]`, `rl360 quickstart [key=value ...]`,
 `rl360 data inspect FILE...`, `rl360 reward check FILE.parquet --responses R.jsonl --out S.jsonl`,
-`rl360 convert hf-to-megatron|megatron-to-hf ...`."""
+`rl360 convert hf-to-megatron|megatron-to-hf ...`, `rl360 serve sandbox [--port N]`."""
 
 from __future__ import annotations
 
@@ -61,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     from rl360.convert import add_convert_parser
 
     add_convert_parser(commands)
+
+    from rl360.serve.sandbox import add_serve_parser
+
+    add_serve_parser(commands)
 
     args = parser.parse_args(argv)
     from rl360.config import ConfigError

@@ -10,6 +10,9 @@ The solution is the last fenced code block (```python ... ``` or ``` ... ```) of
 - `{"functional": "<test code>"}`: the solution followed by the test code runs once; exit status 0
   passes.
 
+Code runs in the local sandbox, or on a SandboxFusion-compatible server when RL360_SANDBOX_URL is set
+(`rl360.rewards.remote_sandbox`).
+
 Scoring is all-or-nothing (as Reasoning360): 1.0 only when every case passes. Cases run in order and the
 first failure stops the run, so `pass_fraction` in the extras is the fraction passed before it (a lower
 bound of the fraction a full run would pass). Extras also say `passed`, `total`, and for a failure
@@ -23,7 +26,8 @@ import math
 import re
 
 from rl360.rewards.registry import register_reward
-from rl360.rewards.sandbox import SandboxLimits, SandboxResult, run_python
+from rl360.rewards.remote_sandbox import run_python_code
+from rl360.rewards.sandbox import SandboxLimits, SandboxResult
 
 CASE_TIMEOUT_S = 5.0  # wall clock of one case (one run of the solution)
 TOLERANCE = 1e-6
@@ -75,10 +79,10 @@ def codegen_score(solution_str: str, ground_truth: str, extra_info: dict | None 
     if code is None:
         return _verdict(0, total, "no fenced code block in the response")
     if "functional" in truth:
-        result = run_python(code + "\n\n" + truth["functional"], limits=limits)
+        result = run_python_code(code + "\n\n" + truth["functional"], limits=limits)
         return _verdict(int(result.ok), total, None if result.ok else _why(result))
     for index, (stdin, expected) in enumerate(zip(truth["inputs"], truth["outputs"])):
-        result = run_python(code, _text(stdin), limits)
+        result = run_python_code(code, _text(stdin), limits)
         if not result.ok:
             return _verdict(index, total, f"case {index}: {_why(result)}")
         if not outputs_match(result.stdout, _text(expected)):

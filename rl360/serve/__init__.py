@@ -1,0 +1,1 @@
+"""`rl360 serve ...`: HTTP services of our own (a SandboxFusion-compatible code sandbox)."""
