@@ -258,11 +258,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"actor.clip_ratio_c={cfg.actor.clip_ratio_c} must be > 1 (or 0 to disable dual clip)")
     if cfg.algorithm.adv_estimator != "reinforce_plus_plus" and cfg.rollout.n < 2:
         raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs rollout.n >= 2")
-    unsupported = {
-        "actor.parallel.tensor": cfg.actor.parallel.tensor,
-        "actor.parallel.pipeline": cfg.actor.parallel.pipeline,
-        "rollout.num_engines": cfg.rollout.num_engines,
-    }
+    unsupported = {"rollout.num_engines": cfg.rollout.num_engines}
     for key, value in unsupported.items():
         if value != 1:
             raise ConfigError(f"{key}={value} is not supported yet; allowed values: [1]")

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 
 from rl360.actor.batch import RolloutBatch, build_batch
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.policy_group import PolicyGroup
 from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
 from rl360.algos.kl_control import KLController
@@ -48,7 +49,7 @@ def train(cfg: RunConfig) -> Path:
     start_ray(cfg.cluster.ray_address,
               cfg.cluster.num_cpus or max(os.cpu_count() or 1, policy_ranks + cfg.rollout.num_engines))
     use_gpu = torch.cuda.is_available()
-    policy = WorkerGroup(PolicyWorker, policy_ranks, cfg, use_gpu=use_gpu, name="policy")
+    policy = PolicyGroup(WorkerGroup(PolicyWorker, policy_ranks, cfg, use_gpu=use_gpu, name="policy"))
     engine = WorkerGroup(HFEngine, cfg.rollout.num_engines, cfg.model.path, use_gpu=use_gpu, name="rollout",
                          distributed=False, num_threads=cfg.trainer.num_threads).actors[0]
     rewards = RewardPool(cfg.reward.num_workers, cfg.reward.timeout_s,
@@ -71,12 +72,10 @@ def train(cfg: RunConfig) -> Path:
             batch, scores = scored.batch(tokenizer.pad_token_id or 0), scored.scores
 
             # 4. old / reference log-probs and advantages
-            shards = _data_parallel_shards(batch, parallel.data)
             with _timer(timing, "logprobs"):
-                batch.old_logprobs = torch.cat(policy.call_each("compute_logprobs", [(s,) for s in shards]))
+                batch.old_logprobs = torch.cat(policy.shard_call("compute_logprobs", batch))
                 if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
-                    batch.ref_logprobs = torch.cat(
-                        policy.call_each("compute_logprobs", [(s, True) for s in shards]))
+                    batch.ref_logprobs = torch.cat(policy.shard_call("compute_logprobs", batch, True))
             token_rewards = _token_level(scores, batch)
             if cfg.algorithm.kl_in_reward_coef > 0:  # KL penalty in the reward, per token
                 token_kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.algorithm.kl_estimator)
@@ -91,12 +90,11 @@ def train(cfg: RunConfig) -> Path:
 
             # 5. policy update (shards again: they now carry the log-probs and advantages)
             with _timer(timing, "update"):
-                shards = _data_parallel_shards(batch, parallel.data)
-                update_metrics = _merge_rank_metrics(policy.call_each("update", [(s,) for s in shards]))
+                update_metrics = _merge_rank_metrics(policy.shard_call("update", batch))
 
             # 6. weights into the engine, in HF names and bounded buckets
             with _timer(timing, "weight_sync"):
-                sync_weights(policy.actors[0], [engine], version=step)
+                sync_weights(policy, [engine], version=step)
 
             # 7. log
             metrics = {
@@ -108,8 +106,8 @@ def train(cfg: RunConfig) -> Path:
                 "timing/step_s": time.perf_counter() - started,
             }
             tracker.log(step, metrics)
-        if cfg.trainer.save_hf:  # data-parallel replicas hold the same weights: rank 0 writes them
-            ray.get(policy.actors[0].save_hf.remote(str(out / "hf")))
+        if cfg.trainer.save_hf:  # data-parallel replicas hold the same weights: replica 0 writes them
+            policy.save_hf(str(out / "hf"))
             tokenizer.save_pretrained(str(out / "hf"))
     finally:
         tracker.close()
@@ -213,19 +211,13 @@ def rollout_and_score(rows: list[dict], engine, rewards: RewardPool, renderer: P
     return Scored(sample_rows, samples, scores, n)
 
 
-def sync_weights(policy_rank0, engines: list, version: int) -> None:
+def sync_weights(policy: PolicyGroup, engines: list, version: int) -> None:
     """Stream the policy's weights, bucket by bucket, into every engine, then check all were loaded."""
     pending = []
-    for bucket_ref in policy_rank0.export_weights.options(num_returns="streaming").remote():
+    for bucket_ref in policy.export_weights():
         pending += [engine.update_weights.remote(bucket_ref, version) for engine in engines]
     ray.get(pending)
     ray.get([engine.finish_weight_update.remote(version) for engine in engines])
-
-
-def _data_parallel_shards(batch: RolloutBatch, ranks: int) -> list[RolloutBatch]:
-    """Contiguous equal shards, one per data-parallel rank (TP = PP = 1: rank i is data-parallel rank i)."""
-    size = len(batch) // ranks
-    return [batch.select(slice(i * size, (i + 1) * size)) for i in range(ranks)]
 
 
 # Metrics every rank computes identically; all others are each rank's share of a global mean, so they add up.

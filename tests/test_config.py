@@ -45,8 +45,8 @@ def test_ranges_and_relations_are_checked():
 
 
 def test_parallel_sizes_not_built_yet_are_refused():
-    with pytest.raises(ConfigError, match=r"actor\.parallel\.tensor=2 is not supported yet"):
-        load_config(None, BASE + ["actor.parallel.tensor=2"])
+    with pytest.raises(ConfigError, match=r"rollout\.num_engines=2 is not supported yet"):
+        load_config(None, BASE + ["rollout.num_engines=2"])
 
 
 def test_override_without_equals_sign():

@@ -45,20 +45,38 @@ class PolicyWorker:
 
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_group = parallel_state.get_data_parallel_group()
+        self.last_stage = parallel_state.is_pipeline_last_stage()
         self.bridge = Bridge.from_hf_pretrained(cfg.model.path)
         dtype = DTYPES[cfg.model.dtype]
-        self.models = _wrap_ddp(self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype))
+        self.models = _wrap_ddp(self._build_model(dtype))
         self.optimizer = _build_optimizer(cfg, self.models)
         self.ref_models = None
         if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
-            self.ref_models = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype)
+            self.ref_models = self._build_model(dtype)
             for chunk in self.ref_models:
                 chunk.eval().requires_grad_(False)
 
+    def _build_model(self, dtype: torch.dtype) -> list:
+        chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype)
+        if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
+            for chunk in chunks:                   # each activation's shape before the activation
+                chunk.config.variable_seq_lengths = True
+        return chunks
+
+    def layout(self) -> dict[str, int | bool]:
+        """Where this rank sits: its data-parallel index, and whether it returns results (the first
+        tensor-parallel rank of the last pipeline stage) and takes part in weight export (replica 0)."""
+        from megatron.core import parallel_state
+
+        dp_rank = parallel_state.get_data_parallel_rank()
+        return {"dp_rank": dp_rank, "dp_size": self.dp_size, "exports": dp_rank == 0,
+                "returns": self.last_stage and parallel_state.get_tensor_model_parallel_rank() == 0}
+
     # ---- forward passes -------------------------------------------------------------------------
 
-    def compute_logprobs(self, batch: RolloutBatch, reference: bool = False) -> torch.Tensor:
-        """[B, R] log-probs of the response tokens under the policy (or the reference model)."""
+    def compute_logprobs(self, batch: RolloutBatch, reference: bool = False) -> torch.Tensor | None:
+        """[B, R] log-probs of the response tokens under the policy (or the reference model); None on
+        ranks other than the last pipeline stage."""
         models = self.ref_models if reference else self.models
         if models is None:
             raise RuntimeError("no reference model: algorithm.kl_coef is 0")
@@ -69,10 +87,13 @@ class PolicyWorker:
 
         with torch.no_grad():
             outputs = self._schedule(models, micro, collect, forward_only=True)
-        return torch.cat(outputs, dim=0).cpu()
+        return torch.cat(outputs, dim=0).cpu() if self.last_stage else None
 
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary logits of the current policy for right-padded `input_ids` (for tests/eval)."""
+        """Full-vocabulary logits of the current policy for right-padded `input_ids` (tests and eval at
+        TP = PP = 1)."""
+        if self.cfg.actor.parallel.tensor * self.cfg.actor.parallel.pipeline != 1:
+            raise NotImplementedError("PolicyWorker.logits runs at TP = PP = 1 only")
         input_ids = input_ids.to(self.device)
         positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
         with torch.no_grad():
@@ -176,7 +197,9 @@ class PolicyWorker:
         def forward_step(data_iterator, model):
             mb = next(data_iterator).to(self.device)
             positions = torch.arange(mb.input_ids.shape[1], device=self.device).expand_as(mb.input_ids)
-            logits = model(mb.input_ids, positions, None)[..., :self.bridge.vocab_size]  # drop vocab padding
+            logits = model(mb.input_ids, positions, None)  # earlier stages: hidden states for the next one
+            if self.last_stage:
+                logits = self._full_vocab(logits)
             if forward_only:
                 return logits, lambda out, non_loss_data=True: on_logits(out, mb)
             return logits, lambda out: on_logits(out, mb)
@@ -193,12 +216,26 @@ class PolicyWorker:
             collect_non_loss_data=forward_only,
         )
 
+    def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits over the whole real vocabulary: gathered from the tensor-parallel ranks (the backward
+        pass hands each rank its slice of the gradient), without the bridge's padding rows."""
+        if self.cfg.actor.parallel.tensor > 1:
+            from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+            logits = gather_from_tensor_model_parallel_region(logits)
+        return logits[..., :self.bridge.vocab_size]
+
     # ---- weights out ------------------------------------------------------------------------------
 
     def export_weights(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Buckets of `(hf_name, tensor)` of the current policy (a Ray streaming generator)."""
+        """Buckets of `(hf_name, tensor)` of the current policy (a Ray streaming generator). Every rank of
+        data-parallel replica 0 must export at the same time (the gathers are collectives)."""
         bucket_bytes = int(self.cfg.trainer.weight_bucket_mb * (1 << 20))
         yield from self.bridge.export_hf_weights([_unwrap(m) for m in self.models], bucket_bytes=bucket_bytes)
+
+    def export_weights_quietly(self) -> int:
+        """Take part in an export whose buckets another rank streams; returns the bucket count."""
+        return sum(1 for _ in self.export_weights())
 
     def save_hf(self, out_dir: str) -> str:
         self.bridge.save_hf_pretrained([_unwrap(m) for m in self.models], out_dir)
@@ -206,7 +243,7 @@ class PolicyWorker:
 
 
 def token_logprobs(logits: torch.Tensor, mb: RolloutBatch, temperature: float) -> torch.Tensor:
-    """[B, R] log-softmax(logits / temperature) at each response token (TP=1: full vocabulary)."""
+    """[B, R] log-softmax(logits / temperature) at each response token (`logits` over the full vocabulary)."""
     return _gather_logprobs(_response_logits(logits, mb, temperature), mb)
 
 

@@ -1,0 +1,49 @@
+"""The controller's handle on the policy's TP x PP x DP rank actors.
+
+Every rank of a data-parallel replica gets that replica's shard of a batch; results come back from the
+ranks that hold them (the first tensor-parallel rank of the last pipeline stage), one per replica, in
+data-parallel order. Weight export runs on every rank of replica 0 (its gathers are collectives) while
+rank 0 streams the buckets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import ray
+
+from rl360.actor.batch import RolloutBatch
+from rl360.cluster import WorkerGroup
+
+
+class PolicyGroup:
+    def __init__(self, workers: WorkerGroup):
+        self.workers = workers
+        self.actors = workers.actors
+        self.layouts = workers.call("layout")
+        self.dp_size = self.layouts[0]["dp_size"]
+        self._returning = sorted((layout["dp_rank"], rank) for rank, layout in enumerate(self.layouts)
+                                 if layout["returns"])
+        if [dp for dp, _ in self._returning] != list(range(self.dp_size)):
+            raise RuntimeError(f"expected one result rank per data-parallel replica, got layouts {self.layouts}")
+
+    def shard_call(self, method: str, batch: RolloutBatch, *args: Any) -> list[Any]:
+        """`method(shard, *args)` on every rank, replica i getting the i-th contiguous shard of `batch`;
+        the results of the replicas' result ranks, in data-parallel order."""
+        size = len(batch) // self.dp_size
+        shards = [batch.select(slice(i * size, (i + 1) * size)) for i in range(self.dp_size)]
+        results = self.workers.call_each(method, [(shards[layout["dp_rank"]], *args) for layout in self.layouts])
+        return [results[rank] for _, rank in self._returning]
+
+    def export_weights(self) -> Iterator[ray.ObjectRef]:
+        """References to the weight buckets, streamed from rank 0 while the rest of replica 0 takes part."""
+        helpers = [actor.export_weights_quietly.remote() for actor, layout in zip(self.actors, self.layouts)
+                   if layout["exports"] and actor is not self.actors[0]]
+        yield from self.actors[0].export_weights.options(num_returns="streaming").remote()
+        ray.get(helpers)
+
+    def save_hf(self, out_dir: str) -> None:
+        """Write the policy as a Hugging Face checkpoint (replica 0 takes part, global rank 0 writes)."""
+        ray.get([actor.save_hf.remote(out_dir) for actor, layout in zip(self.actors, self.layouts)
+                 if layout["exports"]])

@@ -1,0 +1,51 @@
+"""Policy ranks at TP x PP for tests/test_policy_parallel.py, started by `rl360.cluster.launch.run_ranks`."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from rl360.actor.policy import PolicyWorker
+from rl360.config import load_config
+from tests.dp_worker import fixed_batch
+
+
+def config(model_dir: str, mode: str, tp: int, pp: int, micro: int):
+    return load_config(None, [f"model.path={model_dir}", "data.train_files=[unused.parquet]", "rollout.n=4",
+                              "data.batch_size=4", "actor.ppo_mini_batch_size=4", f"actor.micro_batch_size={micro}",
+                              f"actor.loss_agg_mode={mode}", "actor.entropy_coeff=0.01", "algorithm.kl_coef=0.01",
+                              f"actor.parallel.tensor={tp}", f"actor.parallel.pipeline={pp}"])
+
+
+def gradient_as_hf(worker: PolicyWorker) -> dict[str, torch.Tensor]:
+    """The accumulated gradient in HF names and layout (gathered like weights, through the bridge)."""
+    models = [m.module for m in worker.models]
+    for model in models:
+        for param in model.parameters():
+            param.data.copy_(param.main_grad)
+    return {name: t for bucket in worker.bridge.export_hf_weights(models) for name, t in bucket}
+
+
+def logprobs_and_gradient(worker: PolicyWorker) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """Log-probs of the fixed batch, then the gradient of one mini-batch on it (KL to the reference, entropy)."""
+    batch = fixed_batch()
+    logprobs = worker.compute_logprobs(batch)
+    reference = worker.compute_logprobs(batch, True)
+    shape = (len(batch), batch.response_mask.shape[1])
+    batch.old_logprobs = (logprobs if logprobs is not None else torch.zeros(shape)) - 0.05
+    batch.ref_logprobs = (reference if reference is not None else torch.zeros(shape)) + 0.02
+    worker.accumulate_gradients(batch)
+    return logprobs, gradient_as_hf(worker)
+
+
+def main(model_dir: str, out_dir: str, mode: str, tp: str, pp: str, micro: str) -> None:
+    worker = PolicyWorker(config(model_dir, mode, int(tp), int(pp), int(micro)), rank=int(os.environ["RANK"]),
+                          world_size=int(os.environ["WORLD_SIZE"]), master_port=int(os.environ["MASTER_PORT"]))
+    logprobs, gradient = logprobs_and_gradient(worker)
+    rank = dist.get_rank()
+    save_file(gradient, f"{out_dir}/gradient_rank{rank}.safetensors")
+    if logprobs is not None:
+        torch.save(logprobs, f"{out_dir}/logprobs_rank{rank}.pt")

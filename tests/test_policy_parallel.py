@@ -1,0 +1,39 @@
+"""The Megatron policy at TP=2 and PP=2 (gloo processes) against the same policy in one process: the same
+log-probs and the same gradient, for each loss aggregation, with uneven micro-batches."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rl360.actor.policy import PolicyWorker
+from rl360.cluster.launch import run_ranks
+from tests.helpers import make_tiny_qwen2
+from tests.policy_parallel_worker import config, logprobs_and_gradient
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
+                                reason="two NCCL ranks need two GPUs (on CPU the ranks use gloo)")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_qwen2(str(tmp_path_factory.mktemp("policy_tp")), tie_word_embeddings=True, seed=5)
+
+
+@pytest.mark.parametrize("tp, pp, mode", [(2, 1, "token-mean"), (1, 2, "seq-mean-token-sum-norm"),
+                                          (2, 1, "seq-mean-token-mean"), (1, 2, "token-mean")])
+def test_model_parallel_policy_matches_one_rank(megatron_single_rank, model_dir, tmp_path, tp, pp, mode):
+    micro = 3  # 16 samples in micro-batches of 3: the last one is smaller, and widths differ
+    expected_logprobs, expected_gradient = logprobs_and_gradient(PolicyWorker(config(model_dir, mode, 1, 1, micro)))
+    run_ranks("tests.policy_parallel_worker:main", tp * pp, [model_dir, str(tmp_path), mode, str(tp), str(pp),
+                                                             str(micro)], timeout_s=600)
+    returning = [rank for rank in range(tp * pp) if (tmp_path / f"logprobs_rank{rank}.pt").exists()]
+    assert returning == list(range(tp * pp - tp, tp * pp))  # the last stage's ranks hold the log-probs
+    for rank in returning:
+        torch.testing.assert_close(torch.load(tmp_path / f"logprobs_rank{rank}.pt"), expected_logprobs,
+                                   atol=1e-5, rtol=0)
+    assert any(t.abs().sum() > 0 for t in expected_gradient.values())
+    for rank in range(tp * pp):
+        gradient = load_file(tmp_path / f"gradient_rank{rank}.safetensors")
+        assert sorted(gradient) == sorted(expected_gradient)
+        for name, tensor in expected_gradient.items():
+            assert (gradient[name] - tensor).abs().max().item() <= 1e-6, (rank, name)
