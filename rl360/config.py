@@ -80,7 +80,7 @@ class ActorConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"  # grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | opo | grpo_passk
+    adv_estimator: str = "grpo"  # grpo | rloo | reinforce_plus_plus(_baseline) | opo | grpo_passk | remax | gpg
     norm_adv_by_std_in_grpo: bool = True  # divide by the group std (false: Dr.GRPO)
     gamma: float = 1.0  # discount of reinforce_plus_plus returns
     filter_groups: bool = False  # DAPO dynamic sampling: train only on prompts whose n scores vary
@@ -256,7 +256,7 @@ def validate(cfg: RunConfig) -> None:
                           f"rollout.max_response_length={cfg.rollout.max_response_length}")
     if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1.0:
         raise ConfigError(f"actor.clip_ratio_c={cfg.actor.clip_ratio_c} must be > 1 (or 0 to disable dual clip)")
-    if cfg.algorithm.adv_estimator != "reinforce_plus_plus" and cfg.rollout.n < 2:
+    if cfg.algorithm.adv_estimator not in ("reinforce_plus_plus", "remax") and cfg.rollout.n < 2:
         raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs rollout.n >= 2")
     unsupported = {"rollout.num_engines": cfg.rollout.num_engines}
     for key, value in unsupported.items():

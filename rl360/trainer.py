@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
@@ -70,6 +70,10 @@ def train(cfg: RunConfig) -> Path:
             scored, sampling_metrics = collect_groups(batches, engine, rewards, renderer, tokenizer, cfg, step,
                                                       timing)
             batch, scores = scored.batch(tokenizer.pad_token_id or 0), scored.scores
+            baselines = None
+            if cfg.algorithm.adv_estimator == "remax":  # ReMax: a greedy response's score per prompt
+                baselines = greedy_baselines(scored, engine, rewards, renderer, tokenizer, cfg, timing,
+                                             sampling_metrics)
 
             # 4. old / reference log-probs and advantages
             with _timer(timing, "logprobs"):
@@ -86,7 +90,8 @@ def train(cfg: RunConfig) -> Path:
                 kl_control.update(sequence_kl, len(batch))
             batch.advantages, _ = estimator(
                 token_rewards, batch.response_mask, [i // cfg.rollout.n for i in range(len(batch))],
-                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, gamma=cfg.algorithm.gamma)
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, gamma=cfg.algorithm.gamma,
+                reward_baselines=baselines)
 
             # 5. policy update (shards again: they now carry the log-probs and advantages)
             with _timer(timing, "update"):
@@ -209,6 +214,17 @@ def rollout_and_score(rows: list[dict], engine, rewards: RewardPool, renderer: P
     for key, value in counts.items():
         metrics[key] = metrics.get(key, 0) + value
     return Scored(sample_rows, samples, scores, n)
+
+
+def greedy_baselines(scored: Scored, engine, rewards: RewardPool, renderer: PromptRenderer, tokenizer,
+                     cfg: RunConfig, timing: dict[str, float], metrics: dict[str, float]) -> torch.Tensor:
+    """[num samples] ReMax baselines: each prompt's greedy (top-1) response, scored like the samples and
+    repeated for the prompt's `n` samples. The greedy responses are not trained on."""
+    greedy_cfg = replace(cfg, rollout=replace(cfg.rollout, n=1, top_k=1))
+    greedy = rollout_and_score(scored.rows[::scored.n], engine, rewards, renderer, tokenizer, greedy_cfg, seed=0,
+                               timing=timing, metrics={})
+    metrics["reward/greedy_baseline_mean"] = greedy.scores.mean().item()
+    return greedy.scores.repeat_interleave(scored.n)
 
 
 def sync_weights(policy: PolicyGroup, engines: list, version: int) -> None:

@@ -233,3 +233,48 @@ def test_kl_controller_fixed_and_adaptive():
     assert adaptive.coef == pytest.approx(0.1 * (1 + 0.2 * 0.1))
     adaptive.update(kl=0.5, n=100)  # below target: error -0.5 clipped at -0.2
     assert adaptive.coef == pytest.approx(0.1 * (1 + 0.2 * 0.1) * (1 - 0.2 * 0.1))
+
+
+def test_remax_subtracts_the_greedy_score_from_the_return_to_go():
+    scores, index, mask, rewards = _inputs(3)
+    mask[4] = 0  # a fully masked (empty) response
+    rewards[4] = 0
+    rewards[7, 1] = 0.5  # an intermediate token reward: returns-to-go differ along the response
+    baselines = torch.linspace(-0.5, 1.0, 12)
+    adv, returns = get_advantage_estimator("remax")(rewards, mask, index, reward_baselines=baselines)
+    for i in range(12):
+        for t in range(5):
+            expected_return = sum(rewards[i, u].item() * mask[i, u].item() for u in range(t, 5))
+            assert returns[i, t].item() == pytest.approx(expected_return, abs=1e-6)
+            expected = (expected_return - baselines[i].item()) * mask[i, t].item()
+            assert adv[i, t].item() == pytest.approx(expected, abs=1e-6)
+    assert adv[4].abs().max() == 0
+    with pytest.raises(ValueError, match="reward_baselines"):
+        get_advantage_estimator("remax")(rewards, mask, index)
+
+
+def test_gpg_scales_group_centred_scores_by_the_share_of_informative_responses():
+    scores, index, mask, rewards = _inputs(4)
+    scores[:4] = torch.tensor([1.0, 0.0, 0.0, 1.0])  # group 0 varies; group 2 is uniform; group 3 is one
+    scores[4:8] = torch.tensor([0.0, 0.0, 0.0, 0.0])  # group 1 uniform too
+    last = mask.sum(-1).long() - 1
+    rewards = torch.zeros(12, 5)
+    rewards[torch.arange(12), last] = scores
+    adv, _ = get_advantage_estimator("gpg")(rewards, mask, index)
+    informative = [i for i in range(12) if len({scores[j].item() for j in range(12) if index[j] == index[i]}) > 1]
+    alpha = 12 / len(informative)  # B / (B - M)
+    for i in range(12):
+        group = [scores[j].item() for j in range(12) if index[j] == index[i]]
+        expected = alpha * (scores[i].item() - sum(group) / len(group)) if i in informative else 0.0
+        torch.testing.assert_close(adv[i], expected * mask[i])
+    assert alpha == 3.0
+
+
+def test_gpg_loss_is_the_plain_policy_gradient():
+    logprob = torch.tensor([[-0.5, -1.0, -2.0]], requires_grad=True)
+    advantages = torch.tensor([[1.0, -2.0, 0.5]])
+    loss, clipped = get_policy_loss("gpg")(logprob, logprob.detach() + 3.0, advantages, torch.ones(1, 3))
+    torch.testing.assert_close(loss, -advantages * logprob.detach())
+    loss.sum().backward()
+    torch.testing.assert_close(logprob.grad, -advantages)  # no ratio, no clipping, whatever old_logprob is
+    assert clipped.sum() == 0

@@ -136,3 +136,40 @@ def grpo_passk_advantage(
         adv[rows[int(top.indices[0])]] = value
     adv = adv.unsqueeze(-1) * response_mask
     return adv, adv
+
+
+@register_advantage_estimator("remax")
+def remax_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence | None = None,
+    reward_baselines: torch.Tensor | None = None, **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al., 2023): return-to-go of each token minus the score of the greedy response to the
+    same prompt (`reward_baselines`, [batch]; the trainer samples and scores it)."""
+    if reward_baselines is None:
+        raise ValueError("remax needs reward_baselines: the scores of greedy responses to the same prompts")
+    returns = (token_level_rewards * response_mask).flip(-1).cumsum(-1).flip(-1)
+    adv = returns - reward_baselines.unsqueeze(-1) * response_mask
+    return adv, returns
+
+
+@register_advantage_estimator("gpg")
+def gpg_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence, **_: object
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG (Chu et al., 2025): alpha * (score - group mean), alpha = B / (B - M) where M counts the responses
+    in groups whose scores are all equal (their advantage is 0, so the others are scaled up to keep the
+    batch's gradient scale). A group of one counts as uniform. Use with `actor.loss_mode=gpg`.
+
+    (verl's implementation takes alpha = B / (number of non-zero scores) instead.)"""
+    scores = token_level_rewards.sum(dim=-1)
+    adv = torch.zeros_like(scores)
+    uniform = 0
+    for rows in _groups(index).values():
+        group = scores[rows]
+        if len(rows) == 1 or bool((group == group[0]).all()):
+            uniform += len(rows)
+            continue
+        adv[rows] = group - group.mean()
+    alpha = len(scores) / max(len(scores) - uniform, 1)
+    adv = alpha * adv.unsqueeze(-1) * response_mask
+    return adv, adv

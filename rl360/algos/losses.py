@@ -140,6 +140,13 @@ def gspo_token_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages
     return _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
 
 
+@register_policy_loss("gpg")
+def gpg_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
+             response_mask: torch.Tensor | None = None, cfg: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG: the plain policy gradient -A log pi, no ratio and no clipping (nothing is ever clipped)."""
+    return -advantages * logprob, torch.zeros_like(logprob)
+
+
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Per-position entropy of softmax(logits) over the last dimension."""
     logp = torch.log_softmax(logits.float(), dim=-1)
