@@ -79,10 +79,24 @@ class ActorConfig:
 
 
 @dataclass
+class CriticConfig:
+    """The value model of PPO (`algorithm.adv_estimator=gae`): the policy's architecture and initial weights
+    with a hidden -> 1 value head, its own optimizer; same parallel layout, micro-batches and epochs."""
+
+    lr: float = 1e-5  # Adam learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam betas
+    grad_clip: float = 1.0  # clip the global grad norm to this (0 disables)
+    cliprange_value: float = 0.5  # value clipping: new values within old +- this in the clipped loss
+    warmup_steps: int = 0  # steps that train only the critic before the policy starts updating
+
+
+@dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"  # grpo | rloo | reinforce_plus_plus(_baseline) | opo | grpo_passk | remax | gpg
+    adv_estimator: str = "grpo"  # grpo | rloo | reinforce_plus_plus(_baseline) | opo | grpo_passk | remax | gpg | gae
     norm_adv_by_std_in_grpo: bool = True  # divide by the group std (false: Dr.GRPO)
-    gamma: float = 1.0  # discount of reinforce_plus_plus returns
+    gamma: float = 1.0  # discount of returns (reinforce_plus_plus, gae)
+    lam: float = 1.0  # GAE lambda (gae)
     filter_groups: bool = False  # DAPO dynamic sampling: train only on prompts whose n scores vary
     max_num_gen_batches: int = 10  # with filter_groups: prompt batches sampled per step at most (0: no limit)
     kl_coef: float = 0.0  # weight of the KL(policy || reference) loss; > 0 loads a reference model
@@ -132,6 +146,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -164,7 +179,8 @@ NON_NEGATIVE = (
     "actor.clip_ratio_c", "actor.entropy_coeff", "actor.rollout_is_threshold_lower",
     "algorithm.kl_coef", "reward.num_workers", "reward.max_memory_gb", "trainer.num_threads",
     "algorithm.max_num_gen_batches", "reward.overlong_buffer_len", "reward.overlong_penalty_factor",
-    "algorithm.kl_in_reward_coef", "algorithm.kl_in_reward_target",
+    "algorithm.kl_in_reward_coef", "algorithm.kl_in_reward_target", "critic.lr", "critic.weight_decay",
+    "critic.grad_clip", "critic.cliprange_value", "critic.warmup_steps", "algorithm.gamma", "algorithm.lam",
 )
 
 
@@ -256,7 +272,7 @@ def validate(cfg: RunConfig) -> None:
                           f"rollout.max_response_length={cfg.rollout.max_response_length}")
     if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1.0:
         raise ConfigError(f"actor.clip_ratio_c={cfg.actor.clip_ratio_c} must be > 1 (or 0 to disable dual clip)")
-    if cfg.algorithm.adv_estimator not in ("reinforce_plus_plus", "remax") and cfg.rollout.n < 2:
+    if cfg.algorithm.adv_estimator not in ("reinforce_plus_plus", "remax", "gae") and cfg.rollout.n < 2:
         raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs rollout.n >= 2")
     unsupported = {"rollout.num_engines": cfg.rollout.num_engines}
     for key, value in unsupported.items():

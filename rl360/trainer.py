@@ -12,6 +12,7 @@ import torch
 from transformers import AutoTokenizer
 
 from rl360.actor.batch import RolloutBatch, build_batch
+from rl360.actor.critic import CriticWorker
 from rl360.actor.policy import PolicyWorker
 from rl360.actor.policy_group import PolicyGroup
 from rl360.algos.advantages import get_advantage_estimator
@@ -46,10 +47,13 @@ def train(cfg: RunConfig) -> Path:
 
     parallel = cfg.actor.parallel
     policy_ranks = parallel.tensor * parallel.pipeline * parallel.data
-    start_ray(cfg.cluster.ray_address,
-              cfg.cluster.num_cpus or max(os.cpu_count() or 1, policy_ranks + cfg.rollout.num_engines))
+    use_critic = cfg.algorithm.adv_estimator == "gae"
+    start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus or max(
+        os.cpu_count() or 1, policy_ranks * (2 if use_critic else 1) + cfg.rollout.num_engines))
     use_gpu = torch.cuda.is_available()
     policy = PolicyGroup(WorkerGroup(PolicyWorker, policy_ranks, cfg, use_gpu=use_gpu, name="policy"))
+    critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, use_gpu=use_gpu, name="critic")) \
+        if use_critic else None
     engine = WorkerGroup(HFEngine, cfg.rollout.num_engines, cfg.model.path, use_gpu=use_gpu, name="rollout",
                          distributed=False, num_threads=cfg.trainer.num_threads).actors[0]
     rewards = RewardPool(cfg.reward.num_workers, cfg.reward.timeout_s,
@@ -75,11 +79,13 @@ def train(cfg: RunConfig) -> Path:
                 baselines = greedy_baselines(scored, engine, rewards, renderer, tokenizer, cfg, timing,
                                              sampling_metrics)
 
-            # 4. old / reference log-probs and advantages
+            # 4. old / reference log-probs (and PPO's values) and advantages
             with _timer(timing, "logprobs"):
                 batch.old_logprobs = torch.cat(policy.shard_call("compute_logprobs", batch))
                 if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
                     batch.ref_logprobs = torch.cat(policy.shard_call("compute_logprobs", batch, True))
+                if critic is not None:
+                    batch.values = torch.cat(critic.shard_call("compute_values", batch))
             token_rewards = _token_level(scores, batch)
             if cfg.algorithm.kl_in_reward_coef > 0:  # KL penalty in the reward, per token
                 token_kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.algorithm.kl_estimator)
@@ -88,14 +94,19 @@ def train(cfg: RunConfig) -> Path:
                 sequence_kl = token_kl.sum(-1).mean().item()
                 sampling_metrics.update({"reward/kl": sequence_kl, "reward/kl_coef": kl_control.coef})
                 kl_control.update(sequence_kl, len(batch))
-            batch.advantages, _ = estimator(
+            batch.advantages, batch.returns = estimator(
                 token_rewards, batch.response_mask, [i // cfg.rollout.n for i in range(len(batch))],
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, gamma=cfg.algorithm.gamma,
-                reward_baselines=baselines)
+                lam=cfg.algorithm.lam, reward_baselines=baselines, values=batch.values)
 
-            # 5. policy update (shards again: they now carry the log-probs and advantages)
-            with _timer(timing, "update"):
-                update_metrics = _merge_rank_metrics(policy.shard_call("update", batch))
+            # 5. critic and policy updates (shards again: they now carry log-probs, advantages, returns)
+            update_metrics = {}
+            if critic is not None:
+                with _timer(timing, "critic_update"):
+                    update_metrics.update(_merge_rank_metrics(critic.shard_call("update", batch)))
+            if critic is None or step > cfg.critic.warmup_steps:
+                with _timer(timing, "update"):
+                    update_metrics.update(_merge_rank_metrics(policy.shard_call("update", batch)))
 
             # 6. weights into the engine, in HF names and bounded buckets
             with _timer(timing, "weight_sync"):
@@ -237,7 +248,7 @@ def sync_weights(policy: PolicyGroup, engines: list, version: int) -> None:
 
 
 # Metrics every rank computes identically; all others are each rank's share of a global mean, so they add up.
-_SAME_ON_EVERY_RANK = ("actor/grad_norm", "actor/update_skipped")
+_SAME_ON_EVERY_RANK = ("actor/grad_norm", "actor/update_skipped", "critic/grad_norm", "critic/update_skipped")
 
 
 def _merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:

@@ -278,3 +278,54 @@ def test_gpg_loss_is_the_plain_policy_gradient():
     loss.sum().backward()
     torch.testing.assert_close(logprob.grad, -advantages)  # no ratio, no clipping, whatever old_logprob is
     assert clipped.sum() == 0
+
+
+def _reference_gae(rewards, values, mask, gamma, lam):
+    """Per row: the response positions in order, GAE over them alone, value 0 after the last."""
+    adv = torch.zeros_like(rewards)
+    for i in range(rewards.shape[0]):
+        positions = [t for t in range(rewards.shape[1]) if mask[i, t] > 0]
+        running, next_value = 0.0, 0.0
+        for t in reversed(positions):
+            delta = rewards[i, t].item() + gamma * next_value - values[i, t].item()
+            running = delta + gamma * lam * running
+            adv[i, t] = running
+            next_value = values[i, t].item()
+    return adv
+
+
+@pytest.mark.parametrize("gamma, lam", [(1.0, 1.0), (0.9, 0.95)])
+def test_gae_matches_reference_and_whitens(gamma, lam):
+    from rl360.algos.advantages import masked_whiten
+
+    gen = torch.Generator().manual_seed(5)
+    rewards = torch.randn(6, 7, generator=gen)
+    values = torch.randn(6, 7, generator=gen)
+    mask = torch.ones(6, 7)
+    mask[1, 4:] = 0  # a shorter response
+    mask[2] = 0  # an empty response
+    mask[3, 2] = 0  # a hole inside a response: skipped, the later positions pass through
+    adv, returns = get_advantage_estimator("gae")(rewards * mask, mask, None, values=values, gamma=gamma, lam=lam)
+    raw = _reference_gae(rewards * mask, values, mask, gamma, lam)
+    torch.testing.assert_close(returns, (raw + values) * mask)
+    torch.testing.assert_close(adv, masked_whiten(raw, mask))
+    assert adv[2].abs().max() == 0
+    with pytest.raises(ValueError, match="values"):
+        get_advantage_estimator("gae")(rewards, mask, None)
+
+
+def test_value_loss_clips_the_move_away_from_the_old_value():
+    from rl360.algos.losses import value_loss
+
+    old = torch.tensor([[0.0, 0.0, 1.0, 1.0]])
+    new = torch.tensor([[0.2, 1.5, 0.1, 1.1]], requires_grad=True)
+    returns = torch.tensor([[1.0, 1.4, 0.0, 3.0]])
+    loss, clipped = value_loss(new, old, returns, cliprange_value=0.5)
+    for k in range(4):
+        v, o, r = new[0, k].item(), old[0, k].item(), returns[0, k].item()
+        v_clip = o + max(-0.5, min(0.5, v - o))
+        assert loss[0, k].item() == pytest.approx(0.5 * max((v - r) ** 2, (v_clip - r) ** 2), abs=1e-6)
+    # position 1 moved 1.5 past the old value: its clipped value (0.5) is further from the return -> clipped
+    assert clipped[0].tolist() == [0.0, 1.0, 1.0, 0.0]
+    loss.sum().backward()
+    assert new.grad[0, 1] == 0 and new.grad[0, 0] != 0  # no gradient through the clipped branch

@@ -128,8 +128,9 @@ def test_model_parallel_run_keeps_engine_and_trainer_in_step(tmp_path, tp, pp):
 @pytest.mark.parametrize("overrides, metric", [
     (["algorithm.adv_estimator=remax", "rollout.n=2"], "reward/greedy_baseline_mean"),
     (["algorithm.adv_estimator=gpg", "actor.loss_mode=gpg"], "actor/pg_loss"),
-], ids=["remax", "gpg"])
-def test_remax_and_gpg_runs(tmp_path, overrides, metric):
+    (["configs/algorithms/ppo.yaml", "critic.warmup_steps=1"], "critic/vf_loss"),
+], ids=["remax", "gpg", "ppo"])
+def test_remax_gpg_and_ppo_runs(tmp_path, overrides, metric):
     model = build_quickstart_model(tmp_path / "model")
     rows = [_row(f"{a}+{a}", str(2 * a)) for a in range(8)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
@@ -145,3 +146,5 @@ def test_remax_and_gpg_runs(tmp_path, overrides, metric):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert all(r[metric] is not None and math.isfinite(r[metric]) for r in records)
+    if metric == "critic/vf_loss":  # one warm-up step trains only the critic
+        assert "actor/pg_loss" not in records[0] and "actor/pg_loss" in records[1]

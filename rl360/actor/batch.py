@@ -23,6 +23,8 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None  # [B, R]
     old_logprobs: torch.Tensor | None = None  # [B, R] trainer log-probs before the update
     ref_logprobs: torch.Tensor | None = None  # [B, R] reference-model log-probs
+    values: torch.Tensor | None = None  # [B, R] critic values before the update (PPO)
+    returns: torch.Tensor | None = None  # [B, R] value targets (PPO)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

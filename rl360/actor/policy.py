@@ -30,6 +30,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class PolicyWorker:
+    metric_prefix = "actor"
+
     def __init__(self, cfg: RunConfig, rank: int = 0, world_size: int = 1,
                  master_addr: str = "127.0.0.1", master_port: int = 0):
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
@@ -49,12 +51,19 @@ class PolicyWorker:
         self.bridge = Bridge.from_hf_pretrained(cfg.model.path)
         dtype = DTYPES[cfg.model.dtype]
         self.models = _wrap_ddp(self._build_model(dtype))
-        self.optimizer = _build_optimizer(cfg, self.models)
+        self.optimizer = _build_optimizer(cfg, self._optimizer_settings(), self.models)
         self.ref_models = None
-        if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
+        if self._needs_reference():
             self.ref_models = self._build_model(dtype)
             for chunk in self.ref_models:
                 chunk.eval().requires_grad_(False)
+
+    def _optimizer_settings(self):
+        """lr, weight_decay, betas and grad_clip of this model's optimizer."""
+        return self.cfg.actor
+
+    def _needs_reference(self) -> bool:
+        return self.cfg.algorithm.kl_coef > 0 or self.cfg.algorithm.kl_in_reward_coef > 0
 
     def _build_model(self, dtype: torch.dtype) -> list:
         chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype)
@@ -124,8 +133,8 @@ class PolicyWorker:
         reports = self.accumulate_gradients(mini)
         ok, grad_norm, _ = self.optimizer.step()
         metrics = {key: sum(r[key] for r in reports) for key in reports[0]} if reports else {}
-        metrics["actor/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
-        metrics["actor/update_skipped"] = 0.0 if ok else 1.0
+        metrics[f"{self.metric_prefix}/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        metrics[f"{self.metric_prefix}/update_skipped"] = 0.0 if ok else 1.0
         return metrics
 
     def accumulate_gradients(self, mini: RolloutBatch) -> list[dict[str, float]]:
@@ -199,7 +208,7 @@ class PolicyWorker:
             positions = torch.arange(mb.input_ids.shape[1], device=self.device).expand_as(mb.input_ids)
             logits = model(mb.input_ids, positions, None)  # earlier stages: hidden states for the next one
             if self.last_stage:
-                logits = self._full_vocab(logits)
+                logits = self._head_output(logits)
             if forward_only:
                 return logits, lambda out, non_loss_data=True: on_logits(out, mb)
             return logits, lambda out: on_logits(out, mb)
@@ -216,7 +225,7 @@ class PolicyWorker:
             collect_non_loss_data=forward_only,
         )
 
-    def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+    def _head_output(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits over the whole real vocabulary: gathered from the tensor-parallel ranks (the backward
         pass hands each rank its slice of the gradient), without the bridge's padding rows."""
         if self.cfg.actor.parallel.tensor > 1:
@@ -247,10 +256,15 @@ def token_logprobs(logits: torch.Tensor, mb: RolloutBatch, temperature: float) -
     return _gather_logprobs(_response_logits(logits, mb, temperature), mb)
 
 
+def _response_positions_rows(output: torch.Tensor, mb: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index of `output` [B, T, ...] at the positions that predict each response token: [B, R, ...]."""
+    rows = torch.arange(output.shape[0], device=output.device)[:, None]
+    return rows, mb.response_positions()
+
+
 def _response_logits(logits: torch.Tensor, mb: RolloutBatch, temperature: float) -> torch.Tensor:
     """[B, R, V] temperature-scaled fp32 logits at the positions that predict each response token."""
-    rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
-    return logits[rows, mb.response_positions()].float() / temperature
+    return logits[_response_positions_rows(logits, mb)].float() / temperature
 
 
 def _gather_logprobs(response_logits: torch.Tensor, mb: RolloutBatch) -> torch.Tensor:
@@ -275,13 +289,13 @@ def _unwrap(model):
     return getattr(model, "module", model)
 
 
-def _build_optimizer(cfg: RunConfig, models: list):
+def _build_optimizer(cfg: RunConfig, settings, models: list):
+    """Megatron's Adam over `models` with `settings`' lr, weight_decay, betas and grad_clip."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    actor = cfg.actor
     config = OptimizerConfig(
-        optimizer="adam", lr=actor.lr, weight_decay=actor.weight_decay, adam_beta1=actor.betas[0],
-        adam_beta2=actor.betas[1], clip_grad=actor.grad_clip, bf16=cfg.model.dtype == "bfloat16",
+        optimizer="adam", lr=settings.lr, weight_decay=settings.weight_decay, adam_beta1=settings.betas[0],
+        adam_beta2=settings.betas[1], clip_grad=settings.grad_clip, bf16=cfg.model.dtype == "bfloat16",
         params_dtype=DTYPES[cfg.model.dtype], use_distributed_optimizer=False,
     )
     return get_megatron_optimizer(config, models)

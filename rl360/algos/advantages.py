@@ -173,3 +173,28 @@ def gpg_advantage(
     alpha = len(scores) / max(len(scores) - uniform, 1)
     adv = alpha * adv.unsqueeze(-1) * response_mask
     return adv, adv
+
+
+@register_advantage_estimator("gae")
+def gae_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence | None = None,
+    values: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE (Schulman et al., 2016) for PPO: delta_t = r_t + gamma V_{t+1} - V_t over the response tokens
+    (V after the last token is 0; positions outside the mask are skipped), A_t = sum_k (gamma lam)^k
+    delta_{t+k}; returns A_t + V_t are the critic's targets; the advantages are whitened over the batch."""
+    if values is None:
+        raise ValueError("gae needs values: the critic's value of every response position")
+    values = values * response_mask
+    advantages = torch.zeros_like(token_level_rewards)
+    next_value = torch.zeros_like(token_level_rewards[:, 0])
+    running = torch.zeros_like(next_value)
+    for t in reversed(range(token_level_rewards.shape[1])):
+        mask = response_mask[:, t]
+        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        step = delta + gamma * lam * running
+        running = step * mask + running * (1 - mask)  # a masked position passes the later ones through
+        next_value = values[:, t] * mask + next_value * (1 - mask)
+        advantages[:, t] = running
+    returns = (advantages + values) * response_mask
+    return masked_whiten(advantages, response_mask), returns

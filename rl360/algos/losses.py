@@ -147,6 +147,16 @@ def gpg_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch
     return -advantages * logprob, torch.zeros_like(logprob)
 
 
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+               cliprange_value: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped value loss per token, 0.5 max((V - R)^2, (V_clip - R)^2) with V_clip = V_old +
+    clip(V - V_old, -c, c); and where the clipped branch was larger (for `critic/vf_clipfrac`).
+    Aggregate it with `agg_loss`."""
+    clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+    unclipped_loss, clipped_loss = (values - returns).square(), (clipped - returns).square()
+    return 0.5 * torch.maximum(unclipped_loss, clipped_loss), (clipped_loss > unclipped_loss).float()
+
+
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Per-position entropy of softmax(logits) over the last dimension."""
     logp = torch.log_softmax(logits.float(), dim=-1)

@@ -1,0 +1,75 @@
+"""One rank of the PPO critic: the policy's Megatron model with a value head instead of the vocabulary.
+
+It is a `PolicyWorker` in every other respect (parallel state, megatron DDP, optimizer, forward-backward
+schedule, mini-batches and epochs), so the same TP x PP x DP layouts run; only the head, the loss and the
+optimizer settings (`critic.*`) differ. The value of response token j is read where its log-prob is: at
+the position that predicts it (the state before the action).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rl360.actor.batch import RolloutBatch
+from rl360.actor.policy import PolicyWorker, _response_positions_rows
+from rl360.algos.losses import agg_loss, value_loss
+
+
+class ValueHead(nn.Module):
+    """hidden -> 1, in place of GPTModel's output layer (same call signature: returns `(output, bias)`).
+    Replicated on every tensor-parallel rank (hidden states are whole there); starts at zero."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 1, dtype=dtype, device=device)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor, weight=None, runtime_gather_output=None, **_) -> tuple:
+        return self.linear(hidden), None
+
+
+class CriticWorker(PolicyWorker):
+    metric_prefix = "critic"
+
+    def _optimizer_settings(self):
+        return self.cfg.critic
+
+    def _needs_reference(self) -> bool:
+        return False
+
+    def _build_model(self, dtype: torch.dtype) -> list:
+        chunks = super()._build_model(dtype)  # HF weights loaded first, through the bridge's table
+        for chunk in chunks:
+            if chunk.post_process:
+                chunk.output_layer = ValueHead(chunk.config.hidden_size, dtype, next(chunk.parameters()).device)
+            chunk.share_embeddings_and_output_weights = False  # the head is not the embedding
+        return chunks
+
+    def _head_output(self, output: torch.Tensor) -> torch.Tensor:
+        return output[..., 0].float()  # [B, T] values
+
+    def compute_values(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """[B, R] values of the response positions (zero past each response); None off the last stage."""
+        micro = self._micro_batches(batch)
+
+        def collect(values: torch.Tensor, mb: RolloutBatch, non_loss_data: bool = True):
+            return (values[_response_positions_rows(values, mb)] * mb.response_mask).detach()
+
+        with torch.no_grad():
+            outputs = self._schedule(self.models, micro, collect, forward_only=True)
+        return torch.cat(outputs, dim=0).cpu() if self.last_stage else None
+
+    def _loss(self, values: torch.Tensor, mb: RolloutBatch, normalizer: float, num_micro: int):
+        """Clipped value loss of one micro-batch, scaled like the policy's (see `PolicyWorker._loss`)."""
+        mask = mb.response_mask
+        predicted = values[_response_positions_rows(values, mb)]
+        per_token, clipped = value_loss(predicted, mb.values, mb.returns, self.cfg.critic.cliprange_value)
+        loss = agg_loss(per_token, mask, self.cfg.actor.loss_agg_mode, normalizer,
+                        self.cfg.rollout.max_response_length)
+        share = self._tokens_in_mini
+        report = {"critic/vf_loss": loss.item(),
+                  "critic/vf_clipfrac": ((clipped * mask).sum() / share).item(),
+                  "critic/vpred_mean": ((predicted.detach() * mask).sum() / share).item()}
+        return loss * num_micro * self.dp_size, report

@@ -1,0 +1,65 @@
+"""The PPO critic rank in this process: value head, micro-batch invariance of its gradient, learning."""
+
+import pytest
+import torch
+
+from rl360.actor.critic import CriticWorker, ValueHead
+from rl360.actor.policy import PolicyWorker
+from tests.dp_worker import fixed_batch
+from tests.helpers import make_tiny_qwen2
+from tests.test_policy import _config
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_qwen2(str(tmp_path_factory.mktemp("critic")), tie_word_embeddings=True, seed=6)
+
+
+def _with_targets(batch, values):
+    gen = torch.Generator().manual_seed(2)
+    batch.values = values + 0.03 * torch.randn(values.shape, generator=gen) * batch.response_mask
+    batch.returns = 0.1 * torch.randn(values.shape, generator=gen) * batch.response_mask
+    return batch
+
+
+def test_critic_is_the_policy_body_with_a_zero_value_head(megatron_single_rank, model_dir):
+    critic = CriticWorker(_config(model_dir))
+    model = critic.models[0].module
+    assert isinstance(model.output_layer, ValueHead) and not model.share_embeddings_and_output_weights
+    batch = fixed_batch()
+    values = critic.compute_values(batch)
+    assert values.shape == batch.response_mask.shape and values.abs().max() == 0  # head starts at zero
+    policy_body = dict(PolicyWorker(_config(model_dir)).models[0].module.decoder.named_parameters())
+    for name, param in model.decoder.named_parameters():
+        assert torch.equal(param, policy_body[name]), name
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_critic_gradient_does_not_depend_on_micro_batch_split(megatron_single_rank, model_dir, mode):
+    grads = []
+    for micro in (16, 8, 2):
+        critic = CriticWorker(_config(model_dir, f"actor.micro_batch_size={micro}", f"actor.loss_agg_mode={mode}",
+                                      "critic.cliprange_value=0.02"))
+        head = critic.models[0].module.output_layer.linear
+        with torch.no_grad():  # a non-zero head, so the body gets a gradient too
+            head.weight.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+        batch = fixed_batch()
+        batch = _with_targets(batch, critic.compute_values(batch))
+        reports = critic.accumulate_gradients(batch)
+        assert sum(r["critic/vf_clipfrac"] for r in reports) > 0  # some values are clipped
+        grads.append(torch.cat([p.main_grad.flatten().cpu() for p in critic.models[0].parameters()]))
+    assert grads[0].abs().sum() > 0
+    for other in grads[1:]:
+        assert (other - grads[0]).abs().max().item() <= 1e-6
+
+
+def test_critic_updates_reduce_the_value_loss(megatron_single_rank, model_dir):
+    critic = CriticWorker(_config(model_dir, "critic.lr=1e-2", "critic.cliprange_value=10"))
+    batch = fixed_batch()
+    batch.returns = torch.full(batch.response_mask.shape, 0.7) * batch.response_mask
+    losses = []
+    for _ in range(6):
+        batch.values = critic.compute_values(batch)
+        losses.append(critic.update(batch)["critic/vf_loss"])
+    assert losses[-1] < 0.2 * losses[0]
+    assert critic.compute_values(batch)[batch.response_mask > 0].mean().item() == pytest.approx(0.7, abs=0.15)
