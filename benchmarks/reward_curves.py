@@ -1,6 +1,6 @@
 """Train the quickstart with several algorithm presets and plot their reward curves in one image.
 
-    python benchmarks/reward_curves.py --presets grpo dapo gspo --out docs/images/quickstart_rewards.png
+    python benchmarks/reward_curves.py --presets grpo dapo gspo ppo --out docs/images/quickstart_rewards.png
 
 Each preset runs `rl360 train configs/quickstart.yaml configs/algorithms/<preset>.yaml` in its own
 process (skipped when `--reuse` finds its metrics.jsonl already there); the plot shows `reward/mean` per
@@ -37,7 +37,7 @@ def smooth(values: list[float], window: int = 10) -> list[float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--presets", nargs="+", default=["grpo", "dapo", "gspo"])
+    parser.add_argument("--presets", nargs="+", default=["grpo", "dapo", "gspo", "ppo"])
     parser.add_argument("--runs", default="outputs/reward_curves", help="where each preset's run goes")
     parser.add_argument("--out", default="docs/images/quickstart_rewards.png")
     parser.add_argument("--reuse", action="store_true", help="plot existing runs instead of training again")
