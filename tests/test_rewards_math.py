@@ -1,8 +1,10 @@
 """The `math` reward: last \\boxed{} after </think>, compared with math-verify under its own time limit."""
 
+import json
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -10,49 +12,33 @@ import rl360.rewards.math as math_reward
 from rl360.rewards import compute_score, get_reward_fn
 from rl360.rewards.math import MathTimeout, last_boxed, time_limit
 
-P = pytest.param
-MATH_CASES = [
-    P("The answer is \\boxed{9}.", "9", 1.0, id="integer"),
-    P("\\boxed{8}", "9", 0.0, id="wrong-integer"),
-    P("\\boxed{1234}", "1234", 1.0, id="larger-integer"),
-    P("\\boxed{1,000}", "1000", 1.0, id="thousands-separator"),
-    P("\\boxed{-7}", "-7", 1.0, id="negative"),
-    P("\\boxed{7}", "-7", 0.0, id="sign-matters"),
-    P("\\boxed{\\frac{1}{2}}", "0.5", 1.0, id="fraction-vs-decimal"),
-    P("\\boxed{0.5}", "\\frac{1}{2}", 1.0, id="decimal-vs-fraction"),
-    P("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", 1.0, id="nested-braces"),
-    P("\\boxed{\\dfrac{3}{4}}", "3/4", 1.0, id="dfrac-vs-slash"),
-    P("\\boxed{\\tfrac{3}{4}}", "\\frac{3}{4}", 1.0, id="tfrac"),
-    P("\\boxed{-\\frac{2}{3}}", "-2/3", 1.0, id="negative-fraction"),
-    P("\\boxed{\\frac{1}{3}}", "0.5", 0.0, id="wrong-fraction"),
-    P("\\boxed{\\sqrt{2}}", "\\sqrt{2}", 1.0, id="sqrt"),
-    P("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0, id="sqrt-simplified"),
-    P("\\boxed{2\\pi}", "2\\pi", 1.0, id="pi"),
-    P("\\boxed{x+1}", "1+x", 1.0, id="expression-reordered"),
-    P("\\boxed{\\{1,2\\}}", "\\{2,1\\}", 1.0, id="escaped-braces-set"),
-    P("\\boxed{50\\%}", "50\\%", 1.0, id="percent"),
-    P("\\boxed{9}", "\\boxed{9}", 1.0, id="truth-already-boxed"),
-    P("\\boxed {9}", "9", 1.0, id="space-before-brace"),
-    P("so $\\boxed 9$", "9", 1.0, id="boxed-token-without-braces"),
-    P("\\fbox{12}", "12", 1.0, id="fbox"),
-    P("first \\boxed{3} then \\boxed{4}", "4", 1.0, id="last-box-wins"),
-    P("first \\boxed{4} then \\boxed{3}", "4", 0.0, id="earlier-box-ignored"),
-    P("<think>maybe \\boxed{5}</think> so \\boxed{6}", "6", 1.0, id="after-think"),
-    P("<think>maybe \\boxed{6}</think> so \\boxed{5}", "6", 0.0, id="box-inside-think-ignored"),
-    P("<think>\\boxed{6}</think> no box after", "6", 0.0, id="only-box-inside-think"),
-    P("<think>a</think><think>\\boxed{1}</think>\\boxed{2}", "2", 1.0, id="last-think-end"),
-    P("The answer is 9", "9", 0.0, id="no-box"),
-    P("", "9", 0.0, id="empty-response"),
-    P("\\boxed{x+1", "x+1", 0.0, id="unclosed-box"),
-    P("\\boxed{}", "0", 0.0, id="empty-box"),
-    P("\\boxed{banana}", "7", 0.0, id="not-math"),
-]
+LABELLED = Path(__file__).parent / "fixtures" / "math_labelled.jsonl"
+CATEGORIES = {"integer", "fraction", "decimal", "percent", "radical", "constant", "expression", "equation",
+              "interval", "set", "tuple", "complex", "latex-format", "units", "text", "extraction", "malformed"}
 
 
-@pytest.mark.parametrize("response,truth,expected", MATH_CASES)
-def test_math_reward(response, truth, expected):
-    result = compute_score("math__anything", response, truth)
-    assert result["score"] == expected
+def _labelled_cases():
+    """The hand-labelled set: one JSON object a line with `response`, `ground_truth`, `label` (1 when a careful
+    grader accepts the response's boxed answer, 0 when not; a response without a final \\boxed{} is 0, as
+    the prompt asks for one) and `category`."""
+    cases = [json.loads(line) for line in LABELLED.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [pytest.param(case, id=f"{number}-{case['category']}") for number, case in enumerate(cases)]
+
+
+def test_the_labelled_set_is_large_varied_and_well_formed():
+    cases = [param.values[0] for param in _labelled_cases()]
+    assert len(cases) >= 200
+    assert all(set(case) == {"response", "ground_truth", "label", "category"} for case in cases)
+    assert {case["category"] for case in cases} == CATEGORIES
+    assert {case["label"] for case in cases} == {0, 1}
+    assert sum(case["label"] == 0 for case in cases) >= 60  # wrong answers are labelled too
+    assert len({(case["response"], case["ground_truth"]) for case in cases}) == len(cases)
+
+
+@pytest.mark.parametrize("case", _labelled_cases())
+def test_math_reward_agrees_with_the_label(case):
+    result = compute_score("math__anything", case["response"], case["ground_truth"])
+    assert result["score"] == float(case["label"]), case
     assert set(result) == {"score", "pred"}
 
 
