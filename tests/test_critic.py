@@ -42,7 +42,7 @@ def test_critic_gradient_does_not_depend_on_micro_batch_split(megatron_single_ra
                                       "critic.cliprange_value=0.02"))
         head = critic.models[0].module.output_layer.linear
         with torch.no_grad():  # a non-zero head, so the body gets a gradient too
-            head.weight.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+            head.weight.copy_(0.05 * torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(0)))
         batch = fixed_batch()
         batch = _with_targets(batch, critic.compute_values(batch))
         reports = critic.accumulate_gradients(batch)
