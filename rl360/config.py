@@ -107,6 +107,21 @@ class AlgorithmConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """An OpenAI-compatible chat endpoint as LLM judge (rl360.rewards.judge); the key stays in the environment."""
+
+    url: str = ""  # base URL, e.g. http://judge-host:8000/v1 ("": $RL360_JUDGE_URL)
+    model: str = ""  # model name the endpoint serves ("": $RL360_JUDGE_MODEL)
+    api_key_env: str = "RL360_JUDGE_API_KEY"  # environment variable holding the key (else $OPENAI_API_KEY)
+    template: str = "correctness"  # prompt template: correctness | verifier | one from register_template
+    max_concurrency: int = 8  # requests in flight at most, per process
+    timeout_s: float = 60.0  # limit on one request; a timeout is retried
+    max_retries: int = 3  # retries after timeouts, dropped connections, 429 and 5xx (other 4xx: none)
+    backoff_s: float = 1.0  # first retry waits about this long, doubling each time (with jitter)
+    deadline_s: float = 300.0  # total limit per item from its first request, retries included
+
+
+@dataclass
 class RewardConfig:
     num_workers: int = 2  # reward worker processes (0: score in-process, no timeout)
     timeout_s: float = 10.0  # wall-clock limit per reward call; a timeout scores 0 and is counted
@@ -114,6 +129,7 @@ class RewardConfig:
     custom: dict[str, str] = field(default_factory=dict)  # data_source prefix -> "module:function"
     overlong_buffer_len: int = 0  # DAPO overlong penalty: last this many tokens of the budget (0: off)
     overlong_penalty_factor: float = 1.0  # penalty reached at rollout.max_response_length
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass
@@ -172,7 +188,8 @@ POSITIVE = (
     "rollout.num_engines", "rollout.temperature", "actor.ppo_mini_batch_size", "actor.micro_batch_size",
     "actor.ppo_epochs", "actor.parallel.tensor", "actor.parallel.pipeline", "actor.parallel.data",
     "trainer.total_steps", "trainer.weight_bucket_mb", "reward.timeout_s", "tracking.log_every",
-    "actor.rollout_is_threshold", "algorithm.kl_in_reward_horizon",
+    "actor.rollout_is_threshold", "algorithm.kl_in_reward_horizon", "reward.judge.max_concurrency",
+    "reward.judge.timeout_s", "reward.judge.deadline_s",
 )
 NON_NEGATIVE = (
     "actor.lr", "actor.weight_decay", "actor.grad_clip", "actor.clip_ratio_low", "actor.clip_ratio_high",
@@ -181,6 +198,7 @@ NON_NEGATIVE = (
     "algorithm.max_num_gen_batches", "reward.overlong_buffer_len", "reward.overlong_penalty_factor",
     "algorithm.kl_in_reward_coef", "algorithm.kl_in_reward_target", "critic.lr", "critic.weight_decay",
     "critic.grad_clip", "critic.cliprange_value", "critic.warmup_steps", "algorithm.gamma", "algorithm.lam",
+    "reward.judge.max_retries", "reward.judge.backoff_s",
 )
 
 

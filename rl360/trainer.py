@@ -23,6 +23,7 @@ from rl360.cluster import WorkerGroup, start_ray
 from rl360.config import RunConfig, to_dict
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream, scan_data_sources
 from rl360.rewards import RewardItem, RewardPool, check_data_sources, register_reward_path
+from rl360.rewards.judge import judge_env
 from rl360.rollout.base import Sample, SamplingParams
 from rl360.rollout.hf_engine import HFEngine
 from rl360.tracking.tracker import Tracker
@@ -56,6 +57,7 @@ def train(cfg: RunConfig) -> Path:
         if use_critic else None
     engine = WorkerGroup(HFEngine, cfg.rollout.num_engines, cfg.model.path, use_gpu=use_gpu, name="rollout",
                          distributed=False, num_threads=cfg.trainer.num_threads).actors[0]
+    os.environ.update(judge_env(cfg.reward.judge))  # reward workers inherit the LLM-judge settings
     rewards = RewardPool(cfg.reward.num_workers, cfg.reward.timeout_s,
                          int(cfg.reward.max_memory_gb * (1 << 30)) or None)
     tracker = Tracker(out, to_dict(cfg), cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,

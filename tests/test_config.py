@@ -26,7 +26,7 @@ def test_unknown_nested_key_in_yaml_names_file(tmp_path):
 
 
 def test_bad_choice_names_allowed_values():
-    with pytest.raises(ConfigError, match=r"algorithm\.adv_estimator='foo'.*\['grpo', .*'rloo'\]"):
+    with pytest.raises(ConfigError, match=r"algorithm\.adv_estimator='foo'.*\[.*'grpo', .*'rloo'.*\]"):
         load_config(None, BASE + ["algorithm.adv_estimator=foo"])
 
 
