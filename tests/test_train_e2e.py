@@ -101,19 +101,14 @@ def test_dapo_dynamic_sampling_run(tmp_path):
             assert record["dynamic_sampling/filled_groups"] == 0
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
-                    reason="two NCCL ranks need two GPUs (on CPU the ranks use gloo)")
-@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
-def test_model_parallel_run_keeps_engine_and_trainer_in_step(tmp_path, tp, pp):
-    """Two steps with the policy split over two ranks: the weights each rank streams into the engine after
-    an update are the trainer's (the engine's log-probs equal the trainer's), and the saved model loads."""
+def _short_run(tmp_path, *overrides: str) -> tuple:
+    """Two steps of the quickstart model on eight addition prompts; (output dir, metric records)."""
     model = build_quickstart_model(tmp_path / "model")
     rows = [_row(f"{a}+{a}", str(2 * a)) for a in range(8)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
     cfg = load_config("configs/quickstart.yaml", [
         f"output_dir={tmp_path / 'out'}", f"model.path={model}", f"data.train_files=[{tmp_path / 'train.parquet'}]",
-        "data.batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2", "trainer.total_steps=2",
-        f"actor.parallel.tensor={tp}", f"actor.parallel.pipeline={pp}", "actor.micro_batch_size=3",
+        "data.batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2", "trainer.total_steps=2", *overrides,
     ])
     try:
         out = train(cfg)
@@ -121,6 +116,17 @@ def test_model_parallel_run_keeps_engine_and_trainer_in_step(tmp_path, tp, pp):
         ray.shutdown()
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
+    return out, records
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
+                    reason="two NCCL ranks need two GPUs (on CPU the ranks use gloo)")
+@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def test_model_parallel_run_keeps_engine_and_trainer_in_step(tmp_path, tp, pp):
+    """Two steps with the policy split over two ranks: the weights each rank streams into the engine after
+    an update are the trainer's (the engine's log-probs equal the trainer's), and the saved model loads."""
+    out, records = _short_run(tmp_path, f"actor.parallel.tensor={tp}", f"actor.parallel.pipeline={pp}",
+                              "actor.micro_batch_size=3")
     assert all(r["rollout/logprob_abs_diff"] <= 1e-4 and r["actor/pg_loss"] is not None for r in records)
     AutoModelForCausalLM.from_pretrained(out / "hf")
 
@@ -131,20 +137,7 @@ def test_model_parallel_run_keeps_engine_and_trainer_in_step(tmp_path, tp, pp):
     (["configs/algorithms/ppo.yaml", "critic.warmup_steps=1"], "critic/vf_loss"),
 ], ids=["remax", "gpg", "ppo"])
 def test_remax_gpg_and_ppo_runs(tmp_path, overrides, metric):
-    model = build_quickstart_model(tmp_path / "model")
-    rows = [_row(f"{a}+{a}", str(2 * a)) for a in range(8)]
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
-    cfg = load_config("configs/quickstart.yaml", [
-        f"output_dir={tmp_path / 'out'}", f"model.path={model}", f"data.train_files=[{tmp_path / 'train.parquet'}]",
-        "data.batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2", "trainer.total_steps=2",
-        "trainer.save_hf=false", *overrides,
-    ])
-    try:
-        out = train(cfg)
-    finally:
-        ray.shutdown()
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2]
+    _, records = _short_run(tmp_path, "trainer.save_hf=false", *overrides)
     assert all(r[metric] is not None and math.isfinite(r[metric]) for r in records)
     if metric == "critic/vf_loss":  # one warm-up step trains only the critic
         assert "actor/pg_loss" not in records[0] and "actor/pg_loss" in records[1]
