@@ -69,7 +69,7 @@ class ActorConfig:
     clip_ratio_low: float = 0.2  # PPO clip: ratio >= 1 - clip_ratio_low
     clip_ratio_high: float = 0.2  # PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher: 0.28)
     clip_ratio_c: float = 0.0  # dual clip: loss of negative advantages at most -A * c (0: off; usual 3.0)
-    loss_mode: str = "vanilla"  # policy loss: vanilla (PPO clip) | gspo | gspo_token
+    loss_mode: str = "vanilla"  # policy loss: vanilla (PPO clip) | gspo | gspo_token | gpg (plain -A log pi)
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
     entropy_coeff: float = 0.0  # weight of the entropy bonus (subtracted from the loss)
     rollout_correction: str = "none"  # none | tis (truncated IS weights) | mask (drop tokens outside range)
@@ -146,6 +146,9 @@ class TrainerConfig:
     save_hf: bool = True  # write a Hugging Face checkpoint to <output_dir>/hf at the end
     weight_bucket_mb: float = 64.0  # bound on one weight-sync bucket, in MiB
     num_threads: int = 0  # torch threads per worker (0: leave torch's default)
+    save_every: int = 0  # write a resumable checkpoint every this many steps, and at the end (0: never)
+    keep_checkpoints: int = 2  # newest checkpoints kept under <output_dir>/checkpoints
+    resume: bool = True  # continue from <output_dir>/checkpoints/latest when it exists
 
 
 @dataclass
@@ -189,6 +192,7 @@ POSITIVE = (
     "actor.ppo_epochs", "actor.parallel.tensor", "actor.parallel.pipeline", "actor.parallel.data",
     "trainer.total_steps", "trainer.weight_bucket_mb", "reward.timeout_s", "tracking.log_every",
     "actor.rollout_is_threshold", "algorithm.kl_in_reward_horizon", "reward.judge.max_concurrency",
+    "trainer.keep_checkpoints",
     "reward.judge.timeout_s", "reward.judge.deadline_s",
 )
 NON_NEGATIVE = (
@@ -198,7 +202,7 @@ NON_NEGATIVE = (
     "algorithm.max_num_gen_batches", "reward.overlong_buffer_len", "reward.overlong_penalty_factor",
     "algorithm.kl_in_reward_coef", "algorithm.kl_in_reward_target", "critic.lr", "critic.weight_decay",
     "critic.grad_clip", "critic.cliprange_value", "critic.warmup_steps", "algorithm.gamma", "algorithm.lam",
-    "reward.judge.max_retries", "reward.judge.backoff_s",
+    "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every",
 )
 
 
@@ -288,6 +292,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.reward.overlong_buffer_len >= cfg.rollout.max_response_length:
         raise ConfigError(f"reward.overlong_buffer_len={cfg.reward.overlong_buffer_len} must be < "
                           f"rollout.max_response_length={cfg.rollout.max_response_length}")
+    for key in ("algorithm.gamma", "algorithm.lam"):
+        if _get(cfg, key) > 1.0:
+            raise ConfigError(f"{key}={_get(cfg, key)!r} must be in [0, 1]")
     if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1.0:
         raise ConfigError(f"actor.clip_ratio_c={cfg.actor.clip_ratio_c} must be > 1 (or 0 to disable dual clip)")
     if cfg.algorithm.adv_estimator not in ("reinforce_plus_plus", "remax", "gae") and cfg.rollout.n < 2:

@@ -19,6 +19,7 @@ from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
 from rl360.algos.kl_control import KLController
 from rl360.algos.losses import kl_penalty
+from rl360.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl360.cluster import WorkerGroup, start_ray
 from rl360.config import RunConfig, to_dict
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream, scan_data_sources
@@ -60,14 +61,25 @@ def train(cfg: RunConfig) -> Path:
     os.environ.update(judge_env(cfg.reward.judge))  # reward workers inherit the LLM-judge settings
     rewards = RewardPool(cfg.reward.num_workers, cfg.reward.timeout_s,
                          int(cfg.reward.max_memory_gb * (1 << 30)) or None)
-    tracker = Tracker(out, to_dict(cfg), cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
-                      cfg.tracking.log_every)
     estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
     kl_control = KLController(cfg.algorithm.kl_in_reward_coef, cfg.algorithm.kl_in_reward_target,
                               cfg.algorithm.kl_in_reward_horizon)
+    models = {"policy": policy, **({"critic": critic} if critic is not None else {})}
+    checkpoints = out / "checkpoints"
+    resumed = latest_checkpoint(checkpoints) if cfg.trainer.resume else None
+    first_step = 1
+    if resumed is not None:  # weights, optimizer, data position, KL coefficient; then the engine catches up
+        state = load_checkpoint(resumed, models)
+        stream.load_state_dict(state["data"])
+        kl_control.coef = state["kl_coef"]
+        first_step = state["step"] + 1
+        sync_weights(policy, [engine], version=state["step"])
+        print(f"resumed from {resumed} at step {first_step}", flush=True)
+    tracker = Tracker(out, to_dict(cfg), cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
+                      cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None)
     batches = iter(stream)
     try:
-        for step in range(1, cfg.trainer.total_steps + 1):
+        for step in range(first_step, cfg.trainer.total_steps + 1):
             started = time.perf_counter()
             timing: dict[str, float] = {}
 
@@ -124,6 +136,12 @@ def train(cfg: RunConfig) -> Path:
                 "timing/step_s": time.perf_counter() - started,
             }
             tracker.log(step, metrics)
+
+            # 8. a resumable checkpoint now and then, and at the end
+            every = cfg.trainer.save_every
+            if every and (step % every == 0 or step == cfg.trainer.total_steps):
+                save_checkpoint(checkpoints, step, models, {"data": stream.state_dict(), "kl_coef": kl_control.coef},
+                                cfg.trainer.keep_checkpoints)
         if cfg.trainer.save_hf:  # data-parallel replicas hold the same weights: replica 0 writes them
             policy.save_hf(str(out / "hf"))
             tokenizer.save_pretrained(str(out / "hf"))
@@ -231,11 +249,12 @@ def rollout_and_score(rows: list[dict], engine, rewards: RewardPool, renderer: P
 
 def greedy_baselines(scored: Scored, engine, rewards: RewardPool, renderer: PromptRenderer, tokenizer,
                      cfg: RunConfig, timing: dict[str, float], metrics: dict[str, float]) -> torch.Tensor:
-    """[num samples] ReMax baselines: each prompt's greedy (top-1) response, scored like the samples and
-    repeated for the prompt's `n` samples. The greedy responses are not trained on."""
-    greedy_cfg = replace(cfg, rollout=replace(cfg.rollout, n=1, top_k=1))
+    """[num samples] ReMax baselines: each prompt's greedy (temperature 0) response, scored like the samples
+    and repeated for the prompt's `n` samples. The greedy responses are not trained on; their reward calls,
+    timeouts and errors count in `metrics` with the samples'."""
+    greedy_cfg = replace(cfg, rollout=replace(cfg.rollout, n=1, temperature=0.0))
     greedy = rollout_and_score(scored.rows[::scored.n], engine, rewards, renderer, tokenizer, greedy_cfg, seed=0,
-                               timing=timing, metrics={})
+                               timing=timing, metrics=metrics)
     metrics["reward/greedy_baseline_mean"] = greedy.scores.mean().item()
     return greedy.scores.repeat_interleave(scored.n)
 

@@ -254,20 +254,25 @@ def test_remax_subtracts_the_greedy_score_from_the_return_to_go():
 
 
 def test_gpg_scales_group_centred_scores_by_the_share_of_informative_responses():
-    scores, index, mask, rewards = _inputs(4)
+    scores, index, mask, _ = _inputs(4)
     scores[:4] = torch.tensor([1.0, 0.0, 0.0, 1.0])  # group 0 varies; group 2 is uniform; group 3 is one
-    scores[4:8] = torch.tensor([0.0, 0.0, 0.0, 0.0])  # group 1 uniform too
-    last = mask.sum(-1).long() - 1
+    scores[4:8] = torch.tensor([0.0, 1.0, 1.0, 0.0])  # group 1 varies too ...
+    mask[6] = 0  # ... and has an empty response: its score counts in the group mean, its advantage is 0
     rewards = torch.zeros(12, 5)
-    rewards[torch.arange(12), last] = scores
-    adv, _ = get_advantage_estimator("gpg")(rewards, mask, index)
+    rewards[torch.arange(12), (mask.sum(-1).long() - 1).clamp(min=0)] = scores
+    adv, returns = get_advantage_estimator("gpg")(rewards, mask, index)
     informative = [i for i in range(12) if len({scores[j].item() for j in range(12) if index[j] == index[i]}) > 1]
-    alpha = 12 / len(informative)  # B / (B - M)
+    alpha = 12 / len(informative)  # B / (B - M), M responses in uniform groups (and groups of one)
+    assert alpha == 1.5
     for i in range(12):
         group = [scores[j].item() for j in range(12) if index[j] == index[i]]
         expected = alpha * (scores[i].item() - sum(group) / len(group)) if i in informative else 0.0
         torch.testing.assert_close(adv[i], expected * mask[i])
-    assert alpha == 3.0
+    assert adv[6].abs().max() == 0 and adv[5, 0].item() == pytest.approx(1.5 * 0.5)
+    assert torch.equal(adv, returns)
+    uniform = torch.zeros(4, 2)  # every group uniform: no signal, and no division by zero
+    adv, _ = get_advantage_estimator("gpg")(uniform, torch.ones(4, 2), [0, 0, 1, 1])
+    assert adv.abs().max() == 0
 
 
 def test_gpg_loss_is_the_plain_policy_gradient():
@@ -329,3 +334,13 @@ def test_value_loss_clips_the_move_away_from_the_old_value():
     assert clipped[0].tolist() == [0.0, 1.0, 1.0, 0.0]
     loss.sum().backward()
     assert new.grad[0, 1] == 0 and new.grad[0, 0] != 0  # no gradient through the clipped branch
+
+
+@pytest.mark.parametrize("key", ["algorithm.gamma", "algorithm.lam"])
+def test_discount_and_lambda_outside_the_unit_interval_are_config_errors(key):
+    from rl360.config import ConfigError, load_config
+
+    base = ["model.path=m", "data.train_files=[t.parquet]"]
+    load_config(None, [*base, f"{key}=0.95"])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.") + "=1.5 must be in"):
+        load_config(None, [*base, f"{key}=1.5"])

@@ -40,7 +40,7 @@ def test_critic_gradient_does_not_depend_on_micro_batch_split(megatron_single_ra
     for micro in (16, 8, 2):
         critic = CriticWorker(_config(model_dir, f"actor.micro_batch_size={micro}", f"actor.loss_agg_mode={mode}",
                                       "critic.cliprange_value=0.02"))
-        head = critic.models[0].module.output_layer.linear
+        head = critic.models[0].module.output_layer
         with torch.no_grad():  # a non-zero head, so the body gets a gradient too
             head.weight.copy_(0.05 * torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(0)))
         batch = fixed_batch()
@@ -63,3 +63,33 @@ def test_critic_updates_reduce_the_value_loss(megatron_single_rank, model_dir):
         losses.append(critic.update(batch)["critic/vf_loss"])
     assert losses[-1] < 0.2 * losses[0]
     assert critic.compute_values(batch)[batch.response_mask > 0].mean().item() == pytest.approx(0.7, abs=0.15)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
+                    reason="two NCCL ranks need two GPUs (on CPU the ranks use gloo)")
+@pytest.mark.parametrize("tp, pp, mode", [(2, 1, "token-mean"), (1, 2, "seq-mean-token-mean")])
+def test_model_parallel_critic_matches_one_rank(megatron_single_rank, model_dir, tmp_path, tp, pp, mode):
+    """At TP=2 (value head replicated on both ranks) and PP=2 (tied embeddings untied from the head): the
+    same values and the same gradient, body and head, as the one-rank critic, with uneven micro-batches."""
+    from safetensors.torch import load_file
+
+    from rl360.cluster.launch import run_ranks
+    from tests.critic_parallel_worker import config, values_and_gradient
+
+    expected_values, expected_gradient = values_and_gradient(CriticWorker(config(model_dir, mode, 1, 1, 3)))
+    run_ranks("tests.critic_parallel_worker:main", tp * pp, [model_dir, str(tmp_path), mode, str(tp), str(pp), "3"],
+              timeout_s=600)
+    last_stage = list(range(tp * pp - tp, tp * pp))
+    assert [r for r in range(tp * pp) if (tmp_path / f"values_rank{r}.pt").exists()] == last_stage
+    assert expected_values.abs().max() > 0
+    for rank in last_stage:
+        torch.testing.assert_close(torch.load(tmp_path / f"values_rank{rank}.pt"), expected_values, atol=1e-5, rtol=0)
+    assert all(t.abs().sum() > 0 for name, t in expected_gradient.items() if name.startswith("value_head."))
+    assert any(t.abs().sum() > 0 for name, t in expected_gradient.items() if not name.startswith("value_head."))
+    for rank in range(tp * pp):
+        gradient = load_file(tmp_path / f"gradient_rank{rank}.safetensors")
+        head = {"value_head.weight", "value_head.bias"} if rank in last_stage else set()
+        assert sorted(gradient) == sorted(name for name in expected_gradient
+                                          if not name.startswith("value_head.") or name in head)
+        for name, tensor in gradient.items():
+            assert (tensor - expected_gradient[name]).abs().max().item() <= 1e-6, (rank, name)

@@ -52,6 +52,26 @@ def test_top_k_one_is_greedy(model_dir):
     assert len({tuple(s.response_ids) for s in samples}) == 1
 
 
+def test_temperature_zero_decodes_the_argmax_with_plain_logprobs(model_dir):
+    """Greedy decoding (ReMax's baseline rollouts): every token is the argmax of a plain forward pass over
+    the prompt and the tokens so far, whatever the seed, and its log-prob is that of temperature 1."""
+    engine = HFEngine(model_dir)
+    prompts = [[5, 6, 7, 8, 9], [10, 11]]  # different lengths: left padding
+    groups = engine.generate(prompts, SamplingParams(n=2, temperature=0.0, max_new_tokens=6, seed=3))
+    reseeded = engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=6, seed=99))
+    reference = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    for prompt, group, other in zip(prompts, groups, reseeded):
+        assert group[0].response_ids == group[1].response_ids == other[0].response_ids
+        ids = torch.tensor([prompt + group[0].response_ids])
+        with torch.no_grad():
+            logits = reference(ids).logits[0, len(prompt) - 1:-1]
+        assert group[0].response_ids == logits.argmax(-1).tolist()
+        expected = torch.log_softmax(logits, -1).max(-1).values
+        torch.testing.assert_close(torch.tensor(group[0].logprobs), expected, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate(prompts, SamplingParams(temperature=-1.0))
+
+
 def test_weight_update_by_hf_name_changes_outputs_and_checks_completeness(model_dir):
     engine = HFEngine(model_dir)
     donor = AutoModelForCausalLM.from_pretrained(make_tiny_qwen2(model_dir + "_donor", False, seed=2))

@@ -131,13 +131,17 @@ def test_model_parallel_run_keeps_engine_and_trainer_in_step(tmp_path, tp, pp):
     AutoModelForCausalLM.from_pretrained(out / "hf")
 
 
-@pytest.mark.parametrize("overrides, metric", [
-    (["algorithm.adv_estimator=remax", "rollout.n=2"], "reward/greedy_baseline_mean"),
-    (["algorithm.adv_estimator=gpg", "actor.loss_mode=gpg"], "actor/pg_loss"),
-    (["configs/algorithms/ppo.yaml", "critic.warmup_steps=1"], "critic/vf_loss"),
+@pytest.mark.parametrize("overrides, metrics", [
+    (["algorithm.adv_estimator=remax", "rollout.n=2"], ["reward/greedy_baseline_mean"]),
+    (["algorithm.adv_estimator=gpg", "actor.loss_mode=gpg"], ["actor/pg_loss"]),
+    (["configs/algorithms/ppo.yaml", "critic.warmup_steps=1"],
+     ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "reward/kl"]),
 ], ids=["remax", "gpg", "ppo"])
-def test_remax_gpg_and_ppo_runs(tmp_path, overrides, metric):
+def test_remax_gpg_and_ppo_runs(tmp_path, overrides, metrics):
     _, records = _short_run(tmp_path, "trainer.save_hf=false", *overrides)
-    assert all(r[metric] is not None and math.isfinite(r[metric]) for r in records)
-    if metric == "critic/vf_loss":  # one warm-up step trains only the critic
+    for record in records:
+        assert all(record.get(m) is not None and math.isfinite(record[m]) for m in metrics), record
+    if "algorithm.adv_estimator=remax" in overrides:  # 4 prompts x 2 samples, and one greedy response each
+        assert all(r["reward/calls"] == 4 * 2 + 4 and 0 <= r["reward/greedy_baseline_mean"] <= 1 for r in records)
+    if "critic.warmup_steps=1" in overrides:  # one warm-up step trains only the critic
         assert "actor/pg_loss" not in records[0] and "actor/pg_loss" in records[1]

@@ -16,18 +16,18 @@ from rl360.actor.policy import PolicyWorker, _response_positions_rows
 from rl360.algos.losses import agg_loss, value_loss
 
 
-class ValueHead(nn.Module):
-    """hidden -> 1, in place of GPTModel's output layer (same call signature: returns `(output, bias)`).
+class ValueHead(nn.Linear):
+    """hidden -> 1, in place of GPTModel's output layer (same call signature: returns `(output, bias)`; its
+    parameters are `output_layer.weight` / `.bias`, the names megatron's sharded state dict expects).
     Replicated on every tensor-parallel rank (hidden states are whole there); starts at zero."""
 
     def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device):
-        super().__init__()
-        self.linear = nn.Linear(hidden_size, 1, dtype=dtype, device=device)
-        nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
+        super().__init__(hidden_size, 1, dtype=dtype, device=device)
+        nn.init.zeros_(self.weight)
+        nn.init.zeros_(self.bias)
 
     def forward(self, hidden: torch.Tensor, weight=None, runtime_gather_output=None, **_) -> tuple:
-        return self.linear(hidden), None
+        return super().forward(hidden), None
 
 
 class CriticWorker(PolicyWorker):

@@ -250,6 +250,31 @@ class PolicyWorker:
         self.bridge.save_hf_pretrained([_unwrap(m) for m in self.models], out_dir)
         return out_dir
 
+    # ---- resumable checkpoints ------------------------------------------------------------------
+
+    def save_checkpoint(self, ckpt_dir: str) -> None:
+        """Weights and optimizer state as a megatron-core distributed checkpoint (every rank takes part)."""
+        from megatron.core import dist_checkpointing
+
+        if torch.distributed.get_rank() == 0:
+            os.makedirs(ckpt_dir, exist_ok=True)
+        torch.distributed.barrier()
+        dist_checkpointing.save(self._checkpoint_state(), ckpt_dir)
+
+    def load_checkpoint(self, ckpt_dir: str) -> None:
+        """Restore what `save_checkpoint` wrote (the same TP x PP layout or another)."""
+        from megatron.core import dist_checkpointing
+
+        state = dist_checkpointing.load(self._checkpoint_state(loading=True), ckpt_dir)
+        _unwrap(self.models[0]).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def _checkpoint_state(self, loading: bool = False) -> dict:
+        """Sharded weights and optimizer state; when loading, the optimizer first creates its (lazily made)
+        Adam moments so the checkpoint has somewhere to go."""
+        model_state = _unwrap(self.models[0]).sharded_state_dict()
+        return {"model": model_state, "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=loading)}
+
 
 def token_logprobs(logits: torch.Tensor, mb: RolloutBatch, temperature: float) -> torch.Tensor:
     """[B, R] log-softmax(logits / temperature) at each response token (`logits` over the full vocabulary)."""

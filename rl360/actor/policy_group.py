@@ -28,6 +28,10 @@ class PolicyGroup:
         if [dp for dp, _ in self._returning] != list(range(self.dp_size)):
             raise RuntimeError(f"expected one result rank per data-parallel replica, got layouts {self.layouts}")
 
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """`method(*args)` on every rank; the results in rank order."""
+        return self.workers.call(method, *args)
+
     def shard_call(self, method: str, batch: RolloutBatch, *args: Any) -> list[Any]:
         """`method(shard, *args)` on every rank, replica i getting the i-th contiguous shard of `batch`;
         the results of the replicas' result ranks, in data-parallel order."""

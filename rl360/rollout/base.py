@@ -11,7 +11,7 @@ import torch
 @dataclass
 class SamplingParams:
     n: int = 1  # responses per prompt
-    temperature: float = 1.0
+    temperature: float = 1.0  # 0: greedy (the most likely token at every step)
     top_p: float = 1.0
     top_k: int = -1  # -1: no top-k
     max_new_tokens: int = 256

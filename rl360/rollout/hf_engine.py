@@ -2,6 +2,8 @@
 
 Sampling is a plain KV-cached decode loop over a left-padded batch, so the log-prob of every sampled
 token comes from exactly the distribution it was drawn from (temperature applied, before top-k/top-p).
+Temperature 0 decodes greedily (the most likely token at every step, no randomness); its log-probs are
+those of the model's plain distribution (temperature 1).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
+        if params.temperature < 0:
+            raise ValueError(f"temperature={params.temperature} must be >= 0 (0: greedy decoding)")
         expanded = [p for p in prompts for _ in range(params.n)]
         generator = torch.Generator(device=self.device).manual_seed(params.seed)
         tokens, logprobs, finished = self._decode(expanded, params, generator)
@@ -58,9 +62,13 @@ class HFEngine:
             output = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
                                 past_key_values=cache, use_cache=True)
             cache = output.past_key_values
-            logits = output.logits[:, -1, :].float() / params.temperature
+            logits = output.logits[:, -1, :].float()
+            if params.temperature > 0:
+                logits = logits / params.temperature
+                token = torch.multinomial(_filtered_probs(logits, params), 1, generator=generator).squeeze(-1)
+            else:  # greedy
+                token = logits.argmax(dim=-1)
             logp = torch.log_softmax(logits, dim=-1)
-            token = torch.multinomial(_filtered_probs(logits, params), 1, generator=generator).squeeze(-1)
             running = finished == 0
             token = torch.where(running, token, torch.full_like(token, self.pad_id))
             out_tokens.append(token)
@@ -74,8 +82,8 @@ class HFEngine:
         return torch.stack(out_tokens, 1).cpu(), torch.stack(out_logprobs, 1).cpu(), finished.cpu()
 
     def update_weights(self, bucket: WeightBucket, version: int) -> None:
-        if version != self.version + 1 and version != self.version:
-            raise ValueError(f"weight version {version} does not follow the served version {self.version}")
+        if version < self.version:  # newer versions may skip numbers (a resumed run starts at its step)
+            raise ValueError(f"weight version {version} is older than the served version {self.version}")
         with torch.no_grad():
             for name, tensor in bucket:
                 if name not in self._params:

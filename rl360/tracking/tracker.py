@@ -19,10 +19,15 @@ CONSOLE_KEYS = {  # metric -> its label on the console line
 class Tracker:
     def __init__(self, output_dir: str | Path, config: dict[str, Any], use_wandb: bool = False,
                  project: str = "rl360", run_name: str = "", log_every: int = 1,
-                 console: TextIO = sys.stdout):
+                 console: TextIO = sys.stdout, resume_after_step: int | None = None):
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if resume_after_step is not None and self.path.exists():  # steps after the checkpoint are re-run
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resume_after_step]
         self._file = self.path.open("w")
+        self._file.write("".join(line + "\n" for line in kept))
         self._console = console
         self.log_every = log_every
         self._wandb = None
