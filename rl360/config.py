@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from rl360.algos.advantages import advantage_estimators
-from rl360.algos.losses import AGG_MODES, KL_ESTIMATORS, policy_losses
+from rl360.algos.losses import AGG_MODES, KL_ESTIMATORS, ROLLOUT_IS_LEVELS, policy_losses
 
 
 class ConfigError(ValueError):
@@ -75,6 +75,8 @@ class ActorConfig:
     rollout_correction: str = "none"  # none | tis (truncated IS weights) | mask (drop tokens outside range)
     rollout_is_threshold: float = 2.0  # upper bound C of pi_old / pi_engine (tis: cap; mask: keep <= C)
     rollout_is_threshold_lower: float = 0.0  # mask: keep ratios >= this (0: 1 / rollout_is_threshold)
+    rollout_is_level: str = "token"  # ratio per token | sequence (product) | geometric (product^(1/|y|))
+    rollout_is_veto_threshold: float = 0.0  # > 0: weight 0 for a response with any token ratio below this
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
@@ -181,6 +183,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "actor.loss_agg_mode": AGG_MODES,
     "actor.loss_mode": tuple(policy_losses()),
     "actor.rollout_correction": ("none", "tis", "mask"),
+    "actor.rollout_is_level": ROLLOUT_IS_LEVELS,
     "algorithm.adv_estimator": tuple(advantage_estimators()),
     "algorithm.kl_estimator": KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS),
 }
@@ -198,6 +201,7 @@ POSITIVE = (
 NON_NEGATIVE = (
     "actor.lr", "actor.weight_decay", "actor.grad_clip", "actor.clip_ratio_low", "actor.clip_ratio_high",
     "actor.clip_ratio_c", "actor.entropy_coeff", "actor.rollout_is_threshold_lower",
+    "actor.rollout_is_veto_threshold",
     "algorithm.kl_coef", "reward.num_workers", "reward.max_memory_gb", "trainer.num_threads",
     "algorithm.max_num_gen_batches", "reward.overlong_buffer_len", "reward.overlong_penalty_factor",
     "algorithm.kl_in_reward_coef", "algorithm.kl_in_reward_target", "critic.lr", "critic.weight_decay",

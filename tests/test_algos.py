@@ -222,6 +222,39 @@ def test_rollout_correction_weights():
     assert rollout_correction(old, engine, "none", 2.0).tolist() == [[1.0] * 4]
 
 
+def test_rollout_correction_sequence_levels_and_veto():
+    """Sequence and geometric ratios against a per-response loop; masked tokens never count."""
+    from rl360.algos.losses import rollout_correction
+
+    generator = torch.Generator().manual_seed(3)
+    old = -torch.rand(5, 7, generator=generator) * 3
+    engine = old + torch.randn(5, 7, generator=generator) * 0.3
+    mask = torch.ones(5, 7)
+    mask[1, 4:] = 0
+    mask[2] = 0  # a fully masked (empty) response
+    engine[1, 5] = old[1, 5] + 50.0  # a huge mismatch under the mask changes nothing
+    for level in ("sequence", "geometric"):
+        for mode, upper in (("tis", 1.5), ("mask", 1.2)):
+            got = rollout_correction(old, engine, mode, upper, 0.0, mask, level)
+            for row in range(5):
+                diffs = [(old[row, t] - engine[row, t]).item() for t in range(7) if mask[row, t]]
+                log_rho = sum(diffs) / (max(len(diffs), 1) if level == "geometric" else 1)
+                rho = math.exp(log_rho)
+                want = min(rho, upper) if mode == "tis" else float(1 / upper <= rho <= upper)
+                assert got[row].tolist() == pytest.approx([want] * 7, rel=1e-5), (level, mode, row)
+    assert rollout_correction(old, engine, "tis", 2.0, 0.0, mask, "sequence")[2].tolist() == [1.0] * 7
+
+    # veto: one token far less likely under the trainer zeroes its whole response, at any level
+    engine[3, 2] = old[3, 2] + 8.0  # rho_t = e^-8
+    for level in ("token", "sequence", "geometric"):
+        vetoed = rollout_correction(old, engine, "tis", 2.0, 0.0, mask, level, veto=1e-3)
+        assert vetoed[3].tolist() == [0.0] * 7
+        kept = rollout_correction(old, engine, "tis", 2.0, 0.0, mask, level)
+        assert torch.equal(vetoed[[0, 1, 2, 4]], kept[[0, 1, 2, 4]])
+    with pytest.raises(KeyError, match="rollout_is_level"):
+        rollout_correction(old, engine, "tis", 2.0, 0.0, mask, "segment")
+
+
 def test_kl_controller_fixed_and_adaptive():
     from rl360.algos.kl_control import KLController
 

@@ -136,3 +136,28 @@ def test_truncated_importance_sampling_scales_each_tokens_gradient(megatron_sing
     want = torch.cat([p.main_grad.flatten() for p in plain.models[0].parameters()])
     assert want.abs().sum() > 0
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_sequence_level_masked_importance_sampling_drops_whole_responses(megatron_single_rank, model_dir):
+    """At sequence level a response whose product of ratios leaves [1/C, C] is masked out entirely: the
+    gradient is that of the plain loss with those responses' advantages set to zero."""
+    from tests.dp_worker import fixed_batch
+
+    batch = fixed_batch()
+    plain = PolicyWorker(_config(model_dir, "actor.micro_batch_size=4"))
+    batch.old_logprobs = plain.compute_logprobs(batch)
+    batch.rollout_logprobs = batch.old_logprobs.clone()
+    batch.rollout_logprobs[:4] -= 0.4  # per token 1.49, within [1/C, C]; over 2 or 6 tokens, outside it
+    corrected = PolicyWorker(_config(model_dir, "actor.micro_batch_size=4", "actor.rollout_correction=mask",
+                                     "actor.rollout_is_level=sequence", "actor.rollout_is_threshold=2.0"))
+    reports = corrected.accumulate_gradients(batch)
+    expected_batch = batch.select(slice(None))
+    expected_batch.advantages = batch.advantages.clone()
+    expected_batch.advantages[:4] = 0.0
+    plain.accumulate_gradients(expected_batch)
+    got = torch.cat([p.main_grad.flatten() for p in corrected.models[0].parameters()])
+    want = torch.cat([p.main_grad.flatten() for p in plain.models[0].parameters()])
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    dropped = sum(report["rollout_correction/zero_weight_frac"] for report in reports)
+    assert dropped == pytest.approx(batch.response_mask[:4].sum().item() / batch.response_mask.sum().item())

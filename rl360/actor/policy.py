@@ -173,7 +173,8 @@ class PolicyWorker:
 
         pg_tokens, clipped = get_policy_loss(cfg.loss_mode)(logprob, mb.old_logprobs, mb.advantages, mask, cfg)
         is_weights = rollout_correction(mb.old_logprobs, mb.rollout_logprobs, cfg.rollout_correction,
-                                        cfg.rollout_is_threshold, cfg.rollout_is_threshold_lower)
+                                        cfg.rollout_is_threshold, cfg.rollout_is_threshold_lower, mask,
+                                        cfg.rollout_is_level, cfg.rollout_is_veto_threshold)
         pg_loss = aggregate(pg_tokens * is_weights)
         loss = pg_loss
         report = {"actor/pg_loss": pg_loss.item()}
@@ -189,6 +190,7 @@ class PolicyWorker:
         report["actor/ppo_kl"] = token_mean(mb.old_logprobs - logprob)
         if cfg.rollout_correction != "none":
             report["rollout_correction/mean_weight"] = token_mean(is_weights)
+            report["rollout_correction/zero_weight_frac"] = token_mean((is_weights == 0).float())
         # megatron divides by the micro-batch count and averages gradients over data-parallel ranks;
         # the loss is already normalised by the global counts, so undo both
         return loss * num_micro * self.dp_size, report

@@ -17,6 +17,7 @@ import torch
 from rl360.algos.registry import Registry
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+ROLLOUT_IS_LEVELS = ("token", "sequence", "geometric")
 KL_ESTIMATORS = ("k1", "k2", "mse", "k3", "low_var_kl", "abs")
 
 
@@ -164,18 +165,36 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def rollout_correction(old_logprob: torch.Tensor, rollout_logprob: torch.Tensor, mode: str, upper: float,
-                       lower: float = 0.0) -> torch.Tensor:
+                       lower: float = 0.0, response_mask: torch.Tensor | None = None, level: str = "token",
+                       veto: float = 0.0) -> torch.Tensor:
     """Per-token weights that correct for the engine sampling from pi_engine while the loss assumes pi_old.
 
-    With rho = pi_old / pi_engine of each sampled token (no gradient):
+    With rho_t = pi_old(y_t) / pi_engine(y_t) of each sampled token (no gradient), the ratio rho is, by
+    `level`: token: rho_t; sequence: prod_t rho_t (over the response mask); geometric: the same product to
+    the power 1 / |y| — the last two are one value per response, given to each of its tokens.
     tis: min(rho, upper) (truncated importance sampling); mask: 1 where lower <= rho <= upper, else 0
-    (lower 0 means 1 / upper); none: 1.
+    (lower 0 means 1 / upper); none: 1. With veto > 0, a response holding any token with rho_t < veto
+    gets weight 0 throughout (a token the trainer finds far less likely than the engine did).
     """
     if mode == "none":
         return torch.ones_like(old_logprob)
-    rho = torch.exp((old_logprob - rollout_logprob).detach().clamp(-20.0, 20.0))
+    if mode not in ("tis", "mask"):
+        raise KeyError(f"unknown rollout correction {mode!r}; choose one of ['none', 'tis', 'mask']")
+    if level not in ROLLOUT_IS_LEVELS:
+        raise KeyError(f"unknown rollout_is_level {level!r}; choose one of {list(ROLLOUT_IS_LEVELS)}")
+    mask = torch.ones_like(old_logprob) if response_mask is None else response_mask.to(old_logprob.dtype)
+    log_rho = (old_logprob - rollout_logprob).detach() * mask
+    if level == "sequence":
+        log_rho = log_rho.sum(-1, keepdim=True).expand_as(old_logprob)
+    elif level == "geometric":
+        log_rho = (log_rho.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)).expand_as(old_logprob)
+    rho = torch.exp(log_rho.clamp(-20.0, 20.0))
     if mode == "tis":
-        return rho.clamp(max=upper)
-    if mode == "mask":
-        return ((rho >= (lower or 1.0 / upper)) & (rho <= upper)).to(old_logprob.dtype)
-    raise KeyError(f"unknown rollout correction {mode!r}; choose one of ['none', 'tis', 'mask']")
+        weights = rho.clamp(max=upper)
+    else:
+        weights = ((rho >= (lower or 1.0 / upper)) & (rho <= upper)).to(old_logprob.dtype)
+    if veto > 0:
+        token_rho = torch.exp((old_logprob - rollout_logprob).detach().clamp(-20.0, 20.0))
+        vetoed = ((token_rho < veto) & (mask > 0)).any(-1, keepdim=True)
+        weights = weights.masked_fill(vetoed, 0.0)
+    return weights
