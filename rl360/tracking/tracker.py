@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -37,13 +38,14 @@ class Tracker:
             self._wandb = wandb.init(
                 project=project, name=run_name or Path(output_dir).name, config=config,
                 dir=str(Path(output_dir)), mode=os.environ.get("WANDB_MODE"),
+                id=_wandb_run_id(Path(output_dir), resumed=resume_after_step is not None), resume="allow",
             )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        if self._wandb is not None:
+        if self._wandb is not None and step >= self._wandb.step:  # a resumed online run has its earlier steps
             self._wandb.log(record, step=step)
         if step % self.log_every == 0:
             shown = "  ".join(f"{label}={_fmt(record[key])}" for key, label in CONSOLE_KEYS.items() if key in record)
@@ -53,6 +55,17 @@ class Tracker:
         self._file.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _wandb_run_id(output_dir: Path, resumed: bool) -> str:
+    """The wandb run id of this output directory: a resumed run continues the same wandb run, a fresh
+    run (same directory, no resume) starts a new one. Kept in `<output_dir>/wandb_run_id`."""
+    path = output_dir / "wandb_run_id"
+    if resumed and path.exists():
+        return path.read_text().strip()
+    run_id = uuid.uuid4().hex[:16]
+    path.write_text(run_id + "\n")
+    return run_id
 
 
 def _plain(value: Any) -> float | int | str | None:
