@@ -58,9 +58,9 @@ def train(cfg: RunConfig) -> Path:
         if use_critic else None
     engine = WorkerGroup(HFEngine, cfg.rollout.num_engines, cfg.model.path, use_gpu=use_gpu, name="rollout",
                          distributed=False, num_threads=cfg.trainer.num_threads).actors[0]
-    os.environ.update(judge_env(cfg.reward.judge))  # reward workers inherit the LLM-judge settings
     rewards = RewardPool(cfg.reward.num_workers, cfg.reward.timeout_s,
-                         int(cfg.reward.max_memory_gb * (1 << 30)) or None)
+                         int(cfg.reward.max_memory_gb * (1 << 30)) or None,
+                         env=judge_env(cfg.reward.judge))  # the LLM-judge settings, for judge rewards
     estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
     kl_control = KLController(cfg.algorithm.kl_in_reward_coef, cfg.algorithm.kl_in_reward_target,
                               cfg.algorithm.kl_in_reward_horizon)

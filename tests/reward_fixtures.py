@@ -82,3 +82,9 @@ def forks_then_exits(solution_str, ground_truth, extra_info=None):
         time.sleep(600)
         os._exit(0)
     os._exit(4)
+
+
+@register_reward("test_env")
+def env_value(solution_str, ground_truth, extra_info=None):
+    """The value of the environment variable named by the response, as the worker sees it."""
+    return float(os.environ.get(solution_str, "-1"))

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from rl360.config import ConfigError, load_config
-from rl360.rewards.judge import JudgeClient, JudgeItem, answer_for_judge, judge_env, judge_score, register_template
+from rl360.rewards.judge import JudgeClient, JudgeFailed, JudgeItem, answer_for_judge, judge_env, judge_score, register_template
 from rl360.rewards.judge_templates import parse_correct_word, parse_final_decision
 
 KEY = "sk-sentinel-0123456789"
@@ -351,8 +351,8 @@ def test_custom_template_and_reward_function(server, monkeypatch):
     assert judge_score("3 WRONG", "2", {"question": "TAG=r2 1+1?"})["score"] == 0.0
     assert judge_score("2", "2", {"question": "TAG=r3", "judge_template": "verifier"})["score"] == 1.0
     assert judge_score("2", "2", {"judge_template": "yesno", "tag": "r4"})["score"] == 1.0
-    failed = judge_score("2", "2", {"question": "TAG=bad_request 1+1?"})
-    assert failed["score"] == 0.0 and failed["judge_error"] == "http_400"
+    with pytest.raises(JudgeFailed, match="http_400"):  # the reward pool scores it 0 and counts the error
+        judge_score("2", "2", {"question": "TAG=bad_request 1+1?"})
 
 
 def test_parsers_and_answer_extraction():
@@ -364,3 +364,24 @@ def test_parsers_and_answer_extraction():
     assert answer_for_judge("<think>\\boxed{1}</think> it is \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
     assert answer_for_judge("<answer> a cat </answer>") == "a cat"
     assert answer_for_judge("<think>x</think> plain ") == "plain"
+
+
+@pytest.mark.timeout(60)
+def test_judge_reward_in_the_pool_takes_its_settings_from_the_config_and_counts_failures(server, monkeypatch):
+    """What the trainer does: `reward.judge` -> judge_env -> RewardPool(env=...); workers (forked from a
+    forkserver made before these settings existed) reach the judge; a failed judgement is a counted error."""
+    from rl360.config import JudgeConfig
+    from rl360.rewards import RewardItem, RewardPool, register_reward_path
+
+    register_reward_path("judged", "rl360.rewards.judge:judge_score")
+    with RewardPool(num_workers=1, timeout_s=20):  # make sure a forkserver runs before the settings exist
+        pass
+    monkeypatch.setenv("RL360_JUDGE_API_KEY", KEY)  # the key stays in the environment, not in the config
+    env = judge_env(JudgeConfig(url=server.base_url, model="judge-model", timeout_s=0.5, backoff_s=0.01))
+    with RewardPool(num_workers=2, timeout_s=20, env=env) as pool:
+        results = pool.score([RewardItem("judged", response, "2", {"question": f"TAG={tag} 1+1?"})
+                              for tag, response in (("p1", "\\boxed{2}"), ("p2", "3 WRONG"), ("bad_request", "2"))])
+        assert [r.score for r in results] == [1.0, 0.0, 0.0]
+        assert results[0].error is None and results[1].error is None and "http_400" in results[2].error
+        assert KEY not in results[2].error
+        assert pool.last_metrics()["reward/errors/judged"] == 1

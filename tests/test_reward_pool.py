@@ -208,3 +208,20 @@ def _running(pid: int) -> bool:
         return False
     except OSError:
         return os.path.exists(f"/proc/{pid}")
+
+
+def test_workers_see_the_environment_of_the_pools_creation_and_extra_env(monkeypatch):
+    """Workers fork from a long-lived forkserver; they still get the environment the pool was made in
+    (not the one of the first pool), plus `env`."""
+    with RewardPool(num_workers=1, timeout_s=10) as pool:  # starts the forkserver if none runs yet
+        assert pool.score([RewardItem("test_env", "RL360_TEST_ENV_A", "")])[0].score == -1.0
+    monkeypatch.setenv("RL360_TEST_ENV_A", "2")
+    with RewardPool(num_workers=1, timeout_s=10, env={"RL360_TEST_ENV_B": "3"}) as pool:
+        results = pool.score([RewardItem("test_env", name, "") for name in ("RL360_TEST_ENV_A", "RL360_TEST_ENV_B")])
+        assert [r.score for r in results] == [2.0, 3.0]
+        pool.score([RewardItem("test_exit", "", "")])  # the replacement worker gets the same environment
+        assert pool.score([RewardItem("test_env", "RL360_TEST_ENV_B", "")])[0].score == 3.0
+    assert "RL360_TEST_ENV_B" not in os.environ
+    in_process = RewardPool(num_workers=0, env={"RL360_TEST_ENV_B": "4"})
+    assert in_process.score([RewardItem("test_env", "RL360_TEST_ENV_B", "")])[0].score == 4.0
+    assert "RL360_TEST_ENV_B" not in os.environ

@@ -52,7 +52,7 @@ from rl360.rewards.extract import last_answer_tag
 from rl360.rewards.judge_templates import TEMPLATES, Template, get_template, register_template
 from rl360.rewards.math import last_boxed, strip_thinking
 
-__all__ = ["JudgeClient", "JudgeItem", "JudgeResult", "TEMPLATES", "Template", "judge_env", "judge_score",
+__all__ = ["JudgeClient", "JudgeFailed", "JudgeItem", "JudgeResult", "TEMPLATES", "Template", "judge_env", "judge_score",
            "register_template"]
 
 logger = logging.getLogger(__name__)
@@ -451,8 +451,8 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 
 def judge_env(cfg: Any) -> dict[str, str]:
-    """The RL360_JUDGE_* variables for a `reward.judge` config, for worker processes (`os.environ.update`
-    before they start); the key itself stays in the variable `cfg.api_key_env` names."""
+    """The RL360_JUDGE_* variables for a `reward.judge` config, for the reward workers
+    (`RewardPool(env=judge_env(cfg))`); the key itself stays in the variable `cfg.api_key_env` names."""
     return {var: str(getattr(cfg, name)) for name, var in ENV.items() if getattr(cfg, name, "") not in ("", None)}
 
 
@@ -483,14 +483,22 @@ def judge_score(solution_str: str, ground_truth: str, extra_info: dict | None = 
     """Reward function: the judge (configured by RL360_JUDGE_* in the environment) grades
     `answer_for_judge(solution_str)` against the ground truth with RL360_JUDGE_TEMPLATE (default
     `correctness`), or `extra_info["judge_template"]`. The question is `extra_info["question"]`; a custom
-    template's other fields come from `extra_info` too. A failed judgement scores 0 with `judge_error`."""
+    template's other fields come from `extra_info` too. A failed judgement raises `JudgeFailed`, so the
+    reward pool scores it 0 and counts it in `reward/errors/<domain>` with the failure kind in its text."""
     client = _env_client()
     info = extra_info or {}
     template = get_template(info.get("judge_template") or client.template)
     fields = {name: info[name] for name in template.fields if name in info}
     fields.update(question=info.get("question", ""), reference=ground_truth, response=answer_for_judge(solution_str))
     result = client.score_batch([JudgeItem(template.name, **fields)])[0]
-    out: dict[str, Any] = {"score": result.score if result.score is not None else 0.0, "judge_text": result.text[:200]}
-    if result.error:
-        out["judge_error"] = result.error
-    return out
+    if result.error or result.score is None:
+        raise JudgeFailed(result.error or "unparseable")
+    return {"score": result.score, "judge_text": result.text[:200]}
+
+
+class JudgeFailed(RuntimeError):
+    """A judgement that ended without a grade; `kind` is the failure kind (`timeout`, `http_400`, ...)."""
+
+    def __init__(self, kind: str):
+        super().__init__(f"LLM judge failed: {kind}")
+        self.kind = kind

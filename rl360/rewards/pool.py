@@ -18,6 +18,7 @@ platform has no forkserver.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -84,9 +85,14 @@ class RewardPool:
     MemoryError in the reward function, which scores 0 with that error. `num_workers=0` scores in this
     process, one item after another and without a timeout (for debugging). Use a pool from one thread
     at a time.
+
+    Workers run with this process's environment as it is when the pool is made, plus `env` (e.g. the
+    LLM judge's settings); they fork from a long-lived forkserver, whose own environment is that of the
+    first pool, so the environment is handed to each worker explicitly.
     """
 
-    def __init__(self, num_workers: int = 2, timeout_s: float = 10.0, max_memory_bytes: int | None = None):
+    def __init__(self, num_workers: int = 2, timeout_s: float = 10.0, max_memory_bytes: int | None = None,
+                 env: dict[str, str] | None = None):
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if not timeout_s > 0:
@@ -96,8 +102,10 @@ class RewardPool:
         self.num_workers = num_workers
         self.timeout_s = timeout_s
         self.max_memory_bytes = max_memory_bytes
+        self._extra_env = dict(env or {})
+        self._environ = {**os.environ, **self._extra_env}
         self._context = _context()
-        self._workers = [_Worker(self._context, max_memory_bytes) for _ in range(num_workers)]
+        self._workers = [self._new_worker() for _ in range(num_workers)]
         self._closed = False
         self._last: dict[str, float] = {}
         self._totals: dict[str, float] = {}
@@ -108,7 +116,8 @@ class RewardPool:
             raise RuntimeError("RewardPool.score called after close()")
         refs = [reward_ref(item.data_source) for item in items]
         if self.num_workers == 0:
-            results = [score_one(ref, item) for ref, item in zip(refs, items)]
+            with _extra_environment(self._extra_env):
+                results = [score_one(ref, item) for ref, item in zip(refs, items)]
         else:
             try:
                 results = self._score_in_workers(refs, items)
@@ -119,6 +128,9 @@ class RewardPool:
                 raise
         self._count(items, results)
         return results
+
+    def _new_worker(self) -> _Worker:
+        return _Worker(self._context, self.max_memory_bytes, self._environ)
 
     def last_metrics(self) -> dict[str, float]:
         """Counts of the last `score` call: `reward/calls`, `reward/timeouts`, `reward/errors` (errors
@@ -216,7 +228,7 @@ class RewardPool:
     def _replace(self, index: int, grace_s: float = 0.0) -> str:
         """Kill worker `index` (after `grace_s` to exit by itself) and start a new one; how the old one ended."""
         ended = self._workers[index].kill(grace_s)
-        self._workers[index] = _Worker(self._context, self.max_memory_bytes)
+        self._workers[index] = self._new_worker()
         return ended
 
     def _count(self, items: list[RewardItem], results: list[RewardResult]) -> None:
@@ -238,6 +250,21 @@ class RewardPool:
             self._totals[key] = self._totals.get(key, 0) + value
 
 
+@contextlib.contextmanager
+def _extra_environment(env: dict[str, str]):
+    """`env` set in this process's environment for the block, the earlier values restored after it."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _context() -> mp.context.BaseContext:
     context = mp.get_context(_START_METHOD)
     if _START_METHOD == "forkserver":
@@ -250,9 +277,9 @@ def _context() -> mp.context.BaseContext:
 class _Worker:
     """One worker process, the parent's end of its pipe, and the call it is running (`task`)."""
 
-    def __init__(self, context: mp.context.BaseContext, max_memory_bytes: int | None):
+    def __init__(self, context: mp.context.BaseContext, max_memory_bytes: int | None, environ: dict[str, str]):
         self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=_worker_main, args=(child_conn, max_memory_bytes),
+        self.process = context.Process(target=_worker_main, args=(child_conn, max_memory_bytes, environ),
                                        name="rl360-reward-worker", daemon=True)
         self.process.start()
         child_conn.close()
@@ -289,7 +316,9 @@ class _Worker:
             pass
 
 
-def _worker_main(conn: Connection, max_memory_bytes: int | None) -> None:
+def _worker_main(conn: Connection, max_memory_bytes: int | None, environ: dict[str, str]) -> None:
+    os.environ.clear()
+    os.environ.update(environ)
     os.setpgid(0, 0)  # a group of its own: a kill reaches any subprocess too, and Ctrl-C does not
     _exit_with_parent()
     if max_memory_bytes:
