@@ -79,21 +79,10 @@ def test_hf_checkpoint_and_wandb_offline_run_are_written(run):
 
 
 def test_dapo_dynamic_sampling_run(tmp_path):
-    model = build_quickstart_model(tmp_path / "model")
-    rows = [_row(f"{a}+{b}", str(a + b)) for a in range(4) for b in range(4)]
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
-    cfg = load_config("configs/quickstart.yaml", [
-        "configs/algorithms/dapo.yaml", f"output_dir={tmp_path / 'out'}", f"model.path={model}",
-        f"data.train_files=[{tmp_path / 'train.parquet'}]", "data.batch_size=4", "rollout.n=4",
-        "actor.ppo_mini_batch_size=2", "trainer.total_steps=2", "algorithm.max_num_gen_batches=3",
+    _, records = _short_run(
+        tmp_path, "configs/algorithms/dapo.yaml", "algorithm.max_num_gen_batches=3",
         "trainer.save_hf=false", "data.mix_weights={math__synthetic: 1.0}",  # the mixed stream, one source
-    ])
-    try:
-        out = train(cfg)
-    finally:
-        ray.shutdown()
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2]
+        rows=[_row(f"{a}+{b}", str(a + b)) for a in range(4) for b in range(4)])
     for record in records:
         assert 1 <= record["dynamic_sampling/gen_batches"] <= 3
         assert record["reward/calls"] == 16 * record["dynamic_sampling/gen_batches"]  # every batch scored
@@ -101,10 +90,11 @@ def test_dapo_dynamic_sampling_run(tmp_path):
             assert record["dynamic_sampling/filled_groups"] == 0
 
 
-def _short_run(tmp_path, *overrides: str) -> tuple:
-    """Two steps of the quickstart model on eight addition prompts; (output dir, metric records)."""
+def _short_run(tmp_path, *overrides: str, rows: list[dict] | None = None) -> tuple:
+    """Two steps of the quickstart model on `rows` (default: eight addition prompts); overrides (presets or
+    key=value) follow the base settings. Returns (output dir, metric records)."""
     model = build_quickstart_model(tmp_path / "model")
-    rows = [_row(f"{a}+{a}", str(2 * a)) for a in range(8)]
+    rows = rows or [_row(f"{a}+{a}", str(2 * a)) for a in range(8)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
     cfg = load_config("configs/quickstart.yaml", [
         f"output_dir={tmp_path / 'out'}", f"model.path={model}", f"data.train_files=[{tmp_path / 'train.parquet'}]",

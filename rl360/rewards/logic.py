@@ -56,9 +56,8 @@ def _answer_grid(solution_str: str) -> tuple[list | None, list[list]] | None:
     answer = last_answer_tag(solution_str)
     if not answer:
         return None
-    try:
-        value = parse_literal(answer)
-    except ValueError:
+    value = _literal_or(answer, _NOT_A_LITERAL)
+    if value is _NOT_A_LITERAL:
         return _markdown_table(answer)
     header, rows = (value.get("header"), value.get("rows")) if isinstance(value, dict) else (None, value)
     if not isinstance(rows, list) or not all(isinstance(row, (list, tuple)) for row in rows):
@@ -106,13 +105,23 @@ def _answer_list(solution_str: str) -> list | None:
     answer = last_answer_tag(solution_str)
     if not answer:
         return None
-    try:
-        value = parse_literal(answer)
-    except ValueError:
+    value = _literal_or(answer, _NOT_A_LITERAL)
+    if value is _NOT_A_LITERAL:
         text = answer.strip("[]() \n")
         parts = text.split(",") if "," in text else re.split(r"\s*(?:->|→|>|\n)\s*", text)
         value = [part for part in parts if part.strip()]
     return list(value) if isinstance(value, (list, tuple)) and value else None
+
+
+_NOT_A_LITERAL = object()
+
+
+def _literal_or(text: str, default):
+    """`text` read as JSON or a Python literal, else `default`."""
+    try:
+        return parse_literal(text)
+    except ValueError:
+        return default
 
 
 @register_reward("logic__graph")
