@@ -12,7 +12,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from rl360.config import ConfigError, load_config
-from rl360.rewards.judge import JudgeClient, JudgeFailed, JudgeItem, answer_for_judge, judge_env, judge_score, register_template
+from rl360.rewards.judge import (
+    JudgeClient,
+    JudgeFailed,
+    JudgeItem,
+    answer_for_judge,
+    judge_env,
+    judge_score,
+    register_template,
+)
 from rl360.rewards.judge_templates import parse_correct_word, parse_final_decision
 
 KEY = "sk-sentinel-0123456789"

@@ -52,8 +52,8 @@ from rl360.rewards.extract import last_answer_tag
 from rl360.rewards.judge_templates import TEMPLATES, Template, get_template, register_template
 from rl360.rewards.math import last_boxed, strip_thinking
 
-__all__ = ["JudgeClient", "JudgeFailed", "JudgeItem", "JudgeResult", "TEMPLATES", "Template", "judge_env", "judge_score",
-           "register_template"]
+__all__ = ["JudgeClient", "JudgeFailed", "JudgeItem", "JudgeResult", "TEMPLATES", "Template", "judge_env",
+           "judge_score", "register_template"]
 
 logger = logging.getLogger(__name__)
 
