@@ -16,14 +16,8 @@ import torch
 from megatron_bridge import Bridge
 from rl360.actor.batch import RolloutBatch
 from rl360.actor.parallel import init_parallel
-from rl360.algos.losses import (
-    agg_loss,
-    agg_normalizer,
-    entropy_from_logits,
-    get_policy_loss,
-    kl_penalty,
-    rollout_correction,
-)
+from rl360.actor.vocab_parallel import logprobs_and_entropy, without_padding
+from rl360.algos.losses import agg_loss, agg_normalizer, get_policy_loss, kl_penalty, rollout_correction
 from rl360.config import RunConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -51,6 +45,9 @@ class PolicyWorker:
         self.bridge = Bridge.from_hf_pretrained(cfg.model.path)
         dtype = DTYPES[cfg.model.dtype]
         self.models = _wrap_ddp(self._build_model(dtype))
+        # vocabulary id of this rank's first logit column (the output layer is split over TP, padding last)
+        padded_vocab = _unwrap(self.models[-1]).vocab_size
+        self.vocab_start = parallel_state.get_tensor_model_parallel_rank() * padded_vocab // parallel.tensor
         self.optimizer = _build_optimizer(cfg, self._optimizer_settings(), self.models)
         self.ref_models = None
         if self._needs_reference():
@@ -92,7 +89,8 @@ class PolicyWorker:
         micro = self._micro_batches(batch)
 
         def collect(logits: torch.Tensor, mb: RolloutBatch, non_loss_data: bool = True):
-            return token_logprobs(logits, mb, self.cfg.rollout.temperature).detach()
+            logprobs, _ = self._logprobs_and_entropy(logits, mb, with_entropy=False)
+            return logprobs.detach()
 
         with torch.no_grad():
             outputs = self._schedule(models, micro, collect, forward_only=True)
@@ -159,10 +157,8 @@ class PolicyWorker:
         """Loss of one micro-batch, scaled so megatron's division by the micro-batch count cancels and
         the summed gradient is that of the whole mini-batch under the configured aggregation."""
         cfg, algo = self.cfg.actor, self.cfg.algorithm
-        temperature = self.cfg.rollout.temperature
         mask = mb.response_mask
-        response_logits = _response_logits(logits, mb, temperature)
-        logprob = _gather_logprobs(response_logits, mb)
+        logprob, entropy = self._logprobs_and_entropy(logits, mb)
 
         def aggregate(per_token: torch.Tensor) -> torch.Tensor:
             return agg_loss(per_token, mask, cfg.loss_agg_mode, normalizer, self.cfg.rollout.max_response_length)
@@ -182,7 +178,6 @@ class PolicyWorker:
             kl = aggregate(kl_penalty(logprob, mb.ref_logprobs, algo.kl_estimator))
             loss = loss + algo.kl_coef * kl
             report["actor/kl"] = kl.item()
-        entropy = entropy_from_logits(response_logits)
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * aggregate(entropy)
         report["actor/entropy"] = token_mean(entropy)
@@ -228,13 +223,18 @@ class PolicyWorker:
         )
 
     def _head_output(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits over the whole real vocabulary: gathered from the tensor-parallel ranks (the backward
-        pass hands each rank its slice of the gradient), without the bridge's padding rows."""
-        if self.cfg.actor.parallel.tensor > 1:
-            from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+        """This tensor-parallel rank's slice of the vocabulary's logits, without the bridge's padding
+        columns; never gathered (see `rl360.actor.vocab_parallel`)."""
+        return without_padding(logits, self.bridge.vocab_size, self.vocab_start)
 
-            logits = gather_from_tensor_model_parallel_region(logits)
-        return logits[..., :self.bridge.vocab_size]
+    def _logprobs_and_entropy(self, logits: torch.Tensor, mb: RolloutBatch,
+                              with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[B, R] log-probs of the response tokens under softmax(logits / temperature) (0 past each
+        response) and the entropy of that distribution at each response position."""
+        rows, positions = _response_positions_rows(logits, mb)
+        response_logits = logits[rows, positions].float() / self.cfg.rollout.temperature
+        logprobs, entropy = logprobs_and_entropy(response_logits, mb.response_ids, self.vocab_start, with_entropy)
+        return logprobs * (mb.response_mask > 0), entropy
 
     # ---- weights out ------------------------------------------------------------------------------
 
@@ -278,25 +278,10 @@ class PolicyWorker:
         return {"model": model_state, "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=loading)}
 
 
-def token_logprobs(logits: torch.Tensor, mb: RolloutBatch, temperature: float) -> torch.Tensor:
-    """[B, R] log-softmax(logits / temperature) at each response token (`logits` over the full vocabulary)."""
-    return _gather_logprobs(_response_logits(logits, mb, temperature), mb)
-
-
 def _response_positions_rows(output: torch.Tensor, mb: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Index of `output` [B, T, ...] at the positions that predict each response token: [B, R, ...]."""
     rows = torch.arange(output.shape[0], device=output.device)[:, None]
     return rows, mb.response_positions()
-
-
-def _response_logits(logits: torch.Tensor, mb: RolloutBatch, temperature: float) -> torch.Tensor:
-    """[B, R, V] temperature-scaled fp32 logits at the positions that predict each response token."""
-    return logits[_response_positions_rows(logits, mb)].float() / temperature
-
-
-def _gather_logprobs(response_logits: torch.Tensor, mb: RolloutBatch) -> torch.Tensor:
-    logprobs = torch.log_softmax(response_logits, dim=-1).gather(-1, mb.response_ids[..., None]).squeeze(-1)
-    return logprobs * (mb.response_mask > 0)
 
 
 def _wrap_ddp(chunks: list) -> list:

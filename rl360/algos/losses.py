@@ -158,12 +158,6 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     return 0.5 * torch.maximum(unclipped_loss, clipped_loss), (clipped_loss > unclipped_loss).float()
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-position entropy of softmax(logits) over the last dimension."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
 def rollout_correction(old_logprob: torch.Tensor, rollout_logprob: torch.Tensor, mode: str, upper: float,
                        lower: float = 0.0, response_mask: torch.Tensor | None = None, level: str = "token",
                        veto: float = 0.0) -> torch.Tensor:
