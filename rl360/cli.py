@@ -1,6 +1,7 @@
 """`rl360` command line: `rl360 train CONFIG [key=value ...]`, `rl360 quickstart [key=value ...]`,
 `rl360 data inspect FILE...`, `rl360 reward check FILE.parquet --responses R.jsonl --out S.jsonl`,
-`rl360 convert hf-to-megatron|megatron-to-hf ...`, `rl360 serve sandbox [--port N]`."""
+`rl360 convert hf-to-megatron|megatron-to-hf ...`, `rl360 serve sandbox [--port N]`,
+`rl360 serve model --model DIR [--port N]`."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     add_convert_parser(commands)
 
-    from rl360.serve.sandbox import add_serve_parser
+    from rl360.serve import add_serve_parser
 
     add_serve_parser(commands)
 

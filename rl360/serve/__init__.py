@@ -1,1 +1,12 @@
-"""`rl360 serve ...`: HTTP services of our own (a SandboxFusion-compatible code sandbox)."""
+"""`rl360 serve ...`: HTTP services of our own: a SandboxFusion-compatible code sandbox (`serve sandbox`)
+and a Hugging Face checkpoint behind the OpenAI API (`serve model`)."""
+
+
+def add_serve_parser(commands) -> None:
+    from rl360.serve.openai_api import add_model_parser
+    from rl360.serve.sandbox import add_sandbox_parser
+
+    serve = commands.add_parser("serve", help="run an HTTP service")
+    services = serve.add_subparsers(dest="service", required=True)
+    add_sandbox_parser(services)
+    add_model_parser(services)

@@ -114,9 +114,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_serve_parser(commands) -> None:
-    serve = commands.add_parser("serve", help="run an HTTP service")
-    services = serve.add_subparsers(dest="service", required=True)
+def add_sandbox_parser(services) -> None:
     sandbox = services.add_parser("sandbox", help="a SandboxFusion-compatible code sandbox (POST /run_code)")
     sandbox.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
     sandbox.add_argument("--port", type=int, default=8080, help="port (0: any free port, printed at start)")
