@@ -25,9 +25,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from rl360.serve.http import JSONHandler, serve
 
 MAX_BODY_BYTES = 4 << 20
 MAX_N = 16
@@ -186,7 +188,7 @@ class ModelServer(ThreadingHTTPServer):
         return text, finish_reason
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     server: ModelServer
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (http.server's signature)
@@ -195,18 +197,18 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802  (http.server's naming)
         path = self.path.rstrip("/")
         if path == "/health":
-            self._reply(200, {"status": "ok"})
+            self.reply(200, {"status": "ok"})
         elif path == "/v1/models":
             if self._check_key():
-                self._reply(200, {"object": "list", "data": [{"id": self.server.served_name, "object": "model",
+                self.reply(200, {"object": "list", "data": [{"id": self.server.served_name, "object": "model",
                                                                "created": 0, "owned_by": "rl360"}]})
         else:
-            self._reply(404, RequestError(404, f"no route {self.path}", kind="not_found_error").body())
+            self.reply(404, RequestError(404, f"no route {self.path}", kind="not_found_error").body())
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.rstrip("/")
         if path not in ("/v1/chat/completions", "/v1/completions"):
-            self._reply(404, RequestError(404, f"no route {self.path}", kind="not_found_error").body())
+            self.reply(404, RequestError(404, f"no route {self.path}", kind="not_found_error").body())
             return
         if not self._check_key():
             return
@@ -216,27 +218,19 @@ class _Handler(BaseHTTPRequestHandler):
                 raise RequestError(413, f"body of {length} bytes is over {MAX_BODY_BYTES}")
             request = parse_request(self.rfile.read(length), path.endswith("chat/completions"),
                                     self.server.served_name)
-            self._reply(200, self.server.complete(request))
+            self.reply(200, self.server.complete(request))
         except RequestError as err:
-            self._reply(err.status, err.body())
+            self.reply(err.status, err.body())
         except Exception as err:  # the engine failed on this request: say so, keep serving
-            self._reply(500, RequestError(500, f"generation failed: {type(err).__name__}: {err}",
+            self.reply(500, RequestError(500, f"generation failed: {type(err).__name__}: {err}",
                                           kind="server_error").body())
 
     def _check_key(self) -> bool:
         if self.server.authorized(self.headers.get("Authorization")):
             return True
-        self._reply(401, RequestError(401, "missing or wrong API key (Authorization: Bearer ...)",
+        self.reply(401, RequestError(401, "missing or wrong API key (Authorization: Bearer ...)",
                                       kind="authentication_error").body())
         return False
-
-    def _reply(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
 
 def serve_model(args: argparse.Namespace) -> int:
@@ -246,17 +240,9 @@ def serve_model(args: argparse.Namespace) -> int:
         if not api_key:
             raise SystemExit(f"--api-key-env {args.api_key_env}: that environment variable is not set")
     name = args.served_model_name or Path(args.model).name
-    server = ModelServer((args.host, args.port), args.model, name, api_key)
-    host, port = server.server_address[:2]
-    print(f"rl360 serving model {name!r} with the OpenAI API on http://{host}:{port}/v1"
-          f"{' (API key required)' if api_key else ''}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
+    return serve(ModelServer((args.host, args.port), args.model, name, api_key),
+                 f"rl360 serving model {name!r} with the OpenAI API on {{url}}/v1"
+                 f"{' (API key required)' if api_key else ''}")
 
 
 def add_model_parser(services) -> None:

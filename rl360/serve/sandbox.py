@@ -14,10 +14,11 @@ import argparse
 import json
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from rl360.rewards.remote_sandbox import to_sandbox_fusion
 from rl360.rewards.sandbox import SandboxLimits, run_python
+from rl360.serve.http import JSONHandler, serve
 
 MAX_BODY_BYTES = 16 << 20
 MAX_RUN_TIMEOUT_S = 300.0
@@ -62,56 +63,39 @@ class SandboxServer(ThreadingHTTPServer):
         self.pool.shutdown(cancel_futures=True)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     server: SandboxServer
 
     def do_GET(self) -> None:  # noqa: N802  (http.server's naming)
         if self.path.rstrip("/") == "/health":
-            self._reply(200, {"status": "ok"})
+            self.reply(200, {"status": "ok"})
         else:
-            self._reply(404, {"detail": f"no route {self.path}"})
+            self.reply(404, {"detail": f"no route {self.path}"})
 
     def do_POST(self) -> None:  # noqa: N802
         if self.path.rstrip("/") != "/run_code":
-            self._reply(404, {"detail": f"no route {self.path}"})
+            self.reply(404, {"detail": f"no route {self.path}"})
             return
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_BODY_BYTES:
-            self._reply(413, {"detail": f"body of {length} bytes is over {MAX_BODY_BYTES}"})
+            self.reply(413, {"detail": f"body of {length} bytes is over {MAX_BODY_BYTES}"})
             return
         try:
             language, code, stdin, timeout = parse_request(self.rfile.read(length))
         except ValueError as err:
-            self._reply(400, {"detail": str(err)})
+            self.reply(400, {"detail": str(err)})
             return
         if language != "python":
-            self._reply(200, {"status": "SandboxError", "compile_result": None, "run_result": None,
+            self.reply(200, {"status": "SandboxError", "compile_result": None, "run_result": None,
                               "message": f"language {language!r} is not supported by rl360 serve sandbox "
                                          "(python only)"})
             return
-        self._reply(200, self.server.pool.submit(run_request, code, stdin, timeout).result())
-
-    def _reply(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.reply(200, self.server.pool.submit(run_request, code, stdin, timeout).result())
 
 
 def _serve(args: argparse.Namespace) -> int:
-    server = SandboxServer((args.host, args.port), args.workers)
-    host, port = server.server_address[:2]
-    print(f"rl360 sandbox serving SandboxFusion's POST /run_code on http://{host}:{port} "
-          f"({args.workers} workers)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
+    return serve(SandboxServer((args.host, args.port), args.workers),
+                 f"rl360 sandbox serving SandboxFusion's POST /run_code on {{url}} ({args.workers} workers)")
 
 
 def add_sandbox_parser(services) -> None:
