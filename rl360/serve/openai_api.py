@@ -1,6 +1,7 @@
 """`rl360 serve model`: a Hugging Face checkpoint behind the OpenAI chat and completions API.
 
     rl360 serve model --model outputs/quickstart/hf --port 8000 [--served-model-name NAME] [--api-key-env VAR]
+                      [--dtype bfloat16]
 
 Routes: `POST /v1/chat/completions` (messages rendered with the tokenizer's chat template),
 `POST /v1/completions` (a prompt string or a list of them), `GET /v1/models`, `GET /health`.
@@ -128,13 +129,15 @@ class ModelServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], model_path: str, served_name: str, api_key: str | None = None):
+    def __init__(self, address: tuple[str, int], model_path: str, served_name: str, api_key: str | None = None,
+                 dtype: str = "float32"):
+        import torch
         from transformers import AutoTokenizer
 
         from rl360.data import PromptRenderer
         from rl360.rollout.hf_engine import HFEngine
 
-        self.engine = HFEngine(model_path)
+        self.engine = HFEngine(model_path, dtype=getattr(torch, dtype))
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.renderer = PromptRenderer(self.tokenizer, max_prompt_length=1 << 30)
         self.context_length = int(getattr(self.engine.model.config, "max_position_embeddings", 0) or 0)
@@ -240,7 +243,7 @@ def serve_model(args: argparse.Namespace) -> int:
         if not api_key:
             raise SystemExit(f"--api-key-env {args.api_key_env}: that environment variable is not set")
     name = args.served_model_name or Path(args.model).name
-    return serve(ModelServer((args.host, args.port), args.model, name, api_key),
+    return serve(ModelServer((args.host, args.port), args.model, name, api_key, args.dtype),
                  f"rl360 serving model {name!r} with the OpenAI API on {{url}}/v1"
                  f"{' (API key required)' if api_key else ''}")
 
@@ -250,6 +253,7 @@ def add_model_parser(services) -> None:
     model.add_argument("--model", required=True, help="Hugging Face checkpoint directory (with its tokenizer)")
     model.add_argument("--served-model-name", default="", help="the name clients send as 'model' (default: "
                                                                "the directory's name)")
+    model.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weights' dtype")
     model.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
     model.add_argument("--port", type=int, default=8000, help="port (0: any free port, printed at start)")
     model.add_argument("--api-key-env", default="", help="require 'Authorization: Bearer $VAR' (the variable's "
