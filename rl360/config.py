@@ -83,7 +83,8 @@ class ActorConfig:
 @dataclass
 class CriticConfig:
     """The value model of PPO (`algorithm.adv_estimator=gae`): the policy's architecture and initial weights
-    with a hidden -> 1 value head, its own optimizer; same parallel layout, micro-batches and epochs."""
+    with a hidden -> 1 value head, its own optimizer and micro-batch size; the same parallel layout,
+    mini-batches, epochs and loss aggregation as the actor."""
 
     lr: float = 1e-5  # Adam learning rate
     weight_decay: float = 0.0  # AdamW weight decay
@@ -91,6 +92,7 @@ class CriticConfig:
     grad_clip: float = 1.0  # clip the global grad norm to this (0 disables)
     cliprange_value: float = 0.5  # value clipping: new values within old +- this in the clipped loss
     warmup_steps: int = 0  # steps that train only the critic before the policy starts updating
+    micro_batch_size: int = 0  # responses per forward/backward pass (0: actor.micro_batch_size)
 
 
 @dataclass
@@ -205,7 +207,8 @@ NON_NEGATIVE = (
     "algorithm.kl_coef", "reward.num_workers", "reward.max_memory_gb", "trainer.num_threads",
     "algorithm.max_num_gen_batches", "reward.overlong_buffer_len", "reward.overlong_penalty_factor",
     "algorithm.kl_in_reward_coef", "algorithm.kl_in_reward_target", "critic.lr", "critic.weight_decay",
-    "critic.grad_clip", "critic.cliprange_value", "critic.warmup_steps", "algorithm.gamma", "algorithm.lam",
+    "critic.grad_clip", "critic.cliprange_value", "critic.warmup_steps", "critic.micro_batch_size",
+    "algorithm.gamma", "algorithm.lam",
     "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every",
 )
 

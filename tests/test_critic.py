@@ -37,15 +37,16 @@ def test_critic_is_the_policy_body_with_a_zero_value_head(megatron_single_rank, 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_critic_gradient_does_not_depend_on_micro_batch_split(megatron_single_rank, model_dir, mode):
     grads = []
-    for micro in (16, 8, 2):
-        critic = CriticWorker(_config(model_dir, f"actor.micro_batch_size={micro}", f"actor.loss_agg_mode={mode}",
-                                      "critic.cliprange_value=0.02"))
+    for micro in (16, 8, 2):  # the critic's own setting (the actor's is 4 throughout)
+        critic = CriticWorker(_config(model_dir, "actor.micro_batch_size=4", f"critic.micro_batch_size={micro}",
+                                      f"actor.loss_agg_mode={mode}", "critic.cliprange_value=0.02"))
         head = critic.models[0].module.output_layer
         with torch.no_grad():  # a non-zero head, so the body gets a gradient too
             head.weight.copy_(0.05 * torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(0)))
         batch = fixed_batch()
         batch = _with_targets(batch, critic.compute_values(batch))
         reports = critic.accumulate_gradients(batch)
+        assert len(reports) == 16 // micro  # one report per micro-batch
         assert sum(r["critic/vf_clipfrac"] for r in reports) > 0  # some values are clipped
         grads.append(torch.cat([p.main_grad.flatten().cpu() for p in critic.models[0].parameters()]))
     assert grads[0].abs().sum() > 0

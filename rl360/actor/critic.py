@@ -36,6 +36,12 @@ class CriticWorker(PolicyWorker):
     def _optimizer_settings(self):
         return self.cfg.critic
 
+    @property
+    def micro_batch_size(self) -> int:
+        """`critic.micro_batch_size`, else the actor's (a value head needs no vocabulary logits, so the
+        critic often fits larger micro-batches)."""
+        return self.cfg.critic.micro_batch_size or self.cfg.actor.micro_batch_size
+
     def _needs_reference(self) -> bool:
         return False
 

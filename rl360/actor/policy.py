@@ -192,8 +192,13 @@ class PolicyWorker:
 
     # ---- megatron schedule ------------------------------------------------------------------------
 
+    @property
+    def micro_batch_size(self) -> int:
+        """Responses per forward/backward pass of this model."""
+        return self.cfg.actor.micro_batch_size
+
     def _micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
-        size = self.cfg.actor.micro_batch_size
+        size = self.micro_batch_size
         return [batch.select(slice(i, i + size)) for i in range(0, len(batch), size)]
 
     def _schedule(self, models, micro: list[RolloutBatch], on_logits, forward_only: bool) -> list:
@@ -217,7 +222,7 @@ class PolicyWorker:
             model=models,
             num_microbatches=len(micro),
             seq_length=width,
-            micro_batch_size=self.cfg.actor.micro_batch_size,
+            micro_batch_size=self.micro_batch_size,
             forward_only=forward_only,
             collect_non_loss_data=forward_only,
         )
