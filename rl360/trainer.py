@@ -78,6 +78,7 @@ def train(cfg: RunConfig) -> Path:
     tracker = Tracker(out, to_dict(cfg), cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
                       cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None)
     batches = iter(stream)
+    skipped = stream.skipped()  # rows left out so far (restored with the data position on resume)
     try:
         for step in range(first_step, cfg.trainer.total_steps + 1):
             started = time.perf_counter()
@@ -133,8 +134,10 @@ def train(cfg: RunConfig) -> Path:
                 **update_metrics,
                 **{f"timing/{k}_s": v for k, v in timing.items()},
                 "data/epoch": stream.epoch,
+                **_skipped_metrics(stream.skipped(), skipped),
                 "timing/step_s": time.perf_counter() - started,
             }
+            skipped = stream.skipped()
             tracker.log(step, metrics)
 
             # 8. a resumable checkpoint now and then, and at the end
@@ -279,6 +282,14 @@ _SAME_ON_EVERY_RANK = ("actor/grad_norm", "actor/update_skipped", "critic/grad_n
 def _merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return {key: per_rank[0][key] if key in _SAME_ON_EVERY_RANK else sum(m[key] for m in per_rank)
             for key in per_rank[0]}
+
+
+def _skipped_metrics(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    """Rows the data stream left out in this step (bad rows under data.on_bad_row=skip; prompts over
+    data.max_prompt_length) and since the run began."""
+    names = {"bad_rows": "bad_rows", "filtered": "too_long"}
+    return {**{f"data/skipped_{names[k]}": now[k] - before[k] for k in names},
+            **{f"data/skipped_{names[k]}_total": now[k] for k in names}}
 
 
 def _token_level(scores: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:

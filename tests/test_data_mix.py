@@ -115,7 +115,26 @@ def test_by_data_source_splits_shared_files_by_longest_prefix(tmp_path):
     assert stream.streams["logic"].files == [paths[1]] and stream.streams["math"].files == [paths[0]]
     for batch in _take(stream, 30):
         assert Counter(i.split(":")[0] for i in batch) == {"math__a": 2, "math__b": 2, "codegen__b": 2, "logic__c": 2}
-    assert stream.stats()["math/rows_filtered"] > 0  # other sources' rows of the shared file are dropped
+    stats = stream.stats()
+    assert stats["math/rows_not_selected"] > 0  # other sources' rows of the shared file are passed over,
+    assert stats["math/rows_filtered"] == 0 and stream.skipped() == {"bad_rows": 0, "filtered": 0}  # not "skipped"
+
+
+def test_mixed_stream_counts_each_skipped_row_once(tmp_path):
+    """A bad row of a file shared by two sources is skipped by its own source only; the length filter's drops
+    add up over the sources."""
+    rows = _rows("math__a", 10) + _rows("codegen__b", 10)
+    rows[3]["prompt"] = []  # a bad math row
+    rows[15]["reward_model"] = {"ground_truth": None}  # a bad codegen row
+    path = _write(tmp_path / "mixed.parquet", rows)
+    not_seven = lambda row: not row["data_source"].startswith("math") or row["extra_info"]["index"] != 7
+    stream = MixedPromptStream.by_data_source(path, {"math": 1, "codegen": 1}, batch_size=4, on_bad_row="skip",
+                                              shuffle=False, filter_fn=not_seven)
+    taken = [i for batch in _take(stream, 4) for i in batch]  # 8 rows of each source, none twice
+    assert len(set(taken)) == 16 and "math__a:3" not in taken and "math__a:7" not in taken
+    assert stream.skipped() == {"bad_rows": 2, "filtered": 1}
+    stats = stream.stats()
+    assert stats["math/bad_rows_skipped"] == 1 and stats["codegen/bad_rows_skipped"] == 1
 
 
 def test_by_data_source_weight_zero_leaves_rows_out_and_unknown_sources_fail(tmp_path):

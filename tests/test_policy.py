@@ -41,7 +41,8 @@ def test_trainer_logprobs_equal_engine_logprobs(megatron_single_rank, model_dir)
     logprobs = worker.compute_logprobs(batch)
     assert logprobs.shape == batch.rollout_logprobs.shape
     diff = (logprobs - batch.rollout_logprobs).abs() * batch.response_mask
-    assert diff.max().item() <= 1e-4
+    assert diff.sum() / batch.response_mask.sum() <= 1e-6  # the README's figure: mean below 1e-6 at fp32
+    assert diff.max().item() <= 1e-5
     assert (logprobs * (1 - batch.response_mask)).abs().max() == 0
 
 
@@ -81,7 +82,7 @@ def test_update_then_sync_keeps_engine_and_trainer_identical_and_saves_hf(megatr
         assert engine.finish_weight_update(step) == step
         fresh = _rollouts(engine, seed=10 + step)  # sampled from the synced weights
         diff = (worker.compute_logprobs(fresh) - fresh.rollout_logprobs).abs() * fresh.response_mask
-        assert diff.max().item() <= 1e-4
+        assert diff.sum() / fresh.response_mask.sum() <= 1e-6 and diff.max().item() <= 1e-5
     # the reference model stayed at the initial weights while the policy moved
     assert (worker.compute_logprobs(fresh, reference=True) - worker.compute_logprobs(fresh)).abs().max() > 1e-3
     worker.save_hf(str(tmp_path / "hf"))

@@ -69,7 +69,8 @@ class MixedPromptStream:
 
         Every data_source in the files must match a prefix (give a weight of 0 to leave rows out). A source
         reads only the files holding its data_sources (found by reading the data_source column once); where a
-        file also holds other sources' rows, those are read and dropped (counted in its `rows_filtered`).
+        file also holds other sources' rows, those are read and passed over (counted in its
+        `rows_not_selected`, not in `rows_filtered`).
         """
         _check_weights(weights)
         prefixes = list(weights)
@@ -104,7 +105,8 @@ class MixedPromptStream:
         self.weights = {source.name: source.weight / total for source in sources}
         self._raw_weights = {source.name: source.weight for source in sources}
         self.streams = {source.name: PromptStream(source.files, 1, seed=_source_seed(seed, source.name),
-                                                  drop_last=False, filter_fn=_both(source.keep, filter_fn), **options)
+                                                  drop_last=False, filter_fn=filter_fn, select_fn=source.keep,
+                                                  **options)
                         for source in sources}
         self._taken = dict.fromkeys(self.names, 0)
 
@@ -121,12 +123,21 @@ class MixedPromptStream:
 
     def stats(self) -> dict[str, int]:
         """Per source: `<name>/rows_taken` (rows it gave to batches) and its PromptStream stats as
-        `<name>/rows_seen`, `<name>/rows_filtered`, `<name>/bad_rows_skipped`, `<name>/epoch`."""
+        `<name>/rows_seen`, `<name>/rows_filtered`, `<name>/bad_rows_skipped`, `<name>/rows_not_selected`,
+        `<name>/epoch`."""
         counts: dict[str, int] = {}
         for name, stream in self.streams.items():
             counts[f"{name}/rows_taken"] = self._taken[name]
             counts.update({f"{name}/{key}": value for key, value in stream.stats().items()})
         return counts
+
+    def skipped(self) -> dict[str, int]:
+        """Rows left out of batches, summed over the sources (see `PromptStream.skipped`)."""
+        totals = {"bad_rows": 0, "filtered": 0}
+        for stream in self.streams.values():
+            for key, value in stream.skipped().items():
+                totals[key] += value
+        return totals
 
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-serializable position: a fresh stream built alike that loads it yields the same batches."""
@@ -190,12 +201,6 @@ class _PrefixRows:
 def _longest_prefix(prefixes: list[str], data_source: str) -> str | None:
     matches = [prefix for prefix in prefixes if data_source.startswith(prefix)]
     return max(matches, key=len) if matches else None
-
-
-def _both(first: RowFilter | None, second: RowFilter | None) -> RowFilter | None:
-    if first is None or second is None:
-        return first or second
-    return lambda row: first(row) and second(row)
 
 
 def _check_weights(weights: Mapping[str, float]) -> None:

@@ -105,6 +105,11 @@ def validate_row(row: dict[str, Any], path: str, row_index: int) -> None:
     reward = row.get("reward_model")
     if not isinstance(reward, dict) or reward.get("ground_truth") is None:
         raise DataError(f"{where}: key 'reward_model.ground_truth' is missing (reward_model is {_short(reward)})")
+    images = row.get("images")
+    if images is not None and len(images) > 0:
+        raise DataError(f"{where}: key 'images' holds {len(images)} image(s), but rl360 trains text-only models so "
+                        "far (vision-language models are not built yet); drop the images column or these rows "
+                        "(data.on_bad_row=skip skips and counts them)")
 
 
 def _short(value: Any, limit: int = 80) -> str:

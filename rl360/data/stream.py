@@ -104,15 +104,19 @@ class PromptStream:
     """An infinite iterator of batches (lists of row dicts) over parquet prompt files.
 
     Each row is the file's row as Python objects plus `_source = {"file": path, "row": index_in_file}`.
-    Rows are validated (`validate_row`) and then passed to `filter_fn`; a bad row raises DataError
-    (`on_bad_row="error"`) or is skipped and counted (`"skip"`); a row for which `filter_fn` is false is
-    dropped and counted. Both happen on this rank's share only, after sharding. With `drop_last`, a
-    rank's last incomplete batch of an epoch is dropped; otherwise it is yielded short.
+    Rows are validated (`validate_row`), then passed to `select_fn` and `filter_fn`. A bad row raises
+    DataError (`on_bad_row="error"`) or is skipped and counted (`"skip"`). A row for which `select_fn` is
+    false belongs to another stream reading the same file (a mixed stream's other source): it is passed over
+    and counted apart, and when it is also bad it is left to the stream that selects it. A row for which
+    `filter_fn` is false (the prompt-length filter) is dropped and counted. All of this happens on this
+    rank's share only, after sharding. With `drop_last`, a rank's last incomplete batch of an epoch is
+    dropped; otherwise it is yielded short.
     """
 
     def __init__(self, paths: str | list[str], batch_size: int, seed: int = 0, shuffle: bool = True,
                  dp_rank: int = 0, dp_size: int = 1, shuffle_buffer: int = 1024, on_bad_row: str = "error",
-                 drop_last: bool = True, filter_fn: Callable[[dict[str, Any]], bool] | None = None):
+                 drop_last: bool = True, filter_fn: Callable[[dict[str, Any]], bool] | None = None,
+                 select_fn: Callable[[dict[str, Any]], bool] | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}; it must be at least 1")
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
@@ -124,14 +128,15 @@ class PromptStream:
         self.files = expand_paths(paths)
         self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
         self.dp_rank, self.dp_size, self.shuffle_buffer = dp_rank, dp_size, shuffle_buffer
-        self.on_bad_row, self.drop_last, self.filter_fn = on_bad_row, drop_last, filter_fn
+        self.on_bad_row, self.drop_last = on_bad_row, drop_last
+        self.filter_fn, self.select_fn = filter_fn, select_fn
         self.units = self._scan_units()
         self.num_rows = sum(unit.num_rows for unit in self.units)
         if self.num_rows == 0:
             raise DataError(f"no rows in {self.files}")
         self._epoch = 0
         self._consumed = 0  # positions of the current epoch's order owned by this rank and processed
-        self._counts = {"rows_seen": 0, "rows_filtered": 0, "bad_rows_skipped": 0}
+        self._counts = {"rows_seen": 0, "rows_filtered": 0, "bad_rows_skipped": 0, "rows_not_selected": 0}
         self._batches: Iterator[list[dict[str, Any]]] | None = None
         self._handle: tuple[int, pq.ParquetFile] | None = None  # the one open file
 
@@ -146,9 +151,14 @@ class PromptStream:
         """Counts on this rank since the start of training (restored by load_state_dict).
 
         rows_seen: rows read and checked; rows_filtered: dropped by filter_fn; bad_rows_skipped: rows that
-        failed validate_row under on_bad_row="skip".
+        failed validate_row under on_bad_row="skip"; rows_not_selected: rows passed over for select_fn.
         """
         return {**self._counts, "epoch": self._epoch}
+
+    def skipped(self) -> dict[str, int]:
+        """Rows left out of batches on this rank since the start of training: `bad_rows` (failing validate_row
+        under on_bad_row="skip") and `filtered` (dropped by filter_fn, e.g. prompts over max_prompt_length)."""
+        return {"bad_rows": self._counts["bad_rows_skipped"], "filtered": self._counts["rows_filtered"]}
 
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-serializable position: a fresh stream that loads it yields the same next batches."""
@@ -168,7 +178,7 @@ class PromptStream:
                                  f"{mine[key]!r}; resuming would not continue the same order")
         self._close_batches()
         self._epoch, self._consumed = int(state["epoch"]), int(state["consumed"])
-        self._counts = {key: int(state["counts"][key]) for key in self._counts}
+        self._counts = {key: int(state["counts"].get(key, 0)) for key in self._counts}
 
     def __iter__(self) -> PromptStream:
         return self
@@ -273,11 +283,17 @@ class PromptStream:
         try:
             validate_row(row, path, index)
         except DataError:
+            if self.select_fn is not None and isinstance(row.get("data_source"), str) and not self.select_fn(row):
+                self._counts["rows_not_selected"] += 1  # another stream's bad row: it skips or raises
+                return None
             if self.on_bad_row == "error":
                 raise
             self._counts["bad_rows_skipped"] += 1
             return None
         row["_source"] = {"file": path, "row": index}
+        if self.select_fn is not None and not self.select_fn(row):
+            self._counts["rows_not_selected"] += 1
+            return None
         if self.filter_fn is not None:
             try:
                 keep = self.filter_fn(row)
