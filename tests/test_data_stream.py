@@ -96,6 +96,18 @@ def test_bad_row_names_file_and_row_or_is_skipped_and_counted(tmp_path):
     assert stream.stats()["bad_rows_skipped"] == 1
 
 
+def test_rows_with_images_are_refused_until_vision_models_exist(tmp_path):
+    rows = [dict(r, images=[]) for r in _rows(0, 4)]
+    rows[1]["images"] = [{"bytes": b"\x89PNG fake", "path": None}]
+    path = tmp_path / "vision.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(DataError, match=r"vision\.parquet row 1: key 'images' holds 1 image\(s\).*text-only"):
+        next(iter(PromptStream([str(path)], batch_size=4, shuffle=False)))
+    stream = PromptStream([str(path)], batch_size=3, shuffle=False, on_bad_row="skip")
+    assert _ids(next(iter(stream))) == [0, 2, 3]  # empty image lists are text rows
+    assert stream.skipped() == {"bad_rows": 1, "filtered": 0}
+
+
 def test_prompt_that_is_a_string_names_the_file(tmp_path):
     rows = [dict(r, prompt="just text") for r in _rows(0, 2)]
     path = tmp_path / "text.parquet"
