@@ -22,8 +22,9 @@ from rl360.algos.losses import kl_penalty
 from rl360.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
 from rl360.cluster import WorkerGroup, start_ray
 from rl360.config import RunConfig, to_dict
-from rl360.data import MixedPromptStream, PromptRenderer, PromptStream, scan_data_sources
-from rl360.rewards import RewardItem, RewardPool, check_data_sources, register_reward_path
+from rl360.data import MixedPromptStream, PromptRenderer, PromptStream
+from rl360.rewards import RewardItem, RewardPool, register_reward_path
+from rl360.rewards.check import check_reward_data, judge_configured
 from rl360.rewards.judge import judge_env
 from rl360.rollout.base import Sample, SamplingParams
 from rl360.rollout.hf_engine import HFEngine
@@ -37,7 +38,8 @@ def train(cfg: RunConfig) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     for prefix, path in cfg.reward.custom.items():
         register_reward_path(prefix, path)
-    check_data_sources(scan_data_sources(cfg.data.train_files))  # unknown data_source: fail now
+    # unknown data_source or reward_metric, or a judge-scored row without reward.judge: fail now
+    check_reward_data(cfg.data.train_files, judge_configured(cfg.reward.judge))
     renderer = PromptRenderer(tokenizer, cfg.data.max_prompt_length)
     stream_kwargs = dict(seed=cfg.seed, shuffle=cfg.data.shuffle, shuffle_buffer=cfg.data.shuffle_buffer,
                          on_bad_row=cfg.data.on_bad_row, filter_fn=renderer.fits)

@@ -43,7 +43,7 @@ def test_math_reward_agrees_with_the_label(case):
 
 
 def test_math_is_registered_for_the_math_prefix():
-    assert get_reward_fn("math") is math_reward.math_score
+    assert get_reward_fn("math") is math_reward.stated_math_score
     assert get_reward_fn("math__deepscaler_preview") is math_reward.math_score
 
 

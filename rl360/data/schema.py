@@ -112,6 +112,14 @@ def validate_row(row: dict[str, Any], path: str, row_index: int) -> None:
                         "(data.on_bad_row=skip skips and counts them)")
 
 
+def extra_info_dict(value: Any) -> Any:
+    """A row's `extra_info` as a dict when the column is a parquet map (read as a list of (key, value)
+    pairs); any other value as it is."""
+    if isinstance(value, list) and all(isinstance(pair, tuple | list) and len(pair) == 2 for pair in value):
+        return dict(value)
+    return value
+
+
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

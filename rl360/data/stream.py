@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rl360.data.schema import DataError, validate_file_schema, validate_row
+from rl360.data.schema import DataError, extra_info_dict, validate_file_schema, validate_row
 
 _STATE_VERSION = 1
 _READ_ERRORS = (pa.ArrowException, OSError, ValueError)  # what pyarrow raises for unreadable bytes
@@ -81,6 +81,55 @@ def scan_data_sources(paths: str | list[str]) -> set[str]:
         finally:
             handle.close()
     return sources
+
+
+def scan_reward_keys(paths: str | list[str]) -> dict[tuple[str, Any], tuple[str, int]]:
+    """Every distinct (data_source, extra_info.reward_metric) pair of the files, in order of first appearance,
+    each with the file and row index (within that file) where it first appears.
+
+    Reads only those two fields, row group by row group (a struct `extra_info` only its `reward_metric`
+    field; a map column whole). A row without extra_info or without the key (or with a null or NaN) has the
+    metric None; rows whose data_source is null are left to row validation. A metric that is not a plain
+    value (a list, a struct) is given as its text.
+    """
+    found: dict[tuple[str, Any], tuple[str, int]] = {}
+    for path in expand_paths(paths):
+        handle = open_parquet(path)
+        try:
+            columns, metric_of = _reward_metric_reader(handle.schema_arrow)
+            first_row = 0
+            for group in range(handle.num_row_groups):
+                table = _read_group(handle, path, group, columns=columns)
+                sources = table.column("data_source").to_pylist()
+                metrics = [metric_of(extra) for extra in table.column("extra_info").to_pylist()] \
+                    if "extra_info" in table.column_names else [None] * len(sources)
+                for offset, key in enumerate(zip(sources, metrics)):
+                    if key[0] is not None and key not in found:
+                        found[key] = (path, first_row + offset)
+                first_row += len(sources)
+        finally:
+            handle.close()
+    return found
+
+
+def _reward_metric_reader(schema: pa.Schema) -> tuple[list[str], Callable[[Any], Any]]:
+    """The columns to read for data_source and extra_info.reward_metric, and how to get the metric from a
+    read extra_info value."""
+    index = schema.get_field_index("extra_info")
+    kind = schema.field(index).type if index >= 0 else None
+    if kind is not None and pa.types.is_struct(kind) and kind.get_field_index("reward_metric") >= 0:
+        return ["data_source", "extra_info.reward_metric"], lambda extra: _plain((extra or {}).get("reward_metric"))
+    if kind is not None and pa.types.is_map(kind):
+        return ["data_source", "extra_info"], lambda extra: _plain(extra_info_dict(extra or []).get("reward_metric"))
+    return ["data_source"], lambda extra: None
+
+
+def _plain(value: Any) -> Any:
+    """A hashable metric value: None (also for a float NaN, pandas' missing value), a string or number as it
+    is, anything else as its text."""
+    if isinstance(value, float) and value != value:
+        return None
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
 def _read_group(handle: pq.ParquetFile, path: str, group: int, columns: list[str] | None = None) -> pa.Table:
@@ -291,6 +340,7 @@ class PromptStream:
             self._counts["bad_rows_skipped"] += 1
             return None
         row["_source"] = {"file": path, "row": index}
+        row["extra_info"] = extra_info_dict(row.get("extra_info"))  # a map column's pairs as a dict
         if self.select_fn is not None and not self.select_fn(row):
             self._counts["rows_not_selected"] += 1
             return None

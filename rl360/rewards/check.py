@@ -7,19 +7,25 @@ is never loaded whole); SCORES.jsonl gets one JSON object per row: `score`, `tim
 the number of rows, the accuracy (mean score), the timeouts and the errors.
 
 Options: `--workers N` reward processes, `--timeout S` seconds per reward call, `--max-memory-gb G` the
-address-space limit of each worker (0: none; an allocation past it is that row's MemoryError), and
+address-space limit of each worker (0: none; an allocation past it is that row's MemoryError),
 `--custom PREFIX=module:function` (repeatable) to score data_sources starting with PREFIX with that
-function, as the config's `reward.custom` does for training.
+function, as the config's `reward.custom` does for training, and `--judge-url URL --judge-model NAME`
+for the LLM judge that `stem_web` and `reward_metric=math_llm_judge` rows need (else RL360_JUDGE_URL and
+RL360_JUDGE_MODEL from the environment).
 
-The responses file is checked in full before any scoring, so a bad line (invalid JSON, no `response`,
-a line count that differs from the parquet's row count) stops the command with an error naming the
-file and line, and no scores are written.
+Before any scoring, the same data check as at the start of training (`check_reward_data`): every row's
+data_source and extra_info.reward_metric must route to a reward function, and a judge must be configured
+when one of them needs it; else an error names the file, the first offending row and what is wrong. The
+responses file is checked in full too, so a bad line (invalid JSON, no `response`, a line count that
+differs from the parquet's row count) stops the command with an error naming the file and line, and no
+scores are written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,8 +34,11 @@ from typing import Any, TextIO
 
 import pyarrow.parquet as pq
 
+from rl360.data.schema import DataError, extra_info_dict
+from rl360.data.stream import scan_reward_keys
+from rl360.rewards.judge import ENV as JUDGE_ENV
 from rl360.rewards.pool import RewardItem, RewardPool, RewardResult, domain_of
-from rl360.rewards.registry import UnknownDataSource, check_data_sources, register_reward_path
+from rl360.rewards.registry import JUDGE_SETTING, RouteError, check_route, register_reward_path
 
 
 class CheckError(ValueError):
@@ -78,20 +87,50 @@ class CheckSummary:
         return "\n".join(lines)
 
 
+def check_reward_data(paths: str | list[str], judge_configured: bool, judge_setting: str = JUDGE_SETTING) -> None:
+    """The data-open check of rewards: one scan of the files' data_source and extra_info.reward_metric
+    (`scan_reward_keys`), each distinct pair checked with `check_route`. The first offending row raises
+    that `RouteError` (a `KeyError`) with the file and row in front: an unknown data_source, a
+    reward_metric that no route for it knows (the known ones are listed), or a route that needs the LLM
+    judge while `judge_configured` is false (`judge_setting` names the setting to fill)."""
+    for (source, metric), (path, row) in scan_reward_keys(paths).items():
+        try:
+            check_route(source, metric, judge_configured, judge_setting)
+        except RouteError as err:
+            raise type(err)(f"{path} row {row}: {err}") from None
+
+
+def judge_configured(judge_cfg=None, environ: dict[str, str] | None = None) -> bool:
+    """Whether reward workers will find a judge endpoint and model: in `judge_cfg` (a `reward.judge` config;
+    its empty fields fall back to the environment, as `JudgeClient` does) or in RL360_JUDGE_URL and
+    RL360_JUDGE_MODEL."""
+    environ = os.environ if environ is None else environ
+    url = getattr(judge_cfg, "url", "") or environ.get(JUDGE_ENV["url"], "")
+    model = getattr(judge_cfg, "model", "") or environ.get(JUDGE_ENV["model"], "")
+    return bool(url.strip() and model.strip())
+
+
 def check_file(parquet_path: str | Path, responses_path: str | Path, out_path: str | Path,
-               num_workers: int = 2, timeout_s: float = 10.0, max_memory_bytes: int | None = None) -> CheckSummary:
-    """Score every row of `parquet_path` with its response from `responses_path`, writing `out_path`."""
+               num_workers: int = 2, timeout_s: float = 10.0, max_memory_bytes: int | None = None,
+               judge_env: dict[str, str] | None = None) -> CheckSummary:
+    """Score every row of `parquet_path` with its response from `responses_path`, writing `out_path`;
+    `judge_env` (RL360_JUDGE_* variables) configures the LLM judge of the reward workers."""
     parquet = pq.ParquetFile(parquet_path)
     rows = parquet.metadata.num_rows
     for column in ("data_source", "reward_model"):
         if column not in parquet.schema_arrow.names:
             raise CheckError(f"{parquet_path}: missing column {column!r}; the file has {parquet.schema_arrow.names}")
     responses = read_responses(responses_path, rows, parquet_path)
-    _check_sources(parquet, parquet_path)
+    judge_env = dict(judge_env or {})
+    try:
+        check_reward_data(str(parquet_path), judge_configured(environ={**os.environ, **judge_env}),
+                          "--judge-url and --judge-model (or RL360_JUDGE_URL and RL360_JUDGE_MODEL)")
+    except (RouteError, DataError) as err:
+        raise CheckError(str(err)) from None
     columns = [c for c in ("data_source", "reward_model", "extra_info") if c in parquet.schema_arrow.names]
     summary = CheckSummary()
-    with RewardPool(num_workers=num_workers, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes) as pool, \
-            open(out_path, "w", encoding="utf-8") as out:
+    with RewardPool(num_workers=num_workers, timeout_s=timeout_s, max_memory_bytes=max_memory_bytes,
+                    env=judge_env) as pool, open(out_path, "w", encoding="utf-8") as out:
         first_row = 0
         for group in range(parquet.num_row_groups):
             items = list(_items(parquet.read_row_group(group, columns=columns).to_pylist(), first_row,
@@ -143,6 +182,10 @@ def add_reward_parser(subparsers: Any) -> argparse.ArgumentParser:
     check.add_argument("--custom", action="append", default=[], type=_custom_reward, metavar="PREFIX=MODULE:FN",
                        help="score data_sources starting with PREFIX with this function (repeatable), "
                             "like reward.custom in the config")
+    check.add_argument("--judge-url", default="", help="OpenAI-compatible endpoint of the LLM judge, e.g. "
+                       "http://host:8000/v1 (default: $RL360_JUDGE_URL), for stem_web and math_llm_judge rows")
+    check.add_argument("--judge-model", default="", help="model name the judge endpoint serves "
+                       "(default: $RL360_JUDGE_MODEL)")
     check.set_defaults(run=run_check)
     return reward
 
@@ -158,8 +201,11 @@ def run_check(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
                 register_reward_path(prefix, ref)
             except (ImportError, AttributeError, TypeError, ValueError) as err:
                 raise CheckError(f"--custom {prefix}={ref}: {err}") from None
+        judge = {JUDGE_ENV[name]: value for name, value in (("url", args.judge_url), ("model", args.judge_model))
+                 if value}
         summary = check_file(args.parquet, args.responses, args.out, num_workers=args.workers,
-                             timeout_s=args.timeout, max_memory_bytes=int(args.max_memory_gb * (1 << 30)) or None)
+                             timeout_s=args.timeout, max_memory_bytes=int(args.max_memory_gb * (1 << 30)) or None,
+                             judge_env=judge)
     except (CheckError, FileNotFoundError) as err:
         print(f"rl360 reward check: error: {err}", file=sys.stderr)
         return 2
@@ -182,23 +228,8 @@ def _items(rows: list[dict], first_row: int, responses: list[str], parquet_path:
         source, reward = row.get("data_source"), row.get("reward_model")
         if not isinstance(reward, dict) or reward.get("ground_truth") is None:
             raise CheckError(f"{parquet_path} row {index}: key 'reward_model.ground_truth' is missing")
-        extra = row.get("extra_info")
-        if isinstance(extra, list):  # a map column reads as a list of (key, value) pairs
-            extra = dict(extra)
-        yield RewardItem(source, responses[index], str(reward["ground_truth"]), extra)
-
-
-def _check_sources(parquet: pq.ParquetFile, parquet_path: str | Path) -> None:
-    """Every data_source has a reward function (read column-only, before any scoring)."""
-    first_row = 0
-    for group in range(parquet.num_row_groups):
-        sources = parquet.read_row_group(group, columns=["data_source"]).column(0).to_pylist()
-        for offset, source in enumerate(sources):
-            try:
-                check_data_sources([source])
-            except UnknownDataSource as err:
-                raise CheckError(f"{parquet_path} row {first_row + offset}: {err}") from None
-        first_row += len(sources)
+        extra = extra_info_dict(row.get("extra_info"))  # as the trainer's data stream gives it
+        yield RewardItem(source, responses[index], reward["ground_truth"], extra)
 
 
 def _write(out: TextIO, result: RewardResult) -> None:

@@ -1,4 +1,17 @@
-"""`math`: math-verify on the last \\boxed{} (or \\fbox{}) of the response after any </think>.
+"""Math answers compared with math-verify: the `math*` prefix, verl's MATH / DAPO / AIME / NuminaMath names.
+
+Two ways of reading the answer:
+
+- `math_score` (`math*`, `lighteval/MATH`, `DigitalLearningGmbH/MATH-lighteval`, `HuggingFaceH4/MATH-500`):
+  the last \\boxed{} (or \\fbox{}) of the response after any </think>; no box scores 0.
+- `stated_math_score` (`math`, `math_dapo`, `math_dapo_reasoning`, `aime*`, the six `numina_*` names, and
+  `extra_info.reward_metric = "prime_math"` on `math*`): the last \\boxed{}, or a later "Answer: X" /
+  "the answer is X" (to the end of its line; a `$...$` in it is taken as the answer, so Minerva's "Final
+  Answer: The final answer is $34$. I hope it is correct." reads 34), whichever comes last. verl's
+  math_dapo reads only "Answer: X" and scores -1 / 1; here both forms count and scores are 0 / 1.
+
+Either way the answer is compared with the ground truth (a string; one holding a \\boxed{} is reduced to its
+content) by math-verify, under one time limit.
 
 Timeouts. math-verify 0.9.0 guards `parse` (`parsing_timeout=5`) and `verify` (`timeout_seconds=5`, per
 gold x prediction pair) with `signal.alarm`: whole seconds, one alarm per operation (so one call can
@@ -14,6 +27,8 @@ worker is killed) is the guard. A comparison past the limit scores 0.
 from __future__ import annotations
 
 import logging
+import numbers
+import re
 import signal
 import threading
 import time
@@ -26,6 +41,12 @@ from rl360.rewards.registry import register_reward
 
 TIMEOUT_S = 5.0  # budget of one whole comparison (both parses and the verify), main thread only
 _BOXES = ("\\boxed", "\\fbox")
+_STATED = re.compile(r"\banswer\s*(?:is\b\s*:?|:)[ \t]*([^\n]*\S)", re.IGNORECASE)  # "Answer: X", "answer is X"
+_DOLLARS = re.compile(r"\$([^$]+)\$")
+NUMINA_SOURCES = ("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc",
+                  "numina_cn_k12", "numina_olympiads")
+_BOXED_TRUTH = ("the final answer as LaTeX or plain text, e.g. `\\frac{1}{2}` (one holding a \\boxed{} counts by "
+                "its content)")
 logger = logging.getLogger(__name__)
 
 
@@ -118,19 +139,71 @@ def is_equiv(pred: str, ground_truth: str) -> bool:
     return bool(gold) and bool(answer) and verify(gold, answer, timeout_seconds=None)
 
 
-@register_reward("math")
+@register_reward("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", exact=True,
+                 truth=_BOXED_TRUTH, answer="the last \\boxed{} after any </think>, compared by math-verify")
+@register_reward("math", truth=_BOXED_TRUTH,
+                 answer="the last \\boxed{} (or \\fbox{}) after any </think>, compared by math-verify; no box scores 0")
 def math_score(solution_str: str, ground_truth: str, extra_info: dict | None = None) -> dict:
     """1.0 when the last boxed answer after any </think> equals `ground_truth` (math-verify), else 0.0."""
     pred = last_boxed(strip_thinking(solution_str))
+    return {"score": _verified(pred, ground_truth), "pred": pred}
+
+
+_STATED_ANSWER = ("the last \\boxed{} or a later \"Answer: X\" / \"the answer is X\" line after any </think>, "
+                  "compared by math-verify; 0/1 (verl's math_dapo: -1/1)")
+
+
+@register_reward("math", metric="prime_math", truth=_BOXED_TRUTH, answer=_STATED_ANSWER)
+@register_reward(*NUMINA_SOURCES, exact=True, truth=_BOXED_TRUTH, answer=_STATED_ANSWER)
+@register_reward("aime", truth="the final answer, usually an integer", answer=_STATED_ANSWER)
+@register_reward("math", "math_dapo", "math_dapo_reasoning", exact=True, truth=_BOXED_TRUTH, answer=_STATED_ANSWER)
+def stated_math_score(solution_str: str, ground_truth: str, extra_info: dict | None = None) -> dict:
+    """1.0 when the stated answer (`stated_answer`) equals `ground_truth` (math-verify), else 0.0."""
+    pred = stated_answer(solution_str)
+    return {"score": _verified(pred, ground_truth), "pred": pred}
+
+
+def stated_answer(response: str) -> str | None:
+    """The answer a response states after any </think>: the last \\boxed{}, or the value of a later
+    "Answer: X" / "the answer is X" line (its first `$...$` if it has one, else the line without a final
+    period or markdown bold), whichever comes last; None when there is neither."""
+    text = strip_thinking(response)
+    box_at = max(text.rfind(box) for box in _BOXES)
+    lines = list(_STATED.finditer(text))
+    if lines and lines[-1].start() > box_at:
+        return _line_value(lines[-1].group(1))
+    boxed = last_boxed(text) if box_at >= 0 else None
+    if boxed is None and lines:  # an unclosed box after the last answer line
+        return _line_value(lines[-1].group(1))
+    return boxed
+
+
+def _line_value(value: str) -> str:
+    """The answer in the rest of an "Answer:" line."""
+    if any(box in value for box in _BOXES):
+        boxed = last_boxed(value)
+        if boxed is not None:
+            return boxed
+    dollars = _DOLLARS.search(value)
+    if dollars:
+        return dollars.group(1).strip()
+    return value.replace("**", "").strip().rstrip(".").strip()
+
+
+def _verified(pred: str | None, ground_truth) -> float:
+    """1.0 when math-verify finds `pred` equal to `ground_truth` within `TIMEOUT_S`, else 0.0."""
     if pred is None:
-        return {"score": 0.0, "pred": None}
+        return 0.0
+    if not isinstance(ground_truth, (str, numbers.Real)) or isinstance(ground_truth, bool):
+        raise ValueError(f"math: ground truth must be a string (or a number), got {type(ground_truth).__name__} "
+                         f"{str(ground_truth)[:80]!r}")
     try:
         with time_limit(TIMEOUT_S):
-            correct = is_equiv(pred, ground_truth)
+            correct = is_equiv(pred, str(ground_truth))
     except MathTimeout:
         logger.warning("math-verify timed out after %g s on the answer %.200r; scored 0", TIMEOUT_S, pred)
         correct = False
-    return {"score": 1.0 if correct else 0.0, "pred": pred}
+    return 1.0 if correct else 0.0
 
 
 def _as_boxed(answer: str) -> str:

@@ -114,7 +114,7 @@ class RewardPool:
         """One result per item, in input order. `KeyError` (before any call) for an unknown data_source."""
         if self._closed:
             raise RuntimeError("RewardPool.score called after close()")
-        refs = [reward_ref(item.data_source) for item in items]
+        refs = [reward_ref(item.data_source, item.extra_info) for item in items]
         if self.num_workers == 0:
             with _extra_environment(self._extra_env):
                 results = [score_one(ref, item) for ref, item in zip(refs, items)]
