@@ -137,6 +137,11 @@ class RewardConfig:
     overlong_buffer_len: int = 0  # DAPO overlong penalty: last this many tokens of the budget (0: off)
     overlong_penalty_factor: float = 1.0  # penalty reached at rollout.max_response_length
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    # refuse to run untrusted code (codegen, CRUXEval) where the sandbox cannot fully isolate it (no uid
+    # switch, no namespaces): at start when the data holds such rewards, else the row scores 0 as an error
+    require_isolation: bool = True
+    # environment variables reward workers get beyond their allow-list (rl360.rewards.pool's docstring)
+    env_passthrough: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -1,7 +1,10 @@
 """The reward registry and the timeout-wrapped process pool."""
 
+import ctypes
+import multiprocessing
 import os
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +18,10 @@ from rl360.rewards import (
     register_reward,
     register_reward_path,
 )
+from rl360.rewards.judge import judge_key_env
+from rl360.rewards.pool import open_reward_pool, worker_environment
+from rl360.rewards.registry import Route, find_route
+from rl360.rewards.sandbox import ISOLATION_ENV, REQUIRE_ENV, IsolationError, isolation
 
 # upper bounds only, far above the expected time: they prove that nothing blocks, not speed
 NON_BLOCKING_S = 20
@@ -212,16 +219,124 @@ def _running(pid: int) -> bool:
 
 def test_workers_see_the_environment_of_the_pools_creation_and_extra_env(monkeypatch):
     """Workers fork from a long-lived forkserver; they still get the environment the pool was made in
-    (not the one of the first pool), plus `env`."""
+    (not the one of the first pool; only the allow-listed and passed-through variables of it), plus `env`."""
     with RewardPool(num_workers=1, timeout_s=10) as pool:  # starts the forkserver if none runs yet
         assert pool.score([RewardItem("test_env", "RL360_TEST_ENV_A", "")])[0].score == -1.0
     monkeypatch.setenv("RL360_TEST_ENV_A", "2")
-    with RewardPool(num_workers=1, timeout_s=10, env={"RL360_TEST_ENV_B": "3"}) as pool:
+    monkeypatch.setenv("RL360_TEST_ENV_C", "5")  # neither allow-listed nor passed through: the workers lack it
+    with RewardPool(num_workers=1, timeout_s=10, env={"RL360_TEST_ENV_B": "3"},
+                    env_passthrough=["RL360_TEST_ENV_A"]) as pool:
         results = pool.score([RewardItem("test_env", name, "") for name in ("RL360_TEST_ENV_A", "RL360_TEST_ENV_B")])
         assert [r.score for r in results] == [2.0, 3.0]
+        assert pool.score([RewardItem("test_env", "RL360_TEST_ENV_C", "")])[0].score == -1.0
         pool.score([RewardItem("test_exit", "", "")])  # the replacement worker gets the same environment
         assert pool.score([RewardItem("test_env", "RL360_TEST_ENV_B", "")])[0].score == 3.0
     assert "RL360_TEST_ENV_B" not in os.environ
     in_process = RewardPool(num_workers=0, env={"RL360_TEST_ENV_B": "4"})
     assert in_process.score([RewardItem("test_env", "RL360_TEST_ENV_B", "")])[0].score == 4.0
     assert "RL360_TEST_ENV_B" not in os.environ
+
+
+# --- the workers' environment: an allow-list, the pool's env, and the judge's key only when it is used ----
+
+PARENT = {"PATH": "/bin", "HOME": "/home/u", "LC_ALL": "C.UTF-8", "WANDB_API_KEY": "wandb", "HF_TOKEN": "hf",
+          "AWS_SECRET_ACCESS_KEY": "aws", "RL360_JUDGE_API_KEY": "judge-key", "OPENAI_API_KEY": "openai-key",
+          "MY_KEY": "my-key", "RL360_SANDBOX_URL": "http://sandbox:8080", "RL360_JUDGE_MODEL": "judge-model",
+          "EXTRA": "extra"}
+BASE = {"PATH": "/bin", "HOME": "/home/u", "LC_ALL": "C.UTF-8", "RL360_SANDBOX_URL": "http://sandbox:8080",
+        "RL360_JUDGE_MODEL": "judge-model"}
+
+
+def test_worker_environment_keeps_only_what_workers_need():
+    assert worker_environment(PARENT) == BASE
+    assert worker_environment(PARENT, passthrough=["EXTRA", "NOT_SET"]) == {**BASE, "EXTRA": "extra"}
+    assert worker_environment(PARENT, {"PATH": "/opt/bin", "RL360_X": "1"}) == {**BASE, "PATH": "/opt/bin",
+                                                                                 "RL360_X": "1"}
+    for bad in (["A=B"], [""], [None], "EXTRA"):
+        with pytest.raises(ValueError, match="env_passthrough"):
+            worker_environment(PARENT, passthrough=bad)
+
+
+def test_the_judges_key_reaches_workers_only_where_a_judge_is_configured():
+    judge = {"RL360_JUDGE_URL": "http://judge:8000/v1"}
+    assert worker_environment(PARENT, judge) == {**BASE, **judge, "RL360_JUDGE_API_KEY": "judge-key"}
+    named = {**judge, "RL360_JUDGE_API_KEY_ENV": "MY_KEY"}  # reward.judge.api_key_env: only that variable
+    assert worker_environment(PARENT, named) == {**BASE, **named, "MY_KEY": "my-key"}
+    fallback = {name: value for name, value in PARENT.items() if name not in ("RL360_JUDGE_API_KEY", "MY_KEY")}
+    assert judge_key_env(named, fallback) == {"OPENAI_API_KEY": "openai-key"}  # as JudgeClient looks it up
+    assert judge_key_env({}, PARENT) == {} and judge_key_env({"RL360_JUDGE_URL": " "}, PARENT) == {}
+    assert judge_key_env(judge, {"PATH": "/bin"}) == {}
+
+
+def test_workers_get_the_allow_list_and_the_judges_key_and_nothing_else(monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "91")
+    monkeypatch.setenv("MY_JUDGE_KEY", "37")
+    settings = {"RL360_JUDGE_URL": "http://judge:8000/v1", "RL360_JUDGE_API_KEY_ENV": "MY_JUDGE_KEY"}
+    with RewardPool(num_workers=1, timeout_s=30, env=settings) as pool:
+        results = pool.score([RewardItem("test_env", name, "") for name in ("MY_JUDGE_KEY", "WANDB_API_KEY")])
+        assert [r.score for r in results] == [37.0, -1.0]
+        assert pool.score([RewardItem("test_dumpable", "", "")])[0].score == 0.0  # PR_GET_DUMPABLE in the worker
+    with RewardPool(num_workers=1, timeout_s=30) as pool:  # no judge endpoint: no key
+        assert pool.score([RewardItem("test_env", "MY_JUDGE_KEY", "")])[0].score == -1.0
+
+
+# --- asking a worker: what isolation code gets there, and the start of a run --------------------------------
+
+
+def test_run_in_worker_calls_a_function_there_and_reports_its_failure():
+    with RewardPool(num_workers=1, timeout_s=30) as pool:
+        assert pool.run_in_worker("os:getpid") == pool._workers[0].process.pid
+        with pytest.raises(RuntimeError, match=r"tests.test_reward_pool:failing_call failed in a reward worker: "
+                                               r"ValueError: no answer here"):
+            pool.run_in_worker(f"{__name__}:failing_call")
+        assert pool.score([_math(2)])[0].score == 1.0  # the worker still scores
+    assert RewardPool(num_workers=0).run_in_worker("os:getpid") == os.getpid()
+    with pytest.raises(RuntimeError, match="after close"):
+        pool.run_in_worker("os:getpid")
+
+
+def _reward_cfg(**overrides):
+    """A `reward` config section, as rl360.config.RewardConfig holds it."""
+    judge = SimpleNamespace(url="", model="", api_key_env="RL360_JUDGE_API_KEY", template="correctness",
+                            max_concurrency=8, timeout_s=60.0, max_retries=3, backoff_s=1.0, deadline_s=300.0)
+    fields = dict(num_workers=1, timeout_s=30.0, max_memory_gb=0.0, judge=judge, require_isolation=True,
+                  env_passthrough=[])
+    return SimpleNamespace(**{**fields, **overrides})
+
+
+MARKED = {"test_marked_pool__x": Route("test_marked_pool", False, "default", f"{__name__}:marked_pool_reward",
+                                       runs_code=True),
+          "math__y": find_route("math__y")}
+
+
+def test_a_run_announces_missing_isolation_and_refuses_untrusted_code_at_start(monkeypatch):
+    monkeypatch.setenv(ISOLATION_ENV, "network")  # allow-listed: the workers see it, as a user's shell would set it
+    before = set(multiprocessing.active_children())
+    lines = []
+    with pytest.raises(IsolationError, match=r"the data holds \['test_marked_pool__x'\], scored by running the "
+                                             r"response's code: refusing to run untrusted code .*missing: uid"):
+        open_reward_pool(_reward_cfg(), MARKED, announce=lines.append)
+    assert len(lines) == 1 and lines[0].startswith("rl360 sandbox: WARNING: untrusted code is not fully isolated")
+    assert "missing: uid (turned off by RL360_SANDBOX_ISOLATION='network')" in lines[0]
+    assert not set(multiprocessing.active_children()) - before  # the refused pool's workers are gone
+    open_reward_pool(_reward_cfg(), {"math__y": MARKED["math__y"]}, announce=lines.append).close()  # no such data
+    pool = open_reward_pool(_reward_cfg(require_isolation=False), MARKED, announce=lines.append)
+    with pool:  # accepted knowingly: it starts, says so, and the workers know it
+        assert lines[-1].endswith("; code runs anyway (reward.require_isolation=false)")
+        assert pool.score([RewardItem("test_env", REQUIRE_ENV, "")])[0].score == 0.0
+
+
+@pytest.mark.skipif(not isolation().complete, reason="this machine cannot fully isolate sandboxed code")
+def test_a_run_with_full_isolation_starts_and_says_so(capsys):
+    open_reward_pool(_reward_cfg(), MARKED).close()
+    assert capsys.readouterr().out.startswith("rl360 sandbox: untrusted code runs isolated: a uid of its own")
+
+
+def failing_call():
+    raise ValueError("no answer here")
+
+
+@register_reward("test_dumpable")
+def dumpable(solution_str, ground_truth, extra_info=None):
+    """PR_GET_DUMPABLE of the worker: 0 once it made itself non-dumpable."""
+    return float(ctypes.CDLL(None, use_errno=True).prctl(3, 0, 0, 0, 0))

@@ -14,13 +14,26 @@ import pytest
 from rl360.rewards import RewardItem, RewardPool, RewardResult, codegen, register_reward
 from rl360.rewards.codegen import codegen_score, extract_code, outputs_match
 from rl360.rewards.sandbox import (
+    FEATURES,
+    ISOLATION_ENV,
+    REQUIRE_ENV,
+    Isolation,
+    IsolationError,
     SandboxLimits,
     _uid_for,
+    allowed_features,
     filesystem_isolation_available,
+    isolation,
+    isolation_env,
+    isolation_required,
     network_isolation_available,
+    process_isolation_available,
+    refuse_untrusted_code,
+    run_command,
     run_python,
     sandbox_uid,
 )
+from tests.test_sandbox_secrets import as_nobody_python
 
 needs_uid = pytest.mark.skipif(sandbox_uid() is None, reason="this process cannot run code under another uid")
 needs_netns = pytest.mark.skipif(not network_isolation_available(), reason="the kernel refuses network namespaces")
@@ -37,9 +50,10 @@ SPREAD = ("import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        
 
 @register_reward("test_small_codegen")
 def small_codegen(solution_str, ground_truth, extra_info=None):
-    """The codegen reward with a 2 s case timeout and SMALL_MEMORY in all (pool workers import it)."""
+    """The codegen reward with a 5 s case timeout (long enough for 1.6 GiB to be touched on a loaded machine)
+    and SMALL_MEMORY in all (pool workers import it)."""
     limits = functools.partial(SandboxLimits, memory_bytes=SMALL_MEMORY)
-    with mock.patch.object(codegen, "CASE_TIMEOUT_S", 2.0), mock.patch.object(codegen, "SandboxLimits", limits):
+    with mock.patch.object(codegen, "CASE_TIMEOUT_S", 5.0), mock.patch.object(codegen, "SandboxLimits", limits):
         return codegen_score(solution_str, ground_truth, extra_info)
 
 
@@ -276,6 +290,7 @@ def test_without_a_uid_of_its_own_memory_is_summed_over_its_session(monkeypatch)
     from rl360.rewards import sandbox
 
     monkeypatch.setattr(sandbox, "sandbox_uid", lambda: None)
+    monkeypatch.setenv(REQUIRE_ENV, "0")  # missing isolation is refused unless not required
     result = run_python(SPREAD, limits=SandboxLimits(memory_bytes=SMALL_MEMORY, timeout_s=10.0))
     assert result.memory_exceeded and not result.timed_out and not result.uid_isolated
 
@@ -310,6 +325,7 @@ def test_without_network_namespaces_code_still_runs_and_says_so(monkeypatch):
     from rl360.rewards import sandbox
 
     monkeypatch.setattr(sandbox, "network_isolation_available", lambda: False)
+    monkeypatch.setenv(REQUIRE_ENV, "0")  # missing isolation is refused unless not required
     result = run_python("print('hi')")
     assert result.ok and result.stdout == "hi\n" and result.network_isolated is False
 
@@ -318,5 +334,132 @@ def test_without_mount_namespaces_code_still_runs_and_says_so(monkeypatch):
     from rl360.rewards import sandbox
 
     monkeypatch.setattr(sandbox, "filesystem_isolation_available", lambda: False)
+    monkeypatch.setenv(REQUIRE_ENV, "0")  # missing isolation is refused unless not required
     result = run_python("import os\nprint(os.listdir('.'))")
     assert result.ok and result.stdout == "['solution.py']\n" and result.filesystem_isolated is False
+
+
+# --- isolation: what is in effect, said in one line, and refused where it is missing --------------------
+
+needs_processes = pytest.mark.skipif(sandbox_uid() is None or not process_isolation_available(),
+                                     reason="no uid switch or no private /proc here")
+REFUSES = RewardItem("codegen__t", _doubling(), DOUBLE)
+
+
+def test_isolation_settings_are_read_strictly():
+    assert allowed_features({}) == frozenset(FEATURES) == allowed_features({ISOLATION_ENV: " Auto "})
+    assert allowed_features({ISOLATION_ENV: "none"}) == frozenset()
+    assert allowed_features({ISOLATION_ENV: "uid, network"}) == {"uid", "network"}
+    with pytest.raises(ValueError, match=r"RL360_SANDBOX_ISOLATION='uid,net': unknown isolation \['net'\]"):
+        allowed_features({ISOLATION_ENV: "uid,net"})
+    assert isolation_required({}) and isolation_required({REQUIRE_ENV: "yes"})
+    assert not isolation_required({REQUIRE_ENV: "0"}) and not isolation_required({REQUIRE_ENV: "False"})
+    with pytest.raises(ValueError, match="RL360_SANDBOX_REQUIRE_ISOLATION='maybe'"):
+        isolation_required({REQUIRE_ENV: "maybe"})
+    assert isolation_env(False) == {REQUIRE_ENV: "0"} and isolation_env(True) == {REQUIRE_ENV: "1"}
+
+
+@needs_uid
+@needs_processes
+def test_full_isolation_is_announced_and_code_runs():
+    found = isolation({})
+    assert found.in_effect == FEATURES and found.missing == () and not found.refuses
+    assert found.summary() == ("rl360 sandbox: untrusted code runs isolated: a uid of its own, no network, "
+                               "private /tmp, /var/tmp, /dev/shm and work directory, other processes hidden "
+                               "(private /proc)")
+    result = run_python("print('ok')")
+    assert result.ok and result.uid_isolated and result.network_isolated and result.filesystem_isolated
+    assert result.processes_isolated
+
+
+def test_without_isolation_untrusted_code_is_refused_and_the_line_says_what_is_missing(monkeypatch):
+    monkeypatch.setenv(ISOLATION_ENV, "network,filesystem")  # as a machine without root would be
+    found = isolation()
+    assert "uid" not in found.in_effect and found.refuses and "\n" not in found.summary()
+    assert found.summary().startswith("rl360 sandbox: WARNING: untrusted code is not fully isolated; in effect: ")
+    assert "missing: uid (turned off by RL360_SANDBOX_ISOLATION='network,filesystem'); processes (" in found.summary()
+    assert found.summary().endswith("; code is refused (reward.require_isolation=true)")
+    with pytest.raises(IsolationError, match=r"refusing to run untrusted code without isolation \(missing: uid"):
+        run_python("open('/tmp/never-written', 'w')")
+    with pytest.raises(IsolationError):
+        run_command(["/bin/true"])
+    monkeypatch.setenv(REQUIRE_ENV, "0")  # the user accepts the risk: it runs, and says what it had
+    assert isolation().summary().endswith("; code runs anyway (reward.require_isolation=false)")
+    result = run_python("import os\nprint(os.getuid())")
+    assert result.ok and result.stdout == f"{os.getuid()}\n" and not result.uid_isolated
+    assert not result.processes_isolated
+
+
+def test_a_codegen_row_without_isolation_scores_zero_as_a_counted_error(monkeypatch):
+    with RewardPool(num_workers=1, timeout_s=60, env={ISOLATION_ENV: "none"}) as pool:
+        found = pool.sandbox_isolation()  # probed in the worker, with the worker's environment
+        assert found.refuses and found.in_effect == () and [f for f, _ in found.missing] == list(FEATURES)
+        [result] = pool.score([REFUSES])
+        assert result.score == 0.0 and result.error.startswith("IsolationError: refusing to run untrusted code")
+        assert pool.last_metrics()["reward/errors/codegen"] == 1
+
+
+@needs_uid
+@needs_mountns
+def test_isolation_is_probed_once_per_process_with_one_run(monkeypatch):
+    from rl360.rewards import sandbox
+
+    runs = []
+    real_run = sandbox._run
+
+    def counting(*args, **kwargs):
+        runs.append(args[0])
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(sandbox, "_run", counting)
+    sandbox._unsupported.cache_clear()
+    sandbox._probe.cache_clear()
+    first = isolation()
+    assert runs == [["/bin/true"]]  # everything available: one probe with all of it
+    assert isolation() == first and runs == [["/bin/true"]]  # then cached
+
+
+@needs_uid
+@needs_processes
+def test_other_processes_are_invisible_and_stdin_still_opens_by_path():
+    code = ("import os\npids = sorted(int(n) for n in os.listdir('/proc') if n.isdigit())\n"
+            "print(pids == [os.getpid()], os.path.exists(f'/proc/{os.getppid()}'), os.path.exists('/proc/1'))\n"
+            "print(open('/dev/stdin').read())")
+    result = run_python(code, stdin="from stdin")
+    assert result.ok and result.stdout == "True False False\nfrom stdin\n", result.stderr
+
+
+def test_as_a_user_that_cannot_switch_uid_the_run_warns_and_refuses(tmp_path):
+    """A real non-root process (setpriv to nobody): the probe finds no uid switch, the start-up line says so,
+    code is refused; allowed knowingly, it runs as that user."""
+    script = ("import json, os\nfrom rl360.rewards.sandbox import IsolationError, isolation, run_python\n"
+              "report = {'summary': isolation().summary()}\n"
+              "try:\n    run_python('print(1)')\nexcept IsolationError as err:\n    report['refused'] = str(err)\n"
+              "os.environ['RL360_SANDBOX_REQUIRE_ISOLATION'] = '0'\n"
+              "result = run_python('import os; print(os.getuid())')\n"
+              "report.update(stdout=result.stdout, uid_isolated=result.uid_isolated, error=result.error)\n"
+              "print(json.dumps(report))\n")
+    command, path = as_nobody_python()
+    tmp_path.chmod(0o777)
+    done = subprocess.run([*command, "-c", script], env={"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+                          "PYTHONPATH": path}, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["summary"].startswith("rl360 sandbox: WARNING: untrusted code is not fully isolated")
+    assert "missing: uid (this process cannot switch to another uid (it is not root)" in report["summary"]
+    assert "refusing to run untrusted code without isolation (missing: uid" in report["refused"]
+    assert report["stdout"] == "65534\n" and report["uid_isolated"] is False and report["error"] is None
+
+
+def test_only_rewards_that_run_code_make_a_run_refuse_at_start():
+    from rl360.rewards.registry import find_route
+
+    missing = Isolation(("network",), (("uid", "why"),), required=True)
+    refs = {source: find_route(source) for source in ("codegen__x", "simulation__cruxeval_i", "taco", "math__z",
+                                                       "logic__zebra_puzzle", "simulation__codeio")}
+    with pytest.raises(IsolationError, match=r"the data holds \['codegen__x', 'simulation__cruxeval_i', 'taco'\], "
+                                             r"scored by running the response's code: refusing to run untrusted code"):
+        refuse_untrusted_code(refs, missing)
+    refuse_untrusted_code(refs, Isolation(("network",), (("uid", "why"),), required=False))  # not required
+    refuse_untrusted_code(refs, Isolation(FEATURES, (), required=True))  # complete
+    refuse_untrusted_code(refs, Isolation((), (), required=True, remote_url="http://sandbox:8080"))  # remote

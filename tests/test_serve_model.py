@@ -1,9 +1,13 @@
 """`rl360 serve model` (a real server process on the quickstart model) answering the OpenAI API, and the
 LLM-judge client talking to it."""
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -12,6 +16,7 @@ from transformers import AutoTokenizer
 from rl360.data import PromptRenderer
 from rl360.quickstart.assets import build_quickstart_model
 from rl360.rewards.judge import JudgeClient, JudgeItem
+from rl360.serve.loadgen import MemorySampler, burst, service_command, start_service
 
 KEY = "sk-serve-test-key-4242"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -113,3 +118,114 @@ def test_judge_client_talks_to_the_server(served):
                                  for a in range(4)])
     assert all(r.score is not None or r.error == "unparseable" for r in results), [r.error for r in results]
     assert judge.metrics()["judge/requests"] == 4
+
+
+# ---- the service layer under `serve model` (rl360/serve/service.py) ----
+
+def _start_model(model_dir, *options):
+    argv = service_command("model", "--model", str(model_dir), "--port", "0", "--served-model-name", "tiny",
+                           "--api-key-env", "RL360_TEST_SERVE_KEY", *options)
+    return start_service(argv, env={**os.environ, "RL360_TEST_SERVE_KEY": KEY}, timeout_s=120)
+
+
+def _metric(url, name):
+    text = httpx.get(f"{url}/metrics", headers=AUTH, timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.split("{")[0].split(" ")[0] == name)
+
+
+@pytest.fixture(scope="module")
+def crowded(served):
+    """A second server on the same model taking at most 4 requests at once."""
+    proc, url = _start_model(served[1], "--max-in-flight", "4")
+    yield proc, url.removesuffix("/v1")
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("raw, status, param, said", [
+    (b'{"model": "tiny", "messages": [', 400, None, "line 1 column 32"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "temprature": 0}', 400, "temprature",
+     "unknown field 'temprature'"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "temperature": "0"}', 400, "temperature",
+     "must be a number"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "logprobs": true}', 400, "logprobs",
+     "not supported"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "presence_penalty": 0.5}', 400,
+     "presence_penalty", "not supported"),
+    (b'{"model": "tiny", "messages": "hi"}', 400, "messages", "non-empty list"),
+    (b'{"model": 3, "messages": []}', 400, "model", "must be a string"),
+])
+def test_malformed_json_unknown_fields_and_wrong_types_name_the_field(served, raw, status, param, said):
+    url, _ = served
+    reply = httpx.post(f"{url}/chat/completions", content=raw, headers=AUTH, timeout=60)
+    assert reply.status_code == status
+    error = reply.json()["error"]
+    assert error["param"] == param and said in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_neutral_openai_keys_are_accepted_and_health_and_metrics_answer(served):
+    url, _ = served
+    generated = _metric(url.removesuffix("/v1"), "rl360_model_generations_total")
+    reply = _chat(url, max_tokens=2, frequency_penalty=0.0, presence_penalty=0, logprobs=False, user="judge",
+                  response_format={"type": "text"}, tools=[], stream=False)
+    assert reply.status_code == 200 and reply.json()["object"] == "chat.completion"
+    base = url.removesuffix("/v1")
+    assert httpx.get(f"{base}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{base}/metrics").status_code == 401
+    assert _metric(base, "rl360_model_generations_total") == generated + 1
+    unauthorized = httpx.post(f"{url}/chat/completions", json={"model": "tiny", "messages": []},
+                              headers={"Authorization": "Bearer wrong"})
+    assert unauthorized.json()["error"]["type"] == "authentication_error"
+    assert _metric(base, "rl360_model_generations_total") == generated + 1  # nothing ran for it
+
+
+@pytest.mark.timeout(120)
+def test_a_burst_is_answered_200_or_429_with_retry_after_in_bounded_memory(crowded):
+    proc, base = crowded
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "3+4"}], "max_tokens": 1}).encode()
+    memory = MemorySampler(proc.pid).start()
+    report = burst(f"{base}/v1/chat/completions", requests=300, clients=32, body=body, headers=AUTH,
+                   request_timeout_s=60, time_limit_s=90)
+    memory.stop()
+    assert report.sent == 300 and report.answered == 300 and not report.failures, report.summary()
+    assert set(report.statuses) <= {200, 429} and report.statuses[200] >= 4 and report.statuses[429] > 0
+    assert report.missing_retry_after == 0
+    assert memory.peak_rss - memory.start_rss < 96 << 20, (memory.start_rss, memory.peak_rss)
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_during_generation_ends_requests_and_a_restart_answers(served):
+    grace = 3.0
+    proc, url = _start_model(served[1], "--max-in-flight", "16", "--shutdown-grace", str(grace))
+    try:  # sixteen greedy 16 x 240-token generations, about half a second each, one at a time
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "3+4"}], "max_tokens": 240, "n": 16,
+                "temperature": 0}
+        with ThreadPoolExecutor(16) as threads:
+            replies = [threads.submit(httpx.post, f"{url}/chat/completions", json=body, headers=AUTH, timeout=60)
+                       for _ in range(16)]
+            base = url.removesuffix("/v1")
+            ends = time.monotonic() + 30
+            while _metric(base, "rl360_http_requests_in_flight") < 16 and time.monotonic() < ends:
+                time.sleep(0.05)
+            signalled = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=grace + 30)
+            exited_after = time.monotonic() - signalled
+            replies = [future.result() for future in replies]
+        assert exited_after <= grace + 0.5, exited_after
+        for reply in replies:
+            assert reply.status_code in (200, 503), reply.text
+            if reply.status_code == 503:
+                assert reply.json()["error"]["message"] == "cancelled: service shutting down"
+        assert any(reply.status_code == 503 for reply in replies)  # those still waiting for the engine
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    proc, url = _start_model(served[1])
+    try:
+        assert _chat(url, max_tokens=2).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -38,7 +38,7 @@ from rl360.data.schema import DataError, extra_info_dict
 from rl360.data.stream import scan_reward_keys
 from rl360.rewards.judge import ENV as JUDGE_ENV
 from rl360.rewards.pool import RewardItem, RewardPool, RewardResult, domain_of
-from rl360.rewards.registry import JUDGE_SETTING, RouteError, check_route, register_reward_path
+from rl360.rewards.registry import JUDGE_SETTING, Route, RouteError, check_route, register_reward_path
 
 
 class CheckError(ValueError):
@@ -87,17 +87,23 @@ class CheckSummary:
         return "\n".join(lines)
 
 
-def check_reward_data(paths: str | list[str], judge_configured: bool, judge_setting: str = JUDGE_SETTING) -> None:
+def check_reward_data(paths: str | list[str], judge_configured: bool,
+                      judge_setting: str = JUDGE_SETTING) -> dict[str, Route]:
     """The data-open check of rewards: one scan of the files' data_source and extra_info.reward_metric
     (`scan_reward_keys`), each distinct pair checked with `check_route`. The first offending row raises
     that `RouteError` (a `KeyError`) with the file and row in front: an unknown data_source, a
-    reward_metric that no route for it knows (the known ones are listed), or a route that needs the LLM
-    judge while `judge_configured` is false (`judge_setting` names the setting to fill)."""
+    reward_metric that no route for it knows (the known ones are listed), a route that needs the LLM
+    judge while `judge_configured` is false (`judge_setting` names the setting to fill), or one whose
+    package is missing. Returns the route of each pair, keyed by the data_source (followed by
+    " (reward_metric M)" where a row names one)."""
+    found = {}
     for (source, metric), (path, row) in scan_reward_keys(paths).items():
         try:
-            check_route(source, metric, judge_configured, judge_setting)
+            route = check_route(source, metric, judge_configured, judge_setting)
         except RouteError as err:
             raise type(err)(f"{path} row {row}: {err}") from None
+        found[source if metric is None else f"{source} (reward_metric {metric})"] = route
+    return found
 
 
 def judge_configured(judge_cfg=None, environ: dict[str, str] | None = None) -> bool:

@@ -108,8 +108,10 @@ def outputs_match(actual: str, expected: str, tolerance: float = TOLERANCE) -> b
     return True
 
 
-@register_reward("codecontests", "apps", "codeforces", "taco", exact=True, truth=_CODE_TRUTH, answer=_CODE_ANSWER)
-@register_reward("codegen", truth=_CODE_TRUTH + " or {\"functional\": test code}", answer=_CODE_ANSWER)
+@register_reward("codecontests", "apps", "codeforces", "taco", exact=True, truth=_CODE_TRUTH, answer=_CODE_ANSWER,
+                 runs_code=True)
+@register_reward("codegen", truth=_CODE_TRUTH + " or {\"functional\": test code}", answer=_CODE_ANSWER,
+                 runs_code=True)
 def codegen_score(solution_str: str, ground_truth, extra_info: dict | None = None) -> dict:
     """1.0 when the extracted code passes every test of `ground_truth`, else 0.0; see the module doc."""
     code = extract_code(solution_str)

@@ -37,6 +37,8 @@ Routes marked **judge** call the LLM judge (`rl360.rewards.judge`): set `reward.
 `reward.judge.model` (or RL360_JUDGE_URL and RL360_JUDGE_MODEL; `rl360 reward check` takes
 `--judge-url` and `--judge-model`), else data that uses them is refused when it is opened. A route that
 needs a package rl360 does not install refuses its data, naming the package, where it is missing.
+Routes marked **runs code** run the response's code in the sandbox: a run whose data uses them refuses
+to start where the sandbox cannot isolate that code (unless `reward.require_isolation=false`).
 
 Scores are 0 to 1 everywhere. Where verl scores otherwise, here: `math_dapo` / `aime*` give 0 / 1 (verl
 -1 / 1); `codecontests`, `apps`, `codeforces`, `taco` give 1 only when every test passes (verl's
@@ -58,6 +60,7 @@ def render() -> str:
 def _row(route: Route) -> str:
     metric = "" if route.metric == DEFAULT_METRIC else f"`{route.metric}`"
     scorer = (f"`{route.ref}`" + (" **judge**" if route.needs_judge else "")
+              + (" **runs code**" if route.runs_code else "")
               + (f" (needs `pip install {route.requires}`)" if route.requires else ""))
     truth = route.truth or "(not described at registration)"
     answer = route.answer or _first_doc_paragraph(route.ref)

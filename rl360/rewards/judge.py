@@ -44,7 +44,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -56,7 +56,7 @@ from rl360.rewards.judge_templates import TEMPLATES, Template, get_template, reg
 from rl360.rewards.math import last_boxed, strip_thinking
 
 __all__ = ["JudgeClient", "JudgeFailed", "JudgeItem", "JudgeResult", "TEMPLATES", "Template", "judge_env",
-           "judge_score", "register_template"]
+           "judge_key_env", "judge_score", "register_template"]
 
 logger = logging.getLogger(__name__)
 
@@ -459,8 +459,25 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 def judge_env(cfg: Any) -> dict[str, str]:
     """The RL360_JUDGE_* variables for a `reward.judge` config, for the reward workers
-    (`RewardPool(env=judge_env(cfg))`); the key itself stays in the variable `cfg.api_key_env` names."""
+    (`RewardPool(env=judge_env(cfg))`); the key itself stays in the variable `cfg.api_key_env` names, which
+    the pool hands on to its workers when the settings name an endpoint (`judge_key_env`)."""
     return {var: str(getattr(cfg, name)) for name, var in ENV.items() if getattr(cfg, name, "") not in ("", None)}
+
+
+def judge_key_env(settings: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variable holding the judge's API key, as a client made from `settings` (RL360_JUDGE_* variables)
+    looks it up in `environ` (default: this process's environment): `{name: key}` for the first set one of
+    the variable named by RL360_JUDGE_API_KEY_ENV, RL360_JUDGE_API_KEY and OPENAI_API_KEY; `{}` when
+    `settings` name no endpoint (RL360_JUDGE_URL) or no key is set. Reward workers, which get only the
+    variables they need, receive this one (`rl360.rewards.pool.worker_environment`)."""
+    environ = os.environ if environ is None else environ
+    if not settings.get(ENV["url"], "").strip():
+        return {}
+    named = settings.get(ENV["api_key_env"], "")
+    for name in ((named,) if named else ()) + KEY_ENVS:
+        if environ.get(name):
+            return {name: environ[name]}
+    return {}
 
 
 def answer_for_judge(solution_str: str) -> str:

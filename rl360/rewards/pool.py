@@ -14,24 +14,75 @@ has already imported `rl360.rewards` (math-verify and sympy, about a second), so
 Workers receive the parent's `sys.path` and import reward functions by "module:qualname", which works
 the same from a CLI process, a pytest session or a Ray actor. "spawn" is the fallback where the
 platform has no forkserver.
+
+Environment: a worker gets only the variables on an allow-list, not this process's whole environment
+(API keys of wandb, cloud providers or the judge stay out of reach of reward code and of anything it
+runs). `worker_environment` builds it, from this process's environment as it is when the pool is made:
+
+- system and locale: PATH, HOME, USER, LOGNAME, SHELL, TERM, TZ, LANG, LANGUAGE and every LC_*;
+  TMPDIR, TMP, TEMP;
+- Python and native libraries: PYTHONPATH, PYTHONHOME, PYTHONHASHSEED, PYTHONIOENCODING, PYTHONUTF8,
+  PYTHONWARNINGS, PYTHONDONTWRITEBYTECODE, PYTHONUNBUFFERED, PYTHONFAULTHANDLER, VIRTUAL_ENV, CONDA_PREFIX,
+  CONDA_DEFAULT_ENV, LD_LIBRARY_PATH, the thread counts (OMP_, MKL_, OPENBLAS_, NUMEXPR_NUM_THREADS),
+  CUDA_VISIBLE_DEVICES, CUDA_HOME, TORCH_HOME, HF_HOME, HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE,
+  TOKENIZERS_PARALLELISM, XDG_CACHE_HOME;
+- TLS and proxies, for the LLM judge's HTTPS requests: SSL_CERT_FILE, SSL_CERT_DIR, REQUESTS_CA_BUNDLE,
+  CURL_CA_BUNDLE, HTTP_PROXY, HTTPS_PROXY, NO_PROXY, ALL_PROXY (and their lower-case forms);
+- rl360's own settings: RL360_SANDBOX_URL, RL360_SANDBOX_ISOLATION, RL360_SANDBOX_REQUIRE_ISOLATION and
+  the judge's RL360_JUDGE_* settings (`rl360.rewards.judge.ENV`; RL360_JUDGE_API_KEY is not one of them);
+- the names in `env_passthrough` (`reward.env_passthrough`), for a custom reward that needs more;
+- then `env`, which wins over all of the above (the trainer passes the judge's settings from
+  `reward.judge` and `reward.require_isolation` there);
+- and, only when the result configures a judge endpoint (RL360_JUDGE_URL), the one variable holding the
+  judge's API key, as `JudgeClient` looks it up (`rl360.rewards.judge.judge_key_env`); only when it names
+  a sandbox server (RL360_SANDBOX_URL), that server's key, RL360_SANDBOX_API_KEY.
+
+Workers fork from a long-lived forkserver whose own environment is that of the process that started it
+(the first pool), so each worker replaces its environment with this one when it starts. That replaces
+`os.environ` and what subprocesses inherit; the start-up block of the forkserver's environment is still
+in the worker's memory and in its /proc/<pid>/environ, so workers also make themselves non-dumpable
+(PR_SET_DUMPABLE 0): other processes of the same user, such as code that a sandbox without a uid of its
+own runs (`rl360.rewards.sandbox`), can then neither read that file or the worker's memory nor ptrace it.
+`num_workers=0` scores in this process, with this process's environment plus `env`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import signal
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rl360.imports import import_ref
 from rl360.rewards.registry import resolve, reward_ref
 
+if TYPE_CHECKING:
+    from rl360.rewards.registry import Route
+    from rl360.rewards.sandbox import Isolation
+
 _START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+ALLOWED_ENV = frozenset((
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "LANG", "LANGUAGE", "TMPDIR", "TMP", "TEMP",
+    "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONWARNINGS",
+    "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "VIRTUAL_ENV", "CONDA_PREFIX",
+    "CONDA_DEFAULT_ENV", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "TORCH_HOME", "HF_HOME", "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "XDG_CACHE_HOME",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "RL360_SANDBOX_URL", "RL360_SANDBOX_ISOLATION", "RL360_SANDBOX_REQUIRE_ISOLATION",
+))
+ALLOWED_ENV_PREFIXES = ("LC_",)
+_PR_SET_DUMPABLE = 4
+_CODE_ISOLATION = "rl360.rewards.remote_sandbox:code_isolation"
 
 
 @dataclass
@@ -86,13 +137,14 @@ class RewardPool:
     process, one item after another and without a timeout (for debugging). Use a pool from one thread
     at a time.
 
-    Workers run with this process's environment as it is when the pool is made, plus `env` (e.g. the
-    LLM judge's settings); they fork from a long-lived forkserver, whose own environment is that of the
-    first pool, so the environment is handed to each worker explicitly.
+    Workers run with the allow-listed part of this process's environment as it is when the pool is made,
+    the variables named in `env_passthrough`, and `env` (e.g. the LLM judge's settings): see the module
+    docstring and `worker_environment`. `ValueError` for a name in `env_passthrough` that cannot be a
+    variable name.
     """
 
     def __init__(self, num_workers: int = 2, timeout_s: float = 10.0, max_memory_bytes: int | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, env_passthrough: Iterable[str] = ()):
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if not timeout_s > 0:
@@ -103,7 +155,7 @@ class RewardPool:
         self.timeout_s = timeout_s
         self.max_memory_bytes = max_memory_bytes
         self._extra_env = dict(env or {})
-        self._environ = {**os.environ, **self._extra_env}
+        self._environ = worker_environment(os.environ, self._extra_env, env_passthrough)
         self._context = _context()
         self._workers = [self._new_worker() for _ in range(num_workers)]
         self._closed = False
@@ -131,6 +183,27 @@ class RewardPool:
 
     def _new_worker(self) -> _Worker:
         return _Worker(self._context, self.max_memory_bytes, self._environ)
+
+    def run_in_worker(self, ref: str, timeout_s: float = 60.0) -> Any:
+        """The value of the function at "module:qualname" `ref`, called with no arguments in a worker, with
+        the worker's environment (in this process with `env` set, for `num_workers=0`): what reward code
+        sees there. `RuntimeError` with the worker's error, `TimeoutError` past `timeout_s` (the worker is
+        then replaced). Not while a `score` call is under way (a pool is used from one thread at a time)."""
+        if self._closed:
+            raise RuntimeError("RewardPool.run_in_worker called after close()")
+        if self.num_workers == 0:
+            with _extra_environment(self._extra_env):
+                status, value = _call(ref)
+        else:
+            status, value = self._call_in_worker(ref, timeout_s)
+        if status != "ok":
+            raise RuntimeError(f"{ref} failed in a reward worker: {value}")
+        return value
+
+    def sandbox_isolation(self) -> Isolation:
+        """What isolation code run by reward functions gets in this pool's workers: a
+        `rl360.rewards.sandbox.Isolation` (probed there, with their environment; `summary()` is one line)."""
+        return self.run_in_worker(_CODE_ISOLATION)
 
     def last_metrics(self) -> dict[str, float]:
         """Counts of the last `score` call: `reward/calls`, `reward/timeouts`, `reward/errors` (errors
@@ -225,6 +298,22 @@ class RewardPool:
         worker.task = None
         return result
 
+    def _call_in_worker(self, ref: str, timeout_s: float) -> tuple[str, Any]:
+        if self._workers[0].exited():
+            self._replace(0)
+        worker = self._workers[0]
+        worker.conn.send(_Call(ref))
+        if not wait([worker.conn, worker.process.sentinel], timeout=timeout_s):
+            self._replace(0)
+            raise TimeoutError(f"{ref} did not return within {timeout_s} s in a reward worker")
+        try:
+            if not worker.conn.poll():
+                raise EOFError
+            return worker.conn.recv()
+        except (EOFError, OSError):
+            ended = self._replace(0, grace_s=1.0)
+            raise RuntimeError(f"reward worker died while calling {ref} ({ended})") from None
+
     def _replace(self, index: int, grace_s: float = 0.0) -> str:
         """Kill worker `index` (after `grace_s` to exit by itself) and start a new one; how the old one ended."""
         ended = self._workers[index].kill(grace_s)
@@ -250,6 +339,69 @@ class RewardPool:
             self._totals[key] = self._totals.get(key, 0) + value
 
 
+def worker_environment(environ: Mapping[str, str], env: Mapping[str, str] | None = None,
+                       passthrough: Iterable[str] = ()) -> dict[str, str]:
+    """The environment of a reward worker (see the module docstring): the allow-listed variables of
+    `environ`, those named in `passthrough`, then `env`, then the judge's API key variable when the result
+    configures a judge and the sandbox server's key when it names one. `ValueError` naming a `passthrough`
+    entry that is not a variable name."""
+    from rl360.rewards.judge import ENV as JUDGE_SETTINGS
+    from rl360.rewards.judge import judge_key_env
+    from rl360.rewards.remote_sandbox import KEY_ENV as SANDBOX_KEY
+    from rl360.rewards.remote_sandbox import URL_ENV as SANDBOX_URL
+
+    names = set(passthrough_names(passthrough))
+    allowed = ALLOWED_ENV.union(JUDGE_SETTINGS.values())
+    chosen = {name: value for name, value in environ.items()
+              if name in allowed or name in names or name.startswith(ALLOWED_ENV_PREFIXES)}
+    chosen.update(env or {})
+    for name, value in judge_key_env(chosen, environ).items():
+        chosen.setdefault(name, value)
+    if chosen.get(SANDBOX_URL, "").strip() and environ.get(SANDBOX_KEY):
+        chosen.setdefault(SANDBOX_KEY, environ[SANDBOX_KEY])
+    return chosen
+
+
+def passthrough_names(names: Iterable[str]) -> list[str]:
+    """`names` (`reward.env_passthrough`) checked: each a non-empty string without "=" or NUL."""
+    if isinstance(names, str):
+        raise ValueError(f"env_passthrough must be a list of variable names, got the string {names!r}")
+    checked = []
+    for name in names:
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise ValueError(f"env_passthrough: {name!r} is not an environment variable name")
+        checked.append(name)
+    return checked
+
+
+def open_reward_pool(cfg: Any, routes: Mapping[str, Route] | None = None,
+                     announce: Callable[[str], None] | None = None) -> RewardPool:
+    """The reward pool of a training run, from its `reward` config section (`num_workers`, `timeout_s`,
+    `max_memory_gb`, `judge`, `require_isolation`, `env_passthrough`). It announces one line (printed by
+    default) saying what isolation untrusted code gets in the workers and what is missing, and refuses to
+    start (`rl360.rewards.sandbox.IsolationError`, the pool closed) when `routes` (data_source -> its
+    reward route, as `rl360.rewards.check.check_reward_data` returns them) holds one that runs the
+    response's code while the isolation it requires is missing."""
+    from rl360.rewards.judge import judge_env
+    from rl360.rewards.sandbox import isolation_env, refuse_untrusted_code
+
+    pool = RewardPool(cfg.num_workers, cfg.timeout_s, int(cfg.max_memory_gb * (1 << 30)) or None,
+                      env={**judge_env(cfg.judge), **isolation_env(cfg.require_isolation)},
+                      env_passthrough=cfg.env_passthrough)
+    try:
+        found = pool.sandbox_isolation()
+        (announce or _print_line)(found.summary())
+        refuse_untrusted_code(routes or {}, found)
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+def _print_line(line: str) -> None:
+    print(line, flush=True)
+
+
 @contextlib.contextmanager
 def _extra_environment(env: dict[str, str]):
     """`env` set in this process's environment for the block, the earlier values restored after it."""
@@ -272,6 +424,21 @@ def _context() -> mp.context.BaseContext:
         # find the built-in rewards already imported.
         context.set_forkserver_preload(["rl360.rewards"])
     return context
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A message to a worker: call the function at `ref` with no arguments, send back `_call(ref)`."""
+
+    ref: str
+
+
+def _call(ref: str) -> tuple[str, Any]:
+    """("ok", the value of the function at `ref` called with no arguments), or ("error", its error text)."""
+    try:
+        return "ok", import_ref(ref)()
+    except Exception as err:
+        return "error", error_text(err)
 
 
 class _Worker:
@@ -319,6 +486,7 @@ class _Worker:
 def _worker_main(conn: Connection, max_memory_bytes: int | None, environ: dict[str, str]) -> None:
     os.environ.clear()
     os.environ.update(environ)
+    _no_dumps()
     os.setpgid(0, 0)  # a group of its own: a kill reaches any subprocess too, and Ctrl-C does not
     _exit_with_parent()
     if max_memory_bytes:
@@ -334,6 +502,9 @@ def _worker_main(conn: Connection, max_memory_bytes: int | None, environ: dict[s
             return
         if message is None:
             return
+        if isinstance(message, _Call):
+            conn.send(_call(message.ref))
+            continue
         ref, item = message
         try:
             result = score_one(ref, item)
@@ -343,6 +514,15 @@ def _worker_main(conn: Connection, max_memory_bytes: int | None, environ: dict[s
             conn.send(result)
         except Exception as err:  # extras the pickler cannot handle; nothing was written
             conn.send(RewardResult(0.0, error=f"reward result could not be sent back: {error_text(err)}"))
+
+
+def _no_dumps() -> None:
+    """PR_SET_DUMPABLE 0: processes of this user cannot read this worker's /proc/<pid>/environ or memory,
+    nor ptrace it (root still can); no core dumps."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):  # no C library to call: nothing to be done
+        pass
 
 
 def _exit_with_parent() -> None:

@@ -57,6 +57,7 @@ class Route:
     answer: str = ""  # what counts as the response's answer, one line (for docs/rewards.md)
     needs_judge: bool = False  # it calls the LLM judge: reward.judge must be configured
     requires: str = ""  # a PyPI package the function imports (checked when data is opened)
+    runs_code: bool = False  # it runs the response's code in the sandbox (refused where it cannot isolate)
     order: int = 0  # registration sequence number
 
     @property
@@ -90,14 +91,15 @@ class MissingRequirement(RouteError):
 
 
 def register_reward(*names: str, exact: bool = False, metric: str = DEFAULT_METRIC, truth: str = "",
-                    answer: str = "", needs_judge: bool = False,
-                    requires: str = "") -> Callable[[RewardFn], RewardFn]:
+                    answer: str = "", needs_judge: bool = False, requires: str = "",
+                    runs_code: bool = False) -> Callable[[RewardFn], RewardFn]:
     """Decorator: score every data_source starting with one of `names` (or, with `exact=True`, equal to
     one) with the decorated function; with `metric`, only rows whose `extra_info.reward_metric` names it.
     `truth` and `answer` describe the ground-truth format and the answer read from the response, one line
     each (they appear in docs/rewards.md); `needs_judge` declares that the function calls the LLM judge;
     `requires` names a PyPI package the function imports when it runs (not a dependency of rl360), so data
-    that needs it fails when it is opened where the package is missing.
+    that needs it fails when it is opened where the package is missing; `runs_code` declares that it runs
+    the response's code in the sandbox, so a run refuses at start where the sandbox cannot isolate it.
 
     The function must be defined at module level (worker processes import it by name).
     """
@@ -107,7 +109,7 @@ def register_reward(*names: str, exact: bool = False, metric: str = DEFAULT_METR
     def wrap(fn: RewardFn) -> RewardFn:
         ref = function_ref(fn)
         for name in names:
-            _add(Route(name, exact, metric, ref, truth, answer, needs_judge, requires))
+            _add(Route(name, exact, metric, ref, truth, answer, needs_judge, requires, runs_code))
         _RESOLVED[ref] = fn
         return fn
 
@@ -115,11 +117,12 @@ def register_reward(*names: str, exact: bool = False, metric: str = DEFAULT_METR
 
 
 def register_reward_path(prefix: str, ref: str, *, exact: bool = False, metric: str = DEFAULT_METRIC,
-                         truth: str = "", answer: str = "", needs_judge: bool = False, requires: str = "") -> None:
+                         truth: str = "", answer: str = "", needs_judge: bool = False, requires: str = "",
+                         runs_code: bool = False) -> None:
     """Register the function at "package.module:function" for `prefix` (the `reward.custom` form; the
     keywords as in `register_reward`); it is imported now, so a typo fails at start-up."""
     resolve(ref)
-    _add(Route(prefix, exact, metric, ref, truth, answer, needs_judge, requires))
+    _add(Route(prefix, exact, metric, ref, truth, answer, needs_judge, requires, runs_code))
 
 
 def function_ref(fn: Callable[..., Any]) -> str:

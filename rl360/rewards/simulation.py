@@ -100,7 +100,7 @@ _CRUX_ANSWER = ("a Python literal in the last <answer>, or (functional) one ```p
 _DATASET_TASKS = {"cruxeval-o": "output", "cruxeval_o": "output", "cruxeval-i": "input", "cruxeval_i": "input"}
 
 
-@register_reward("simulation__cruxeval", truth=_CRUX_TRUTH, answer=_CRUX_ANSWER)
+@register_reward("simulation__cruxeval", truth=_CRUX_TRUTH, answer=_CRUX_ANSWER, runs_code=True)
 def cruxeval_score(solution_str: str, ground_truth, extra_info: dict | None = None) -> dict:
     """Output prediction, or input prediction when `extra_info["task"] == "input"` (see the module doc)."""
     extra = extra_info or {}
@@ -110,13 +110,15 @@ def cruxeval_score(solution_str: str, ground_truth, extra_info: dict | None = No
     return _cruxeval(solution_str, ground_truth, task, extra)
 
 
-@register_reward("simulation__cruxeval_o", "simulation__cruxeval-o", truth=_CRUX_TRUTH, answer=_CRUX_ANSWER)
+@register_reward("simulation__cruxeval_o", "simulation__cruxeval-o", truth=_CRUX_TRUTH, answer=_CRUX_ANSWER,
+                 runs_code=True)
 def cruxeval_output_score(solution_str: str, ground_truth, extra_info: dict | None = None) -> dict:
     """CRUXEval-O: the answer is the function's return value."""
     return _cruxeval(solution_str, ground_truth, "output", extra_info or {})
 
 
-@register_reward("simulation__cruxeval_i", "simulation__cruxeval-i", truth=_CRUX_TRUTH, answer=_CRUX_ANSWER)
+@register_reward("simulation__cruxeval_i", "simulation__cruxeval-i", truth=_CRUX_TRUTH, answer=_CRUX_ANSWER,
+                 runs_code=True)
 def cruxeval_input_score(solution_str: str, ground_truth, extra_info: dict | None = None) -> dict:
     """CRUXEval-I: the answer is an argument list for which the function returns the output."""
     return _cruxeval(solution_str, ground_truth, "input", extra_info or {})

@@ -1,5 +1,7 @@
 """`rl360 serve ...`: HTTP services of our own: a SandboxFusion-compatible code sandbox (`serve sandbox`)
-and a Hugging Face checkpoint behind the OpenAI API (`serve model`)."""
+and a Hugging Face checkpoint behind the OpenAI API (`serve model`), both on one service layer
+(`rl360.serve.service`: FastAPI + uvicorn with keys, limits, deadlines, graceful shutdown, `/health`,
+`/metrics`)."""
 
 
 def add_serve_parser(commands) -> None:

@@ -1,50 +1,91 @@
 """`rl360 serve model`: a Hugging Face checkpoint behind the OpenAI chat and completions API.
 
     rl360 serve model --model outputs/quickstart/hf --port 8000 [--served-model-name NAME] [--api-key-env VAR]
-                      [--dtype bfloat16]
+                      [--dtype bfloat16] [--max-in-flight 64] [--request-timeout 600] [--shutdown-grace 30] ...
 
 Routes: `POST /v1/chat/completions` (messages rendered with the tokenizer's chat template),
-`POST /v1/completions` (a prompt string or a list of them), `GET /v1/models`, `GET /health`.
+`POST /v1/completions` (a prompt string or a list of them), `GET /v1/models`, `GET /health`, `GET /metrics`.
 Sampling keys: `temperature` (0: greedy), `top_p`, `top_k`, `max_tokens` (or `max_completion_tokens`), `n`,
-`stop` (strings; the text is cut before the first one), `seed`. Replies carry `choices` with
-`finish_reason` "stop" or "length" and `usage` token counts. A malformed request gets HTTP 400 in OpenAI's
-error shape naming the key at fault (`error.param`); another model name gets 404; with `--api-key-env VAR`
-a request without `Authorization: Bearer $VAR` gets 401 (the key itself is never printed).
+`stop` (strings; the text is cut before the first one), `seed`. OpenAI keys this server cannot honour are
+accepted only at values that change nothing (`frequency_penalty: 0`, `logprobs: false`, `tools: []`, ...;
+`user` is ignored); any other key is an unknown field. Replies carry `choices` with `finish_reason` "stop"
+or "length" and `usage` token counts. A malformed request (bad JSON, wrong types, unknown fields, values out
+of range) gets HTTP 400 in OpenAI's error shape naming the key at fault (`error.param`); another model name
+gets 404; with `--api-key-env VAR` a request without `Authorization: Bearer $VAR` gets 401 (the key itself
+is never printed). Keys, limits, deadlines, shutdown and metrics come from the service layer
+(`rl360.serve.service`); the metrics add `rl360_model_generations_total` and `rl360_model_tokens_total`.
 
-It samples with the rollout's HF engine (`rl360.rollout.hf_engine`), one request at a time: this is the
-small local endpoint the LLM-judge client and the tests talk to, not a production server (streaming,
-batching of concurrent requests and log-probs in replies are not built).
+It samples with the rollout's HF engine (`rl360.rollout.hf_engine`), one request at a time on one engine
+thread (admitted requests wait their turn; one cancelled before its turn never runs): this is the small
+local endpoint the LLM-judge client and the tests talk to, not a production server (streaming, batching of
+concurrent requests and log-probs in replies are not built).
 """
 
 from __future__ import annotations
 
 import argparse
-import hmac
-import json
-import os
-import threading
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from rl360.serve.http import JSONHandler, serve
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse
+
+from rl360.serve.metrics import MetricsRegistry
+from rl360.serve.service import (
+    SerialWorker,
+    ServiceError,
+    ServiceGuard,
+    ServiceLimits,
+    add_service_arguments,
+    api_key_from_env,
+    is_loopback,
+    json_object,
+    limits_from_args,
+    run_service,
+    service_app,
+)
 
 MAX_BODY_BYTES = 4 << 20
 MAX_N = 16
+DEFAULT_LIMITS = ServiceLimits(max_body_bytes=MAX_BODY_BYTES, max_in_flight=64, request_timeout_s=600.0,
+                               read_timeout_s=30.0, shutdown_grace_s=30.0)
+# OpenAI keys accepted only at values that change nothing here (null is always fine)
+NEUTRAL_VALUES: dict[str, tuple] = {
+    "frequency_penalty": (0,), "presence_penalty": (0,), "logprobs": (False,), "top_logprobs": (0,),
+    "logit_bias": ({},), "response_format": ({"type": "text"},), "stream_options": (), "tools": ([],),
+    "tool_choice": ("none", "auto"), "echo": (False,), "best_of": (1,), "suffix": ("",),
+}
+_COMMON_FIELDS = {"model", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "n", "stop",
+                  "seed", "stream", "user", "parallel_tool_calls", "frequency_penalty", "presence_penalty",
+                  "logit_bias", "stream_options"}
+CHAT_FIELDS = frozenset(_COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "response_format", "tools",
+                                          "tool_choice"})
+COMPLETION_FIELDS = frozenset(_COMMON_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"})
+_OPENAI_TYPES = {"unauthorized": "authentication_error", "not_found": "not_found_error",
+                 "overloaded": "rate_limit_error", "internal": "server_error", "deadline": "timeout_error",
+                 "draining": "server_error", "shutdown_cancelled": "server_error", "unavailable": "server_error"}
 
 
-class RequestError(ValueError):
-    """A request the server answers with `status` and OpenAI's error body; `param` names the key at fault."""
+class RequestError(ServiceError):
+    """A request the server answers with `status` and OpenAI's error body; `param` names the key at fault,
+    `kind` is OpenAI's error `type`."""
 
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.param, self.kind = status, param, kind
+        super().__init__(status, message, param)
+        self.openai_type = kind
 
     def body(self) -> dict:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
+        return openai_error(self)
+
+
+def openai_error(error: ServiceError) -> dict:
+    """OpenAI's error body for any error of the service."""
+    kind = getattr(error, "openai_type", None) or _OPENAI_TYPES.get(error.kind, "invalid_request_error")
+    return {"error": {"message": str(error), "type": kind, "param": error.param, "code": None}}
 
 
 @dataclass
@@ -65,11 +106,9 @@ class Request:
 def parse_request(body: bytes, chat: bool, served_name: str) -> Request:
     """The request in `body`; `RequestError` naming the key at fault."""
     try:
-        data = json.loads(body)
-    except ValueError as err:
-        raise RequestError(400, f"body is not JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise RequestError(400, "body must be a JSON object")
+        data = json_object(body, CHAT_FIELDS if chat else COMPLETION_FIELDS)
+    except ServiceError as err:
+        raise RequestError(err.status, str(err), err.param) from None
     model = data.get("model")
     if not isinstance(model, str):
         raise RequestError(400, "'model' must be a string", "model")
@@ -78,6 +117,7 @@ def parse_request(body: bytes, chat: bool, served_name: str) -> Request:
                            "not_found_error")
     if data.get("stream"):
         raise RequestError(400, "'stream' is not supported by rl360 serve model", "stream")
+    _check_neutral(data)
     if chat:
         prompts = [_messages(data.get("messages"))]
     else:
@@ -99,6 +139,26 @@ def parse_request(body: bytes, chat: bool, served_name: str) -> Request:
     if data.get("seed") is not None:
         request.seed = int(_number(data, "seed", 0, -(1 << 63), (1 << 63) - 1, integer=True))
     return request
+
+
+def _check_neutral(data: dict) -> None:
+    if data.get("user") is not None and not isinstance(data["user"], str):
+        raise RequestError(400, "'user' must be a string", "user")
+    if data.get("parallel_tool_calls") is not None and not isinstance(data["parallel_tool_calls"], bool):
+        raise RequestError(400, "'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    for key, neutral in NEUTRAL_VALUES.items():
+        value = data.get(key)
+        if value is not None and not any(_same(value, ok) for ok in neutral):
+            allowed = " or ".join(["null", *(repr(ok) for ok in neutral)])
+            raise RequestError(400, f"'{key}' is not supported by rl360 serve model (only {allowed}), got {value!r}",
+                               key)
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    numbers = (int, float)
+    if isinstance(value, numbers) and isinstance(neutral, numbers) and bool not in (type(value), type(neutral)):
+        return value == neutral
+    return type(value) is type(neutral) and value == neutral
 
 
 def _messages(messages: Any) -> list[dict]:
@@ -124,13 +184,11 @@ def _number(data: dict, key: str, default: float, low: float, high: float, integ
     return value
 
 
-class ModelServer(ThreadingHTTPServer):
-    """The HTTP server; requests wait their turn for the engine (it serves one at a time)."""
+class ModelService:
+    """The model, its engine thread and the routes; `guard` is what uvicorn runs."""
 
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], model_path: str, served_name: str, api_key: str | None = None,
-                 dtype: str = "float32"):
+    def __init__(self, model_path: str, served_name: str, limits: ServiceLimits = DEFAULT_LIMITS,
+                 api_key: str | None = None, dtype: str = "float32"):
         import torch
         from transformers import AutoTokenizer
 
@@ -142,17 +200,42 @@ class ModelServer(ThreadingHTTPServer):
         self.renderer = PromptRenderer(self.tokenizer, max_prompt_length=1 << 30)
         self.context_length = int(getattr(self.engine.model.config, "max_position_embeddings", 0) or 0)
         self.served_name = served_name
-        self._api_key = api_key
-        self._engine_lock = threading.Lock()
-        super().__init__(address, _Handler)
+        self._engine_thread = SerialWorker("rl360-model-engine")
+        registry = MetricsRegistry()
+        self.generations = registry.counter("rl360_model_generations_total", "Requests the engine answered, by "
+                                            "route.", ["route"])
+        self.tokens = registry.counter("rl360_model_tokens_total", "Tokens read and written, by kind.", ["kind"])
+        app = service_app(openai_error)
+        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        app.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        app.add_api_route("/v1/models", self.models, methods=["GET"])
+        self.guard = ServiceGuard("model", app, limits, api_key, openai_error, registry)
 
-    def authorized(self, header: str | None) -> bool:
-        if not self._api_key:
-            return True
-        return header is not None and hmac.compare_digest(header.encode(), f"Bearer {self._api_key}".encode())
+    async def chat_completions(self, request: HTTPRequest) -> JSONResponse:
+        return await self._answer(request, chat=True)
+
+    async def completions(self, request: HTTPRequest) -> JSONResponse:
+        return await self._answer(request, chat=False)
+
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.served_name, "object": "model", "created": 0,
+                                            "owned_by": "rl360"}]}
+
+    async def _answer(self, http_request: HTTPRequest, chat: bool) -> JSONResponse:
+        request = parse_request(await http_request.body(), chat, self.served_name)
+        try:
+            reply = await self._engine_thread.run(self.complete, request)
+        except RequestError:
+            raise
+        except Exception as err:  # the engine failed on this request: say so, keep serving
+            raise RequestError(500, f"generation failed: {type(err).__name__}: {err}", kind="server_error") from err
+        self.generations.inc(route=http_request.url.path)
+        self.tokens.inc(reply["usage"]["prompt_tokens"], kind="prompt")
+        self.tokens.inc(reply["usage"]["completion_tokens"], kind="completion")
+        return JSONResponse(reply)
 
     def complete(self, request: Request) -> dict:
-        """The reply body for a parsed request."""
+        """The reply body for a parsed request (blocking: runs on the engine thread)."""
         from rl360.rollout.base import SamplingParams
 
         prompt_ids = [self.renderer.render(p) if request.chat else self.tokenizer(p)["input_ids"]
@@ -165,8 +248,7 @@ class ModelServer(ThreadingHTTPServer):
                                 top_k=request.top_k, max_new_tokens=request.max_tokens,
                                 stop_token_ids=sorted({self.tokenizer.eos_token_id} - {None}),
                                 seed=request.seed if request.seed is not None else time.time_ns() % (1 << 62))
-        with self._engine_lock:
-            groups = self.engine.generate(prompt_ids, params)
+        groups = self.engine.generate(prompt_ids, params)
         choices, completion_tokens = [], 0
         for group in groups:
             for sample in group:
@@ -191,61 +273,17 @@ class ModelServer(ThreadingHTTPServer):
         return text, finish_reason
 
 
-class _Handler(JSONHandler):
-    server: ModelServer
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (http.server's signature)
-        pass  # one line per request on stderr is noise for a judge endpoint
-
-    def do_GET(self) -> None:  # noqa: N802  (http.server's naming)
-        path = self.path.rstrip("/")
-        if path == "/health":
-            self.reply(200, {"status": "ok"})
-        elif path == "/v1/models":
-            if self._check_key():
-                self.reply(200, {"object": "list", "data": [{"id": self.server.served_name, "object": "model",
-                                                               "created": 0, "owned_by": "rl360"}]})
-        else:
-            self.reply(404, RequestError(404, f"no route {self.path}", kind="not_found_error").body())
-
-    def do_POST(self) -> None:  # noqa: N802
-        path = self.path.rstrip("/")
-        if path not in ("/v1/chat/completions", "/v1/completions"):
-            self.reply(404, RequestError(404, f"no route {self.path}", kind="not_found_error").body())
-            return
-        if not self._check_key():
-            return
-        length = int(self.headers.get("Content-Length") or 0)
-        try:
-            if length > MAX_BODY_BYTES:
-                raise RequestError(413, f"body of {length} bytes is over {MAX_BODY_BYTES}")
-            request = parse_request(self.rfile.read(length), path.endswith("chat/completions"),
-                                    self.server.served_name)
-            self.reply(200, self.server.complete(request))
-        except RequestError as err:
-            self.reply(err.status, err.body())
-        except Exception as err:  # the engine failed on this request: say so, keep serving
-            self.reply(500, RequestError(500, f"generation failed: {type(err).__name__}: {err}",
-                                          kind="server_error").body())
-
-    def _check_key(self) -> bool:
-        if self.server.authorized(self.headers.get("Authorization")):
-            return True
-        self.reply(401, RequestError(401, "missing or wrong API key (Authorization: Bearer ...)",
-                                      kind="authentication_error").body())
-        return False
-
-
 def serve_model(args: argparse.Namespace) -> int:
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise SystemExit(f"--api-key-env {args.api_key_env}: that environment variable is not set")
+    api_key = api_key_from_env(args.api_key_env)
+    limits = limits_from_args(args)
+    if api_key is None and not is_loopback(args.host):
+        print(f"rl360 serve model: warning: listening on {args.host} without a key: anyone who reaches it can use "
+              "the model (pass --api-key-env VAR)", file=sys.stderr, flush=True)
     name = args.served_model_name or Path(args.model).name
-    return serve(ModelServer((args.host, args.port), args.model, name, api_key, args.dtype),
-                 f"rl360 serving model {name!r} with the OpenAI API on {{url}}/v1"
-                 f"{' (API key required)' if api_key else ''}")
+    service = ModelService(args.model, name, limits, api_key, args.dtype)
+    return run_service(service.guard, args.host, args.port,
+                       f"rl360 serving model {name!r} with the OpenAI API on {{url}}/v1"
+                       f"{' (API key required)' if api_key else ''}", access_log=args.access_log)
 
 
 def add_model_parser(services) -> None:
@@ -254,8 +292,5 @@ def add_model_parser(services) -> None:
     model.add_argument("--served-model-name", default="", help="the name clients send as 'model' (default: "
                                                                "the directory's name)")
     model.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weights' dtype")
-    model.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
-    model.add_argument("--port", type=int, default=8000, help="port (0: any free port, printed at start)")
-    model.add_argument("--api-key-env", default="", help="require 'Authorization: Bearer $VAR' (the variable's "
-                                                         "name; the key is read from the environment)")
+    add_service_arguments(model, port=8000, defaults=DEFAULT_LIMITS)
     model.set_defaults(run=serve_model)
