@@ -28,21 +28,31 @@ def save_checkpoint(bridge: Bridge, models: list, ckpt_dir: str | Path) -> Path:
     if not dist.is_initialized() or dist.get_rank() == 0:
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"{out} is not empty: refusing to mix two checkpoints")
-        (out / HF_SUBDIR).mkdir(parents=True)
-        (out / HF_SUBDIR / "config.json").write_text(json.dumps(bridge.hf_config, indent=2) + "\n")
-        for name in TOKENIZER_FILES:
-            if (bridge.hf_dir / name).is_file():
-                shutil.copy2(bridge.hf_dir / name, out / HF_SUBDIR / name)
-        meta = {"format": "megatron-core dist_checkpointing",
-                "tensor_parallel": parallel_state.get_tensor_model_parallel_world_size(),
-                "pipeline_parallel": parallel_state.get_pipeline_model_parallel_world_size(),
-                "vocab_divisible_by": bridge.vocab_divisible_by,
-                "dtype": str(next(_unwrap(models[0]).parameters()).dtype).removeprefix("torch.")}
-        (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        write_checkpoint_info(out, bridge, parallel_state.get_tensor_model_parallel_world_size(),
+                              parallel_state.get_pipeline_model_parallel_world_size(),
+                              str(next(_unwrap(models[0]).parameters()).dtype).removeprefix("torch."))
     if dist.is_initialized():
         dist.barrier()
     dist_checkpointing.save(_sharded_state_dict(models), str(out))
     return out
+
+
+def write_checkpoint_info(ckpt_dir: str | Path, bridge: Bridge, tensor_parallel: int, pipeline_parallel: int,
+                          dtype: str, model_state_key: str | None = None) -> None:
+    """Write `hf/` (the config.json and tokenizer files of the model `bridge` was built from) and `rl360.json`
+    (layout, vocabulary padding, dtype and, when the saved state holds more than the model, the key of the
+    model's weights in it) into `ckpt_dir`: what rebuilds the model around its saved weights."""
+    out = Path(ckpt_dir)
+    (out / HF_SUBDIR).mkdir(parents=True)
+    (out / HF_SUBDIR / "config.json").write_text(json.dumps(bridge.hf_config, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        if (bridge.hf_dir / name).is_file():
+            shutil.copy2(bridge.hf_dir / name, out / HF_SUBDIR / name)
+    meta = {"format": "megatron-core dist_checkpointing", "tensor_parallel": tensor_parallel,
+            "pipeline_parallel": pipeline_parallel, "vocab_divisible_by": bridge.vocab_divisible_by, "dtype": dtype}
+    if model_state_key is not None:
+        meta["model_state_key"] = model_state_key
+    (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def checkpoint_bridge(ckpt_dir: str | Path) -> Bridge:

@@ -6,6 +6,10 @@
 Each command starts its own TP x PP ranks as processes on this host (gloo on CPU, NCCL on GPUs).
 Every rank reads only its slices of the HF files; the megatron checkpoint loads at any layout, so
 `megatron-to-hf` may use fewer ranks than the checkpoint was saved with (memory allowing).
+
+`--ckpt` takes a checkpoint written by `hf-to-megatron` (the weights alone), or one the trainer wrote: its
+policy directory (`checkpoints/step_000020/policy`, weights beside the optimizer state), the step directory
+(`checkpoints/step_000020`), or the checkpoints directory itself (its `latest`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import json
 from pathlib import Path
 
 import torch
+
+from rl360.checkpointing import LATEST
 
 DTYPE_NAMES = ("auto", "bfloat16", "float32", "float16")
 
@@ -32,15 +38,47 @@ def hf_to_megatron_rank(hf_dir: str, out_dir: str, tp: str, pp: str, dtype: str)
 
 
 def megatron_to_hf_rank(ckpt_dir: str, out_dir: str, tp: str, pp: str) -> None:
-    from megatron_bridge.checkpoint import checkpoint_bridge, checkpoint_dtype, load_checkpoint
+    from megatron_bridge.checkpoint import META_FILE, checkpoint_bridge, checkpoint_dtype, load_checkpoint
     from rl360.actor.parallel import destroy_parallel, init_parallel
 
     init_parallel(int(tp), int(pp))
     bridge = checkpoint_bridge(ckpt_dir)
     models = bridge.to_megatron_model(load_weights=False, params_dtype=checkpoint_dtype(ckpt_dir))
-    load_checkpoint(models, ckpt_dir)
+    model_key = json.loads((Path(ckpt_dir) / META_FILE).read_text()).get("model_state_key")
+    if model_key is None:  # the weights alone, as hf-to-megatron saves them
+        load_checkpoint(models, ckpt_dir)
+    else:  # the trainer's {"model": weights, "optimizer": ...}: only the weights are read
+        _load_nested_weights(models, ckpt_dir, model_key)
     bridge.save_hf_pretrained(models, out_dir)
     destroy_parallel()
+
+
+def _load_nested_weights(models: list, ckpt_dir: str, key: str) -> None:
+    from megatron.core import dist_checkpointing
+
+    from megatron_bridge.bridge import _unwrap
+
+    if len(models) != 1:
+        raise ValueError(f"expected one model chunk per rank (no virtual pipeline stages), got {len(models)}")
+    model = _unwrap(models[0])
+    state = dist_checkpointing.load({key: model.sharded_state_dict()}, ckpt_dir)
+    model.load_state_dict(state[key], strict=True)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The policy checkpoint directory that `--ckpt` names (see the module docstring), or SystemExit."""
+    from megatron_bridge.checkpoint import META_FILE
+
+    path = Path(path)
+    if (path / LATEST).is_file():  # the trainer's checkpoints directory
+        path = path / (path / LATEST).read_text().strip()
+    if (path / "trainer.json").is_file():  # one of the trainer's checkpoints
+        path = path / "policy"
+    if not (path / META_FILE).is_file():
+        raise SystemExit(f"rl360 convert: {path}/{META_FILE} not found (--ckpt must be a checkpoint written by "
+                         "`rl360 convert hf-to-megatron`, or one the trainer wrote: its step directory, its "
+                         "policy/ directory or the checkpoints directory)")
+    return path
 
 
 def hf_dtype(hf_dir: str | Path) -> str:
@@ -67,12 +105,10 @@ def _hf_to_megatron(args: argparse.Namespace) -> int:
 def _megatron_to_hf(args: argparse.Namespace) -> int:
     from rl360.cluster.launch import run_ranks
 
-    if not (Path(args.ckpt) / "rl360.json").is_file():
-        raise SystemExit(f"rl360 convert: {args.ckpt}/rl360.json not found (--ckpt must be a checkpoint written by "
-                         "`rl360 convert hf-to-megatron` or the trainer)")
-    run_ranks("rl360.convert:megatron_to_hf_rank", args.tp * args.pp, [args.ckpt, args.out, str(args.tp),
+    ckpt = resolve_checkpoint(args.ckpt)
+    run_ranks("rl360.convert:megatron_to_hf_rank", args.tp * args.pp, [str(ckpt), args.out, str(args.tp),
                                                                         str(args.pp)])
-    print(f"wrote Hugging Face checkpoint to {args.out}")
+    print(f"wrote Hugging Face checkpoint of {ckpt} to {args.out}")
     return 0
 
 
@@ -87,7 +123,8 @@ def add_convert_parser(commands) -> None:
     to_mcore.add_argument("--dtype", choices=DTYPE_NAMES, default="auto", help="parameter dtype (auto: the HF one)")
     to_mcore.set_defaults(run=_hf_to_megatron)
     to_hf = kinds.add_parser("megatron-to-hf", help="megatron distributed checkpoint -> HF model dir")
-    to_hf.add_argument("--ckpt", required=True, help="checkpoint directory")
+    to_hf.add_argument("--ckpt", required=True, help="checkpoint directory (or the trainer's step or checkpoints "
+                       "directory)")
     to_hf.add_argument("--out", required=True, help="Hugging Face model directory to write")
     to_hf.add_argument("--tp", type=int, default=1, help="tensor-parallel size to load it at")
     to_hf.add_argument("--pp", type=int, default=1, help="pipeline-parallel size to load it at")

@@ -19,13 +19,13 @@ from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
 from rl360.algos.kl_control import KLController
 from rl360.algos.losses import kl_penalty
-from rl360.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
+from rl360.checkpointing import ConvertInfo, load_checkpoint, open_checkpoints, save_checkpoint
 from rl360.cluster import WorkerGroup, start_ray
 from rl360.config import RunConfig, to_dict
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream
 from rl360.rewards import RewardItem, RewardPool, register_reward_path
 from rl360.rewards.check import check_reward_data, judge_configured
-from rl360.rewards.judge import judge_env
+from rl360.rewards.pool import open_reward_pool
 from rl360.rollout.base import Sample, SamplingParams
 from rl360.rollout.hf_engine import HFEngine
 from rl360.tracking.tracker import Tracker
@@ -39,49 +39,52 @@ def train(cfg: RunConfig) -> Path:
     for prefix, path in cfg.reward.custom.items():
         register_reward_path(prefix, path)
     # unknown data_source or reward_metric, or a judge-scored row without reward.judge: fail now
-    check_reward_data(cfg.data.train_files, judge_configured(cfg.reward.judge))
-    renderer = PromptRenderer(tokenizer, cfg.data.max_prompt_length)
-    stream_kwargs = dict(seed=cfg.seed, shuffle=cfg.data.shuffle, shuffle_buffer=cfg.data.shuffle_buffer,
-                         on_bad_row=cfg.data.on_bad_row, filter_fn=renderer.fits)
-    if cfg.data.mix_weights:  # sample data_source prefixes in these proportions
-        stream = MixedPromptStream.by_data_source(cfg.data.train_files, cfg.data.mix_weights, cfg.data.batch_size,
-                                                  **stream_kwargs)
-    else:
-        stream = PromptStream(cfg.data.train_files, cfg.data.batch_size, **stream_kwargs)
-
-    parallel = cfg.actor.parallel
-    policy_ranks = parallel.tensor * parallel.pipeline * parallel.data
-    use_critic = cfg.algorithm.adv_estimator == "gae"
-    start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus or max(
-        os.cpu_count() or 1, policy_ranks * (2 if use_critic else 1) + cfg.rollout.num_engines))
-    use_gpu = torch.cuda.is_available()
-    policy = PolicyGroup(WorkerGroup(PolicyWorker, policy_ranks, cfg, use_gpu=use_gpu, name="policy"))
-    critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, use_gpu=use_gpu, name="critic")) \
-        if use_critic else None
-    engine = WorkerGroup(HFEngine, cfg.rollout.num_engines, cfg.model.path, use_gpu=use_gpu, name="rollout",
-                         distributed=False, num_threads=cfg.trainer.num_threads).actors[0]
-    rewards = RewardPool(cfg.reward.num_workers, cfg.reward.timeout_s,
-                         int(cfg.reward.max_memory_gb * (1 << 30)) or None,
-                         env=judge_env(cfg.reward.judge))  # the LLM-judge settings, for judge rewards
-    estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
-    kl_control = KLController(cfg.algorithm.kl_in_reward_coef, cfg.algorithm.kl_in_reward_target,
-                              cfg.algorithm.kl_in_reward_horizon)
-    models = {"policy": policy, **({"critic": critic} if critic is not None else {})}
-    checkpoints = out / "checkpoints"
-    resumed = latest_checkpoint(checkpoints) if cfg.trainer.resume else None
-    first_step = 1
-    if resumed is not None:  # weights, optimizer, data position, KL coefficient; then the engine catches up
-        state = load_checkpoint(resumed, models)
-        stream.load_state_dict(state["data"])
-        kl_control.coef = state["kl_coef"]
-        first_step = state["step"] + 1
-        sync_weights(policy, [engine], version=state["step"])
-        print(f"resumed from {resumed} at step {first_step}", flush=True)
-    tracker = Tracker(out, to_dict(cfg), cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
-                      cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None)
-    batches = iter(stream)
-    skipped = stream.skipped()  # rows left out so far (restored with the data position on resume)
+    routes = check_reward_data(cfg.data.train_files, judge_configured(cfg.reward.judge))
+    # reward workers with only the environment they need; a line says what isolation untrusted code gets, and
+    # the run refuses to start when the data runs code that the sandbox here cannot isolate
+    rewards = open_reward_pool(cfg.reward, routes)
+    tracker = None
     try:
+        renderer = PromptRenderer(tokenizer, cfg.data.max_prompt_length)
+        stream_kwargs = dict(seed=cfg.seed, shuffle=cfg.data.shuffle, shuffle_buffer=cfg.data.shuffle_buffer,
+                             on_bad_row=cfg.data.on_bad_row, filter_fn=renderer.fits)
+        if cfg.data.mix_weights:  # sample data_source prefixes in these proportions
+            stream = MixedPromptStream.by_data_source(cfg.data.train_files, cfg.data.mix_weights, cfg.data.batch_size,
+                                                      **stream_kwargs)
+        else:
+            stream = PromptStream(cfg.data.train_files, cfg.data.batch_size, **stream_kwargs)
+
+        parallel = cfg.actor.parallel
+        policy_ranks = parallel.tensor * parallel.pipeline * parallel.data
+        use_critic = cfg.algorithm.adv_estimator == "gae"
+        start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus or max(
+            os.cpu_count() or 1, policy_ranks * (2 if use_critic else 1) + cfg.rollout.num_engines))
+        use_gpu = torch.cuda.is_available()
+        policy = PolicyGroup(WorkerGroup(PolicyWorker, policy_ranks, cfg, use_gpu=use_gpu, name="policy"))
+        critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, use_gpu=use_gpu, name="critic")) \
+            if use_critic else None
+        engine = WorkerGroup(HFEngine, cfg.rollout.num_engines, cfg.model.path, use_gpu=use_gpu, name="rollout",
+                             distributed=False, num_threads=cfg.trainer.num_threads).actors[0]
+        estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
+        kl_control = KLController(cfg.algorithm.kl_in_reward_coef, cfg.algorithm.kl_in_reward_target,
+                                  cfg.algorithm.kl_in_reward_horizon)
+        models = {"policy": policy, **({"critic": critic} if critic is not None else {})}
+        checkpoints = out / "checkpoints"
+        # resuming: what the interrupted run wrote after `latest` goes; starting over: another run's checkpoints
+        # are moved aside whole (printed), never pruned or overwritten
+        resumed = open_checkpoints(checkpoints, cfg.trainer.resume)
+        first_step = 1
+        if resumed is not None:  # weights, optimizer, data position, KL coefficient; then the engine catches up
+            state = load_checkpoint(resumed, models)
+            stream.load_state_dict(state["data"])
+            kl_control.coef = state["kl_coef"]
+            first_step = state["step"] + 1
+            sync_weights(policy, [engine], version=state["step"])
+            print(f"resumed from {resumed} at step {first_step}", flush=True)
+        tracker = Tracker(out, to_dict(cfg), cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
+                          cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None)
+        batches = iter(stream)
+        skipped = stream.skipped()  # rows left out so far (restored with the data position on resume)
         for step in range(first_step, cfg.trainer.total_steps + 1):
             started = time.perf_counter()
             timing: dict[str, float] = {}
@@ -146,12 +149,14 @@ def train(cfg: RunConfig) -> Path:
             every = cfg.trainer.save_every
             if every and (step % every == 0 or step == cfg.trainer.total_steps):
                 save_checkpoint(checkpoints, step, models, {"data": stream.state_dict(), "kl_coef": kl_control.coef},
-                                cfg.trainer.keep_checkpoints)
+                                cfg.trainer.keep_checkpoints, ConvertInfo(cfg.model.path, parallel.tensor,
+                                                                          parallel.pipeline, cfg.model.dtype))
         if cfg.trainer.save_hf:  # data-parallel replicas hold the same weights: replica 0 writes them
             policy.save_hf(str(out / "hf"))
             tokenizer.save_pretrained(str(out / "hf"))
     finally:
-        tracker.close()
+        if tracker is not None:
+            tracker.close()
         rewards.close()
     return out
 

@@ -1,93 +1,254 @@
-"""A run stopped after a checkpoint and started again continues exactly where an unbroken run would be."""
+"""A run killed at any point and started again ends exactly where an unbroken run ends: the same weights, bit
+for bit (every tensor of the HF export), and the same value of every logged metric (all but timing/*) at
+every step, for GRPO and PPO. A fresh run never touches another run's checkpoints, and the trainer's
+checkpoints convert to Hugging Face weights equal to the run's own export.
+
+The kills are real: `rl360 train` runs as a process tree in its own session and is killed with SIGKILL
+while a chosen phase runs (rollout, policy update, checkpoint write), seen from outside in Ray's process
+titles, after a seeded random delay (tests/killing.py). The titles while the run is frozen, and the
+checkpoint directory afterwards, show where each kill landed. Runs are tiny (the quickstart model, 4
+prompts x 4 samples, 12 steps) and two run at a time: start-up dominates, and one run keeps about one core
+busy.
+"""
 
 import json
+import random
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-import ray
+import torch
+from safetensors.torch import load_file
 
-from rl360.config import load_config
+from rl360.checkpointing import latest_checkpoint
 from rl360.quickstart.assets import build_quickstart_model
-from rl360.trainer import train
+from tests.killing import PHASES, Kill, TrainingProcess
 from tests.test_train_e2e import _row
 
-
-def _settings(root, out) -> list[str]:
-    """Overrides of configs/quickstart.yaml shared by every run here (the model is built once per root)."""
-    model = root / "model"
-    if not model.exists():
-        build_quickstart_model(model)
-    return [f"output_dir={out}", f"model.path={model}", f"data.train_files=[{root / 'train.parquet'}]",
-            "data.batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2", "trainer.save_hf=false",
-            "algorithm.kl_in_reward_coef=0.01", "algorithm.kl_in_reward_target=0.05"]
+REPO = Path(__file__).resolve().parent.parent
+ALGORITHMS = {"grpo": [], "ppo": ["configs/algorithms/ppo.yaml"]}
+TOTAL_STEPS, SAVE_EVERY = 12, 2
+KILL_SEED = 13
+MAX_DELAY_S = {"rollout": 0.02, "update": 0.05, "checkpoint": 0.05}  # each lasts ~0.05-1 s here
+RUN_TIMEOUT_S = 600
 
 
-def _run(root, out, *overrides):
-    cfg = load_config("configs/quickstart.yaml", [*_settings(root, out), *overrides])
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path_factory.mktemp("resume")
+    build_quickstart_model(root / "model")
+    rows = [_row(f"{a}+{b}", str(a + b)) for a in range(4) for b in range(3)]  # 12 prompts: epochs roll over
+    pq.write_table(pa.Table.from_pylist(rows), root / "train.parquet", row_group_size=5)
+    return root
+
+
+def _command(assets: Path, out: Path, algorithm: str, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "rl360.cli", "train", "configs/quickstart.yaml", *ALGORITHMS[algorithm],
+            f"output_dir={out}", f"model.path={assets / 'model'}", f"data.train_files=[{assets / 'train.parquet'}]",
+            "data.batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2", "trainer.save_hf=true",
+            "rollout.max_response_length=6",  # decoding long enough (~0.05 s) for a kill to land in it
+            "algorithm.kl_in_reward_coef=0.01", "algorithm.kl_in_reward_target=0.05",  # adaptive KL: restored too
+            f"trainer.total_steps={TOTAL_STEPS}", *overrides]
+
+
+def _finish(runs: dict[str, TrainingProcess]) -> None:
     try:
-        train(cfg)
+        for run in runs.values():
+            assert run.wait(RUN_TIMEOUT_S) == 0, run.output[-4000:]
     finally:
-        ray.shutdown()
+        for run in runs.values():
+            run.kill_everything()
+
+
+def _another_runs_checkpoints(root: Path) -> dict[str, bytes | None]:
+    """The state the issue reported: another run's step_000009, step_000010 and `latest` (file contents)."""
+    for step in (9, 10):
+        (root / f"step_{step:06d}" / "policy").mkdir(parents=True)
+        (root / f"step_{step:06d}" / "policy" / "weights").write_bytes(bytes([step]) * 64)
+        (root / f"step_{step:06d}" / "trainer.json").write_text(json.dumps({"step": step}))
+    (root / "latest").write_text("step_000010\n")
+    return _tree(root)
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@dataclass
+class Unbroken:
+    out: Path
+    output: str
+    another_run: dict[str, bytes | None]  # what the output directory held before (GRPO's), else {}
+
+
+@pytest.fixture(scope="module")
+def unbroken(assets) -> dict[str, Unbroken]:
+    """One unbroken run per algorithm (both at once), checkpointing only at its last step. GRPO's starts over
+    (trainer.resume=false) in an output directory that holds another run's checkpoints."""
+    another = {algorithm: {} for algorithm in ALGORITHMS}
+    another["grpo"] = _another_runs_checkpoints(assets / "unbroken-grpo" / "checkpoints")
+    runs = {algorithm: TrainingProcess(_command(assets, assets / f"unbroken-{algorithm}", algorithm,
+                                                f"trainer.save_every={TOTAL_STEPS}", "trainer.resume=false"),
+                                       cwd=str(REPO))
+            for algorithm in ALGORITHMS}
+    _finish(runs)
+    return {algorithm: Unbroken(assets / f"unbroken-{algorithm}", run.output, another[algorithm])
+            for algorithm, run in runs.items()}
+
+
+def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "ppo"])
-def test_resumed_run_matches_the_unbroken_run(tmp_path, estimator):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rows = [_row(f"{a}+{b}", str(a + b)) for a in range(4) for b in range(3)]  # 12 prompts: epochs roll over
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet", row_group_size=5)
-    preset = ["configs/algorithms/ppo.yaml"] if estimator == "ppo" else []
-    unbroken = _run(tmp_path, tmp_path / "a", *preset, "trainer.total_steps=5")
-    first = _run(tmp_path, tmp_path / "b", *preset, "trainer.total_steps=3", "trainer.save_every=2")
-    assert [r["step"] for r in first] == [1, 2, 3]
-    assert (tmp_path / "b" / "checkpoints" / "latest").read_text().strip() == "step_000003"  # the last step too
-    # a crash after step 3's checkpoint but with step 4 logged: the log is cut back to the checkpoint
-    with open(tmp_path / "b" / "metrics.jsonl", "a") as log:
-        log.write(json.dumps({"step": 4, "reward/mean": -1.0}) + "\n")
-    resumed = _run(tmp_path, tmp_path / "b", *preset, "trainer.total_steps=5", "trainer.save_every=2")
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
-    for ours, theirs in zip(resumed, unbroken):
-        assert ours["reward/mean"] == theirs["reward/mean"], ours["step"]
-        assert ours["data/epoch"] == theirs["data/epoch"]
-        assert ours["reward/kl_coef"] == pytest.approx(theirs["reward/kl_coef"], rel=1e-9)
-        assert ours["actor/pg_loss"] == pytest.approx(theirs["actor/pg_loss"], abs=1e-5)
-        assert ours["rollout/logprob_abs_diff"] <= 1e-4
-    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("step_*")) == ["step_000004", "step_000005"]
+def _assert_same_weights(ours: Path, theirs: Path) -> None:
+    """Every tensor of two HF exports equal, bit for bit (same names, dtypes, shapes, values)."""
+    mine, other = load_file(str(ours / "model.safetensors")), load_file(str(theirs / "model.safetensors"))
+    assert sorted(mine) == sorted(other)
+    for name in mine:
+        assert mine[name].dtype == other[name].dtype and torch.equal(mine[name], other[name]), name
+    assert json.loads((ours / "config.json").read_text()) == json.loads((theirs / "config.json").read_text())
 
 
-def test_a_killed_training_process_resumes_where_an_unbroken_run_would_be(tmp_path):
-    """`rl360 train` killed with SIGKILL (whatever it was doing: a step, a checkpoint being written), then the
-    same command again: the finished run's rewards equal an unbroken run's, step by step."""
-    import os
-    import signal
+def test_a_fresh_run_moves_another_runs_checkpoints_aside(unbroken):
+    """trainer.resume=false where another run left step_000009, step_000010 and `latest`: that directory is
+    moved aside whole, unchanged, and the new run's checkpoints start in a clean one."""
+    run = unbroken["grpo"]
+    (aside,) = run.out.glob("checkpoints.old-*")
+    assert _tree(aside) == run.another_run
+    assert f"moved {run.out / 'checkpoints'} aside to {aside}" in run.output
+    checkpoints = run.out / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", f"step_{TOTAL_STEPS:06d}"]
+    assert latest_checkpoint(checkpoints) == checkpoints / f"step_{TOTAL_STEPS:06d}"
+    assert [r["step"] for r in _records(run.out)] == list(range(1, TOTAL_STEPS + 1))
+    assert not list(unbroken["ppo"].out.glob("checkpoints.old-*"))  # nothing there to move
+
+
+def test_trainer_checkpoints_convert_to_the_runs_own_hf_export(unbroken, tmp_path):
+    """`rl360 convert megatron-to-hf` on the trainer's last checkpoint (its checkpoints directory, as a user
+    would pass it) gives the weights the run exported at the end, bit for bit. (PPO's policy checkpoint is
+    written by the same code; its critic is no language model.)"""
     import subprocess
-    import sys
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    run = unbroken["grpo"]
+    convert = subprocess.run([sys.executable, "-m", "rl360.cli", "convert", "megatron-to-hf", "--ckpt",
+                              str(run.out / "checkpoints"), "--out", str(tmp_path / "hf")], cwd=str(REPO),
+                             capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert convert.returncode == 0, convert.stdout[-3000:] + convert.stderr[-3000:]
+    policy = run.out / "checkpoints" / f"step_{TOTAL_STEPS:06d}" / "policy"
+    assert f"wrote Hugging Face checkpoint of {policy} to {tmp_path / 'hf'}" in convert.stdout
+    _assert_same_weights(tmp_path / "hf", run.out / "hf")
 
-    rows = [_row(f"{a}+{b}", str(a + b)) for a in range(4) for b in range(3)]
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet", row_group_size=5)
-    unbroken = _run(tmp_path, tmp_path / "a", "trainer.total_steps=6")  # in this process
-    command = [sys.executable, "-m", "rl360.cli", "train", "configs/quickstart.yaml",
-               *_settings(tmp_path, tmp_path / "b"), "trainer.total_steps=6", "trainer.save_every=1"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # its own process group: Ray and reward workers too
-    seen = []
-    while not seen or not seen[-1].startswith("step    4"):
-        seen.append(proc.stdout.readline())
-        assert seen[-1], "".join(seen[-30:])  # the run ended before step 4
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-    latest = (tmp_path / "b" / "checkpoints" / "latest").read_text().strip()
-    assert latest in ("step_000003", "step_000004")  # step 4's checkpoint may or may not have completed
 
-    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"resumed from {tmp_path / 'b' / 'checkpoints' / latest}" in again.stdout
-    resumed = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
-    for ours, theirs in zip(resumed, unbroken):
-        assert ours["reward/mean"] == theirs["reward/mean"], ours["step"]
-        assert ours["actor/pg_loss"] == pytest.approx(theirs["actor/pg_loss"], abs=1e-5)
+# ---- killed runs ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class KillRecord:
+    """A kill and what the output directory showed right after it, and the output of the run after it."""
+
+    kill: Kill
+    latest: str  # what `latest` named
+    partial: list[str]  # `.partial` checkpoint directories
+    last_logged: int  # the last step in metrics.jsonl
+    next_output: str = ""
+
+
+@dataclass
+class Killed:
+    out: Path
+    kills: list[KillRecord]
+    final_output: str
+
+
+def _kill_plan(algorithm: str) -> list[tuple[str, int, float]]:
+    """(phase, first step to aim at, random delay) per kill: every phase once, in a seeded order."""
+    rng = random.Random(f"{KILL_SEED}-{algorithm}")
+    phases = list(PHASES)
+    rng.shuffle(phases)
+    return [(phase, rng.randint(0, 1), rng.uniform(0, MAX_DELAY_S[phase])) for phase in phases]
+
+
+def _run_with_kills(assets: Path, algorithm: str) -> Killed:
+    out = assets / f"killed-{algorithm}"
+    command = _command(assets, out, algorithm, f"trainer.save_every={SAVE_EVERY}")
+    kills: list[KillRecord] = []
+    resume_step = 1
+    for phase, later, delay in _kill_plan(algorithm):
+        run = TrainingProcess(command, cwd=str(REPO))
+        try:
+            # after this process's first checkpoint: every start resumes from a checkpoint its predecessor wrote
+            own_checkpoint = -(-resume_step // SAVE_EVERY) * SAVE_EVERY
+            kill = run.kill_in(phase, own_checkpoint + 1 + later, delay)
+        finally:
+            run.kill_everything()
+        if kills:
+            kills[-1].next_output = run.output
+        checkpoints = out / "checkpoints"
+        latest = (checkpoints / "latest").read_text().strip()
+        kills.append(KillRecord(kill, latest, sorted(p.name for p in checkpoints.glob("*.partial")),
+                                _records(out)[-1]["step"]))
+        resume_step = int(latest.removeprefix("step_")) + 1
+    final = TrainingProcess(command, cwd=str(REPO))
+    _finish({algorithm: final})
+    kills[-1].next_output = final.output
+    return Killed(out, kills, final.output)
+
+
+@pytest.fixture(scope="module")
+def killed(assets) -> dict[str, Killed]:
+    """Per algorithm, one run killed three times (once in each phase) and finished; both at once."""
+    with ThreadPoolExecutor(len(ALGORITHMS)) as pool:
+        futures = {algorithm: pool.submit(_run_with_kills, assets, algorithm) for algorithm in ALGORITHMS}
+        return {algorithm: future.result() for algorithm, future in futures.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_each_kill_landed_in_the_phase_it_aimed_at(killed, algorithm):
+    """The titles while frozen show the phase; the output directory agrees: a kill while a checkpoint was
+    written left its `.partial` directory (the step it logged last) with `latest` on an older one; a kill in a
+    rollout or an update left none, the step not yet logged. The next start resumed from `latest` and removed
+    the partial directory."""
+    run = killed[algorithm]
+    assert sorted(record.kill.phase for record in run.kills) == sorted(PHASES)
+    for record in run.kills:
+        kill = record.kill
+        assert kill.landed_in_phase, (kill.phase, kill.titles)
+        latest_step = int(record.latest.removeprefix("step_"))
+        if kill.phase == "checkpoint":
+            assert record.partial == [f"step_{record.last_logged:06d}.partial"], record
+            assert latest_step < record.last_logged, record
+            assert f"removing {run.out / 'checkpoints' / record.partial[0]}" in record.next_output
+        else:
+            assert record.partial == [], record
+            assert latest_step <= record.last_logged, record
+        assert f"resumed from {run.out / 'checkpoints' / record.latest} at step {latest_step + 1}" \
+            in record.next_output, record.next_output[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_killed_run_ends_exactly_as_the_unbroken_run(killed, unbroken, algorithm):
+    run, reference = killed[algorithm], unbroken[algorithm]
+    ours, theirs = _records(run.out), _records(reference.out)
+    assert [r["step"] for r in ours] == list(range(1, TOTAL_STEPS + 1))
+    for mine, other in zip(ours, theirs):
+        compared = {key: value for key, value in mine.items() if not key.startswith("timing/")}
+        assert compared == {key: value for key, value in other.items() if not key.startswith("timing/")}, \
+            [(key, value, other.get(key)) for key, value in compared.items() if other.get(key) != value]
+    _assert_same_weights(run.out / "hf", reference.out / "hf")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_resumed_run_leaves_only_complete_checkpoints(killed, algorithm):
+    checkpoints = killed[algorithm].out / "checkpoints"
+    last_two = [f"step_{TOTAL_STEPS - SAVE_EVERY:06d}", f"step_{TOTAL_STEPS:06d}"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", *last_two]
+    assert all((checkpoints / name / "trainer.json").is_file() for name in last_two)
+    assert not list(killed[algorithm].out.glob("checkpoints.old-*"))  # every start resumed: nothing set aside

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from rl360.data import PromptRenderer
 from rl360.quickstart.assets import build_quickstart_model
 from rl360.rewards.judge import JudgeClient, JudgeItem
-from rl360.serve.loadgen import MemorySampler, burst, service_command, start_service
+from rl360.serve.loadgen import MemorySampler, burst, metric_total, service_command, start_service
 
 KEY = "sk-serve-test-key-4242"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -128,12 +128,6 @@ def _start_model(model_dir, *options):
     return start_service(argv, env={**os.environ, "RL360_TEST_SERVE_KEY": KEY}, timeout_s=120)
 
 
-def _metric(url, name):
-    text = httpx.get(f"{url}/metrics", headers=AUTH, timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.split("{")[0].split(" ")[0] == name)
-
-
 @pytest.fixture(scope="module")
 def crowded(served):
     """A second server on the same model taking at most 4 requests at once."""
@@ -166,18 +160,18 @@ def test_malformed_json_unknown_fields_and_wrong_types_name_the_field(served, ra
 
 def test_neutral_openai_keys_are_accepted_and_health_and_metrics_answer(served):
     url, _ = served
-    generated = _metric(url.removesuffix("/v1"), "rl360_model_generations_total")
+    generated = metric_total(url.removesuffix("/v1"), "rl360_model_generations_total", AUTH)
     reply = _chat(url, max_tokens=2, frequency_penalty=0.0, presence_penalty=0, logprobs=False, user="judge",
                   response_format={"type": "text"}, tools=[], stream=False)
     assert reply.status_code == 200 and reply.json()["object"] == "chat.completion"
     base = url.removesuffix("/v1")
     assert httpx.get(f"{base}/health").json() == {"status": "ok"}
     assert httpx.get(f"{base}/metrics").status_code == 401
-    assert _metric(base, "rl360_model_generations_total") == generated + 1
+    assert metric_total(base, "rl360_model_generations_total", AUTH) == generated + 1
     unauthorized = httpx.post(f"{url}/chat/completions", json={"model": "tiny", "messages": []},
                               headers={"Authorization": "Bearer wrong"})
     assert unauthorized.json()["error"]["type"] == "authentication_error"
-    assert _metric(base, "rl360_model_generations_total") == generated + 1  # nothing ran for it
+    assert metric_total(base, "rl360_model_generations_total", AUTH) == generated + 1  # nothing ran for it
 
 
 @pytest.mark.timeout(120)
@@ -206,7 +200,7 @@ def test_sigterm_during_generation_ends_requests_and_a_restart_answers(served):
                        for _ in range(16)]
             base = url.removesuffix("/v1")
             ends = time.monotonic() + 30
-            while _metric(base, "rl360_http_requests_in_flight") < 16 and time.monotonic() < ends:
+            while metric_total(base, "rl360_http_requests_in_flight", AUTH) < 16 and time.monotonic() < ends:
                 time.sleep(0.05)
             signalled = time.monotonic()
             proc.send_signal(signal.SIGTERM)

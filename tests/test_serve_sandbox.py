@@ -14,7 +14,16 @@ import psutil
 import pytest
 
 from rl360.cli import main
-from rl360.serve.loadgen import MemorySampler, SlowLoris, burst, service_command, start_service, upload
+from rl360.serve.loadgen import (
+    MemorySampler,
+    SlowLoris,
+    burst,
+    metric_total,
+    service_command,
+    start_service,
+    stop_service,
+    upload,
+)
 
 KEY = "sandbox-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -26,22 +35,6 @@ def _start(*options: str):
     return start_service(argv, env={**os.environ, ENV: KEY}, timeout_s=120)
 
 
-def _metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics", headers=AUTH, timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.split("{")[0].split(" ")[0] == name)
-
-
-def _stop(proc) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except Exception:
-            proc.kill()
-            proc.wait()
-
-
 def _run(url: str, code: str, **extra) -> httpx.Response:
     return httpx.post(f"{url}/run_code", json={"code": code, "language": "python", **extra}, headers=AUTH, timeout=60)
 
@@ -50,7 +43,7 @@ def _run(url: str, code: str, **extra) -> httpx.Response:
 def sandbox():
     proc, url = _start("--workers", "2", "--max-in-flight", "8", "--request-timeout", "60")
     yield url, proc
-    _stop(proc)
+    stop_service(proc)
 
 
 def test_refuses_to_listen_beyond_loopback_without_a_key(monkeypatch):
@@ -65,13 +58,13 @@ def test_refuses_to_listen_beyond_loopback_without_a_key(monkeypatch):
 def test_wrong_or_missing_key_is_401_and_no_code_runs(sandbox):
     url, _ = sandbox
     assert _run(url, "print(1)").json()["run_result"]["stdout"] == "1\n"
-    runs = _metric(url, "rl360_sandbox_runs_total")
+    runs = metric_total(url, "rl360_sandbox_runs_total", AUTH)
     body = {"code": "print(2)", "language": "python"}
     for headers in ({}, {"Authorization": "Bearer not-the-key-0123456789"}, {"Authorization": KEY}):
         reply = httpx.post(f"{url}/run_code", json=body, headers=headers)
         assert reply.status_code == 401 and KEY not in reply.text
     assert httpx.get(f"{url}/metrics").status_code == 401
-    assert _metric(url, "rl360_sandbox_runs_total") == runs
+    assert metric_total(url, "rl360_sandbox_runs_total", AUTH) == runs
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
 
 
@@ -125,7 +118,7 @@ def test_a_burst_is_answered_200_or_429_with_retry_after_in_bounded_memory(sandb
     assert set(report.statuses) <= {200, 429} and report.statuses[200] >= 8, report.summary()
     assert report.missing_retry_after == 0
     assert memory.peak_rss - memory.start_rss < 64 << 20, (memory.start_rss, memory.peak_rss)
-    assert _metric(url, "rl360_http_requests_in_flight") == 0
+    assert metric_total(url, "rl360_http_requests_in_flight", AUTH) == 0
 
 
 @pytest.mark.timeout(120)
@@ -140,7 +133,7 @@ def test_slow_loris_connections_do_not_block_a_run(sandbox):
             reply = _run(url, f"print({i} * 7)", run_timeout=5)
             assert reply.json()["run_result"]["stdout"] == f"{i * 7}\n"
             assert time.monotonic() - began < 10  # well within the request deadline (60 s)
-        assert _metric(url, "rl360_http_connections_open") >= 100
+        assert metric_total(url, "rl360_http_connections_open", AUTH) >= 100
     finally:
         report = loris.stop()
         memory.stop()
@@ -164,7 +157,7 @@ def test_sigterm_during_a_burst_ends_runs_and_workers_and_a_restart_answers():
             ends = time.monotonic() + 60
             while not (admitted[0].done() and admitted[1].done()) and time.monotonic() < ends:
                 time.sleep(0.05)
-            assert _metric(url, "rl360_http_requests_in_flight") == len(runs) - 2
+            assert metric_total(url, "rl360_http_requests_in_flight", AUTH) == len(runs) - 2
             descendants = psutil.Process(proc.pid).children(recursive=True)
             hammer = threads.submit(burst, f"{url}/run_code", 1000, 16,
                                     json.dumps({"code": "print(1)", "language": "python"}).encode(), "POST", AUTH,
@@ -186,9 +179,9 @@ def test_sigterm_during_a_burst_ends_runs_and_workers_and_a_restart_answers():
         alive = [p.pid for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, alive  # workers, the forkserver and the sandboxed runs are gone
     finally:
-        _stop(proc)
+        stop_service(proc)
     proc, url = _start("--workers", "1")
     try:
         assert _run(url, "print('back')").json()["run_result"]["stdout"] == "back\n"
     finally:
-        _stop(proc)
+        stop_service(proc)

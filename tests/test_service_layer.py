@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from rl360.serve.loadgen import MemorySampler, SlowLoris, burst, start_service, upload
+from rl360.serve.loadgen import MemorySampler, SlowLoris, burst, metric_total, start_service, stop_service, upload
 from rl360.serve.metrics import MetricsRegistry
 from rl360.serve.service import (
     ServiceError,
@@ -38,29 +38,12 @@ def _start(*options: str, key: bool = True):
     return start_service(argv + (["--api-key-env", ENV] if key else []), env=env, timeout_s=60)
 
 
-def _metric(url: str, name: str) -> float:
-    """The sum of every series of metric `name` (labels ignored) from /metrics."""
-    text = httpx.get(f"{url}/metrics", headers=AUTH, timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.split("{")[0].split(" ")[0] == name)
-
-
-def _stop(proc) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except Exception:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def layer():
     """max 4 in flight, 3 s deadline, 2 s read timeout, 1 MiB bodies, key required."""
     proc, url = _start()
     yield url, proc
-    _stop(proc)
+    stop_service(proc)
 
 
 # ---- parts, in this process ----
@@ -142,15 +125,15 @@ def test_health_is_open_and_metrics_need_the_key(layer):
 
 def test_wrong_or_missing_key_is_401_and_nothing_runs(layer):
     url, _ = layer
-    started = _metric(url, "rl360_test_work_started_total")
+    started = metric_total(url, "rl360_test_work_started_total", AUTH)
     for headers in ({}, {"Authorization": "Bearer wrong-key-0123456789"}, {"Authorization": f"Basic {KEY}"},
                     {"Authorization": f"Bearer {KEY[:-2]}"}, {"X-Api-Key": KEY}):
         reply = httpx.post(f"{url}/work", json={"tag": "x"}, headers=headers)
         assert reply.status_code == 401 and reply.headers["www-authenticate"] == "Bearer"
         assert "API key" in reply.json()["detail"] and KEY not in reply.text
-    assert _metric(url, "rl360_test_work_started_total") == started
+    assert metric_total(url, "rl360_test_work_started_total", AUTH) == started
     assert httpx.post(f"{url}/work", json={"tag": "y"}, headers=AUTH).json() == {"tag": "y"}
-    assert _metric(url, "rl360_test_work_started_total") == started + 1
+    assert metric_total(url, "rl360_test_work_started_total", AUTH) == started + 1
 
 
 def test_bad_bodies_get_400_naming_the_field(layer):
@@ -175,12 +158,12 @@ def test_more_than_max_in_flight_get_429_with_retry_after(layer):
 
 def test_deadline_cancels_the_handler_with_504(layer):
     url, _ = layer
-    cancelled = _metric(url, "rl360_test_work_cancelled_total")
+    cancelled = metric_total(url, "rl360_test_work_cancelled_total", AUTH)
     began = time.monotonic()
     reply = httpx.post(f"{url}/work", json={"seconds": 30}, headers=AUTH, timeout=20)
     assert reply.status_code == 504 and "deadline of 3 s" in reply.json()["detail"]
     assert 2.9 <= time.monotonic() - began < 10
-    assert _metric(url, "rl360_test_work_cancelled_total") == cancelled + 1
+    assert metric_total(url, "rl360_test_work_cancelled_total", AUTH) == cancelled + 1
 
 
 def test_server_sent_events_stream_and_end_with_an_error_event_at_the_deadline(layer):
@@ -199,7 +182,7 @@ def test_server_sent_events_stream_and_end_with_an_error_event_at_the_deadline(l
 
 def test_a_client_that_hangs_up_has_its_handler_cancelled(layer):
     url, _ = layer
-    cancelled = _metric(url, "rl360_test_work_cancelled_total")
+    cancelled = metric_total(url, "rl360_test_work_cancelled_total", AUTH)
     parts = urlsplit(url)
     body = b'{"seconds": 20}'
     with socket.create_connection((parts.hostname, parts.port)) as sock:
@@ -207,9 +190,9 @@ def test_a_client_that_hangs_up_has_its_handler_cancelled(layer):
                      b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         time.sleep(0.5)
     ends = time.monotonic() + 10
-    while _metric(url, "rl360_test_work_cancelled_total") == cancelled and time.monotonic() < ends:
+    while metric_total(url, "rl360_test_work_cancelled_total", AUTH) == cancelled and time.monotonic() < ends:
         time.sleep(0.1)
-    assert _metric(url, "rl360_test_work_cancelled_total") == cancelled + 1
+    assert metric_total(url, "rl360_test_work_cancelled_total", AUTH) == cancelled + 1
     assert 'kind="client_disconnect"' in httpx.get(f"{url}/metrics", headers=AUTH).text
 
 
@@ -252,7 +235,7 @@ def test_slow_loris_does_not_block_normal_requests():
             latencies.append(time.monotonic() - began)
             assert reply.json() == {"tag": str(i)}
             time.sleep(0.2)
-        open_now = _metric(url, "rl360_http_connections_open")
+        open_now = metric_total(url, "rl360_http_connections_open", AUTH)
         report = loris.stop()
         memory.stop()
         assert report.opened == 100 and report.closed_by_server == 0, report
@@ -260,7 +243,7 @@ def test_slow_loris_does_not_block_normal_requests():
         assert max(latencies) < 5, latencies  # each within its deadline
         assert memory.peak_rss - memory.start_rss < 48 << 20, (memory.start_rss, memory.peak_rss)
     finally:
-        _stop(proc)
+        stop_service(proc)
 
 
 @pytest.mark.timeout(120)
@@ -273,9 +256,9 @@ def test_sigterm_during_a_burst_ends_every_request_and_a_restart_answers():
             admitted = [threads.submit(httpx.post, f"{url}/work", json={"seconds": s, "tag": str(s)}, headers=AUTH,
                                        timeout=30) for s in long_work]
             ends = time.monotonic() + 20
-            while _metric(url, "rl360_http_requests_in_flight") < len(long_work) and time.monotonic() < ends:
+            while metric_total(url, "rl360_http_requests_in_flight", AUTH) < len(long_work) and time.monotonic() < ends:
                 time.sleep(0.05)
-            assert _metric(url, "rl360_http_requests_in_flight") == len(long_work)
+            assert metric_total(url, "rl360_http_requests_in_flight", AUTH) == len(long_work)
             hammer = threads.submit(burst, f"{url}/work", 2000, 16, json.dumps({"seconds": 0.01}).encode(), "POST",
                                     AUTH, 10.0, 2.5 + grace)
             time.sleep(0.5)
@@ -298,9 +281,9 @@ def test_sigterm_during_a_burst_ends_every_request_and_a_restart_answers():
         assert report.failures.get("timeout", 0) == 0 and report.missing_retry_after == 0, report.summary()
         assert set(report.failures) <= {"refused", "closed", "reset"}, report.summary()
     finally:
-        _stop(proc)
+        stop_service(proc)
     proc, url = _start()
     try:
         assert httpx.post(f"{url}/work", json={"tag": "again"}, headers=AUTH).json() == {"tag": "again"}
     finally:
-        _stop(proc)
+        stop_service(proc)

@@ -65,6 +65,26 @@ def start_service(argv: list[str], env: dict[str, str] | None = None, timeout_s:
                        f"{proc.returncode}); output: {''.join(seen)[-2000:]!r}")
 
 
+def metric_total(url: str, name: str, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> float:
+    """The sum of every series of metric `name` (labels ignored) in the service's `/metrics` at `url`."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", headers=headers, timeout=timeout_s).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.split("{")[0].split(" ")[0] == name)
+
+
+def stop_service(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL if the process is not gone within `timeout_s`."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def request_bytes(method: str, url: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
     parts = urlsplit(url)
     lines = [f"{method} {parts.path or '/'}{'?' + parts.query if parts.query else ''} HTTP/1.1",

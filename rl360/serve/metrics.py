@@ -39,21 +39,12 @@ class _Metric:
         raise NotImplementedError
 
 
-class Counter(_Metric):
-    """A count that only goes up."""
-
-    kind = "counter"
+class _Single(_Metric):
+    """A metric holding one value per label set (a counter or a gauge)."""
 
     def __init__(self, *args):
         super().__init__(*args)
         self._values: dict[tuple[str, ...], float] = {}
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        if amount < 0:
-            raise ValueError(f"counter {self.name} cannot go down (inc by {amount})")
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
 
     def value(self, **labels: str) -> float:
         return self._values.get(self._key(labels), 0.0)
@@ -62,14 +53,23 @@ class Counter(_Metric):
         return [f"{self.name}{_labels(self.label_names, key)} {_number(v)}" for key, v in sorted(self._values.items())]
 
 
-class Gauge(_Metric):
+class Counter(_Single):
+    """A count that only goes up."""
+
+    kind = "counter"
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        if amount < 0:
+            raise ValueError(f"counter {self.name} cannot go down (inc by {amount})")
+        key = self._key(labels)
+        with self._lock:
+            self._values[key] = self._values.get(key, 0.0) + amount
+
+
+class Gauge(_Single):
     """A value that goes up and down (requests in flight, open connections)."""
 
     kind = "gauge"
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self._values: dict[tuple[str, ...], float] = {}
 
     def set(self, value: float, **labels: str) -> None:
         key = self._key(labels)
@@ -80,12 +80,6 @@ class Gauge(_Metric):
         key = self._key(labels)
         with self._lock:
             self._values[key] = self._values.get(key, 0.0) + amount
-
-    def value(self, **labels: str) -> float:
-        return self._values.get(self._key(labels), 0.0)
-
-    def lines(self) -> list[str]:
-        return [f"{self.name}{_labels(self.label_names, key)} {_number(v)}" for key, v in sorted(self._values.items())]
 
 
 class Histogram(_Metric):

@@ -83,6 +83,12 @@ def _read_delimited(text: str, sep: str) -> Table | None:
     lines = [row for row in csv.reader(io.StringIO(text.strip()), delimiter=sep) if row]  # blank lines skipped
     if not lines:
         return None
+    return _header_and_rows(lines)
+
+
+def _header_and_rows(lines: list[list[str]]) -> Table | None:
+    """The first line's cells as column names, each later line as a row (short lines padded with ""); None
+    when a line has more cells than there are columns."""
     columns = _column_names(lines[0])
     rows = []
     for cells in lines[1:]:
@@ -140,13 +146,7 @@ def _read_markdown(text: str) -> Table | None:
         lines.append(cells)
     if not lines:
         return None
-    columns = _column_names(lines[0])
-    rows = []
-    for cells in lines[1:]:
-        if len(cells) > len(columns):
-            return None
-        rows.append(dict(zip(columns, cells + [""] * (len(columns) - len(cells)))))
-    return columns, rows
+    return _header_and_rows(lines)
 
 
 def _read_html(text: str) -> Table | None:
