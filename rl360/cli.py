@@ -1,7 +1,8 @@
 """`rl360` command line: `rl360 train CONFIG [key=value ...]`, `rl360 quickstart [key=value ...]`,
 `rl360 data inspect FILE...`, `rl360 reward check FILE.parquet --responses R.jsonl --out S.jsonl`,
 `rl360 convert hf-to-megatron|megatron-to-hf ...`, `rl360 serve sandbox [--port N] [--api-key-env VAR]`,
-`rl360 serve model --model DIR [--port N] [--api-key-env VAR]` (the serve options: `rl360 serve SERVICE -h`)."""
+`rl360 serve model --model DIR [--port N] [--api-key-env VAR]`,
+`rl360 serve rollout --model DIR [--port N] [--api-key-env VAR]` (the serve options: `rl360 serve SERVICE -h`)."""
 
 from __future__ import annotations
 

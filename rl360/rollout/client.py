@@ -1,0 +1,204 @@
+"""`EngineClient`: the trainer's side of SGLang's native HTTP API, the same for a real SGLang server and for
+`rl360 serve rollout` (asyncio + httpx).
+
+    client = EngineClient("http://127.0.0.1:30000", api_key=None, timeout_s=600)
+    samples = await client.generate_samples([[1, 2, 3]], SamplingParams(n=4, max_new_tokens=64), seed=7)
+    await client.update_weights_from_tensor(bucket, weight_version=3, last_bucket=False)  # ... then last=True
+    await client.pause_generation("in_place"); await client.continue_generation()
+
+Every call is bounded as a whole by `timeout_s` (connecting, sending, waiting and reading together; a call
+may pass its own shorter or longer `timeout_s`): past it, `EngineTimeout`. A reply other than 2xx, or a
+weight update answered `success: false`, raises `EngineError` with the route, the status and the server's
+message. With `api_key`, every request carries `Authorization: Bearer <key>`.
+
+Weight buckets travel in the `load_format` "rl360_safetensors" (`rl360.rollout.server`): a real SGLang server
+needs its own pickled-handle formats, which are not sent from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import torch
+
+from rl360.rollout.base import Sample, SamplingParams
+from rl360.rollout.server import TENSOR_LOAD_FORMAT, encode_tensor_bucket
+
+
+class EngineError(RuntimeError):
+    """A request the engine refused or failed: `route`, HTTP `status` and the server's `message`."""
+
+    def __init__(self, route: str, status: int, message: str):
+        super().__init__(f"{route}: HTTP {status}: {message}")
+        self.route, self.status, self.message = route, status, message
+
+
+class EngineTimeout(EngineError):
+    """A request that did not complete within its time bound."""
+
+
+class EngineClient:
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0,
+                 max_connections: int = 256):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=None,
+                                       limits=httpx.Limits(max_connections=max_connections))
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # ---- generation ----
+    async def generate(self, input_ids: list[list[int]], sampling_params: dict | list[dict],
+                       return_logprob: bool = True, logprob_start_len: int | None = None,
+                       rid: str | list[str] | None = None, timeout_s: float | None = None) -> list[dict]:
+        """SGLang's `/generate` for a batch of prompts; its replies as a list (prompt-major when n > 1)."""
+        body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params,
+                                "return_logprob": return_logprob}
+        if logprob_start_len is not None:
+            body["logprob_start_len"] = logprob_start_len
+        if rid is not None:
+            body["rid"] = rid
+        reply = await self._call("POST", "/generate", body, timeout_s)
+        return reply if isinstance(reply, list) else [reply]
+
+    async def generate_samples(self, prompts: list[list[int]], params: SamplingParams, seed: int | None = None,
+                               rid: str | None = None, timeout_s: float | None = None) -> list[list[Sample]]:
+        """`params.n` samples for each prompt, in prompt order, as the engine interface's `Sample`s. With `seed`,
+        prompt i's samples draw from `seed + i * n + j` (on `rl360 serve rollout`: reproducible)."""
+        settings = []
+        for i in range(len(prompts)):
+            options = sampling_options(params)
+            if seed is not None:
+                options["sampling_seed"] = seed + i * params.n
+            settings.append(options)
+        rids = None if rid is None else [f"{rid}-{i}" for i in range(len(prompts))]
+        replies = await self.generate(prompts, settings, True, rid=rids, timeout_s=timeout_s)
+        if len(replies) != len(prompts) * params.n:
+            raise EngineError("/generate", 200, f"{len(replies)} replies for {len(prompts)} prompts x n={params.n}")
+        samples = [reply_sample(prompts[k // params.n], reply) for k, reply in enumerate(replies)]
+        return [samples[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
+
+    # ---- weights ----
+    async def update_weights_from_tensor(self, named_tensors: Sequence[tuple[str, torch.Tensor]],
+                                         weight_version: int, last_bucket: bool,
+                                         abort_all_requests: bool = False, timeout_s: float | None = None) -> str:
+        """Send one bucket of `(hf_name, tensor)`; `last_bucket` marks the update's end (SGLang's `flush_cache`),
+        where `rl360 serve rollout` checks every weight arrived. Returns the server's message."""
+        body = {"serialized_named_tensors": [encode_tensor_bucket(list(named_tensors))],
+                "load_format": TENSOR_LOAD_FORMAT, "flush_cache": last_bucket,
+                "abort_all_requests": abort_all_requests, "weight_version": str(weight_version)}
+        return _succeeded("/update_weights_from_tensor",
+                          await self._call("POST", "/update_weights_from_tensor", body, timeout_s))
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: int,
+                                       abort_all_requests: bool = False, timeout_s: float | None = None) -> str:
+        body = {"model_path": model_path, "weight_version": str(weight_version),
+                "abort_all_requests": abort_all_requests}
+        return _succeeded("/update_weights_from_disk",
+                          await self._call("POST", "/update_weights_from_disk", body, timeout_s))
+
+    # ---- control ----
+    async def flush_cache(self, timeout_s: float | None = None) -> None:
+        await self._call("POST", "/flush_cache", None, timeout_s)
+
+    async def pause_generation(self, mode: str = "abort", timeout_s: float | None = None) -> None:
+        """"abort": end running requests (finish reason abort); "in_place"/"retract": hold them until continue."""
+        await self._call("POST", "/pause_generation", {"mode": mode}, timeout_s)
+
+    async def continue_generation(self, timeout_s: float | None = None) -> None:
+        await self._call("POST", "/continue_generation", {}, timeout_s)
+
+    async def abort_request(self, rid: str | None = None, abort_all: bool = False,
+                            timeout_s: float | None = None) -> None:
+        if (rid is None) == (not abort_all):
+            raise ValueError("pass either rid or abort_all=True")
+        body = {"abort_all": True} if abort_all else {"rid": rid}
+        await self._call("POST", "/abort_request", body, timeout_s)
+
+    async def health(self, timeout_s: float = 5.0) -> bool:
+        """Whether the server answers `/health` with 200 (False on any error or time-out)."""
+        try:
+            await self._call("GET", "/health", None, timeout_s)
+        except (EngineError, httpx.HTTPError, OSError):
+            return False
+        return True
+
+    async def health_generate(self, timeout_s: float = 30.0) -> bool:
+        """Whether the server generates a token (`/health_generate`) in time."""
+        try:
+            await self._call("GET", "/health_generate", None, timeout_s)
+        except (EngineError, httpx.HTTPError, OSError):
+            return False
+        return True
+
+    async def model_info(self, timeout_s: float | None = None) -> dict:
+        """`/model_info`: `model_path`, `weight_version`, `is_generation`, ..."""
+        return await self._call("GET", "/model_info", None, timeout_s)
+
+    async def weight_version(self, timeout_s: float | None = None) -> str:
+        return str((await self.model_info(timeout_s))["weight_version"])
+
+    # ---- transport ----
+    async def _call(self, method: str, route: str, body: Any, timeout_s: float | None) -> Any:
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            async with asyncio.timeout(limit):
+                response = await self._http.request(method, route, json=body)
+        except TimeoutError:
+            raise EngineTimeout(route, 0, f"no complete reply within {limit:g} s") from None
+        if response.status_code >= 400:
+            raise EngineError(route, response.status_code, _message(response))
+        if "application/json" not in response.headers.get("content-type", ""):
+            return response.text
+        return response.json()
+
+
+def sampling_options(params: SamplingParams) -> dict:
+    """SGLang `sampling_params` for our `SamplingParams` (seed left to the caller: `sampling_seed`)."""
+    return {"n": params.n, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+            "max_new_tokens": params.max_new_tokens, "stop_token_ids": list(params.stop_token_ids)}
+
+
+def reply_sample(prompt: list[int], reply: dict) -> Sample:
+    """A `Sample` from one `/generate` reply (with `return_logprob`)."""
+    meta = reply["meta_info"]
+    logprobs = [entry[0] for entry in meta["output_token_logprobs"]]
+    tokens = list(reply["output_ids"])
+    if len(logprobs) != len(tokens):
+        raise EngineError("/generate", 200, f"{len(tokens)} output ids but {len(logprobs)} log-probs")
+    reason = meta["finish_reason"]["type"] if meta.get("finish_reason") else "abort"
+    return Sample(prompt_ids=list(prompt), response_ids=tokens, logprobs=logprobs, finish_reason=reason)
+
+
+def _succeeded(route: str, reply: Any) -> str:
+    if not isinstance(reply, dict) or not reply.get("success"):
+        raise EngineError(route, 200, str(reply.get("message") if isinstance(reply, dict) else reply))
+    return str(reply.get("message", ""))
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        if "message" in data:
+            return str(data["message"])
+        if "detail" in data:
+            return str(data["detail"])
+    return str(data)[:500]

@@ -1,0 +1,722 @@
+"""`rl360 serve rollout`: the HF engine behind SGLang's native HTTP API, so a trainer talks to it exactly as
+it talks to `python -m sglang.launch_server` (the same `rl360.rollout.client.EngineClient`).
+
+    rl360 serve rollout --model DIR [--port 30000] [--api-key-env VAR] [--dtype bfloat16]
+                        [--batch-window-ms 5] [--max-batch-rows 256] [--max-in-flight 256] ...
+
+Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/managers/io_struct.py`):
+
+- `POST /generate`: `input_ids` (one prompt, a list of ints, or a batch, a list of lists) or `text` (when the
+  checkpoint has a tokenizer); `sampling_params` (one object, or one per prompt) with `max_new_tokens`,
+  `temperature` (0: greedy), `top_p`, `top_k` (-1 or >= 2^30: none), `stop_token_ids`, `ignore_eos`, `n`,
+  `sampling_seed` (sample j of a prompt draws from a generator seeded with `sampling_seed + j`; without it
+  the draws are random), plus SGLang's knobs at values that change nothing (`min_p: 0`, penalties at 0 or 1,
+  ...); `return_logprob`, `logprob_start_len` (>= 0 adds `input_token_logprobs` from that prompt position,
+  the first prompt token's log-prob being null as in SGLang), `return_text_in_logprobs`, `rid` (a string, or
+  one per prompt). One prompt with n = 1 is answered with one object, anything else with a list (prompt-major:
+  prompt i's sample j is entry i*n + j). Each object: `text`, `output_ids`, `meta_info` with `id`,
+  `finish_reason` (`{"type": "stop", "matched": token}`, `{"type": "length", "length": n}` or
+  `{"type": "abort", "message": ...}`), `prompt_tokens`, `completion_tokens`, `cached_tokens` (0),
+  `weight_version` (the version served when the response ended), `e2e_latency` and, with `return_logprob`,
+  `output_token_logprobs` (`[logprob, token_id, text or null]` per token: the log-prob under the distribution
+  the token was drawn from, temperature applied; greedy: temperature 1) and `input_token_logprobs`.
+  `stream: true` is refused (400).
+- `GET /health` (no key), `GET /health_generate` (no key; a one-token generation through the batcher),
+  `GET /model_info`, `GET|POST /flush_cache` (the HF engine keeps no prefix cache between requests: always
+  200), `POST /abort_request` (`rid` or `abort_all`), `POST /pause_generation` (`mode`: "abort" ends every
+  queued and running request with finish reason abort; "in_place" and "retract" hold running requests between
+  decode steps, keeping their KV cache, which here also stands in for SGLang's recomputation under "retract")
+  and `POST /continue_generation`; new requests wait while paused.
+- `POST /update_weights_from_tensor`: `serialized_named_tensors` (one entry: this server is one rank) in
+  `load_format` "rl360_safetensors": the base64 of a safetensors file holding the bucket's `(hf_name, tensor)`
+  pairs. SGLang's own formats (None, "direct", "flattened_bucket") carry pickled tensor handles (CUDA IPC) and
+  are refused with 400: unpickling a request body would run whatever code it names. `weight_version` must be a
+  decimal integer, not older than the one served. A request with `flush_cache: true` is the update's last
+  bucket: the engine then checks that every parameter was loaded since the previous finish and, if one is
+  missing, answers 400 naming the missing weights and keeps serving the old version number; otherwise the new
+  version is served. `abort_all_requests: true` aborts requests in flight first. Buckets are copied between
+  decode steps (a running batch sees the new weights from its next step on: pause first to avoid that).
+- `POST /update_weights_from_disk`: `model_path` (a Hugging Face checkpoint with the same parameter names),
+  `weight_version`; a complete update by definition. Replies `{"success", "message", "num_paused_requests"}`.
+
+Batching: requests are queued; the engine thread takes every queued prompt (up to `--max-batch-rows` rows)
+once `--batch-window-ms` has passed since the first one arrived, and decodes them as one left-padded batch with
+per-row sampling settings and per-row random generators, so a response's tokens do not depend on what it was
+batched with. Requests arriving while a batch decodes go into the next batch. A request cancelled by its
+deadline or a client hang-up stops being decoded at the next step. Errors are `{"error": {"message", "param",
+"code"}}` with the HTTP status; keys, limits, deadlines, graceful shutdown and `/metrics` come from the service
+layer (`rl360.serve.service`), whose `max_in_flight` bounds the queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import binascii
+import contextlib
+import os
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response
+
+from rl360.rollout.base import SamplingParams
+from rl360.serve.metrics import MetricsRegistry
+from rl360.serve.service import (
+    ServiceError,
+    ServiceGuard,
+    ServiceLimits,
+    add_service_arguments,
+    api_key_from_env,
+    is_loopback,
+    json_object,
+    limits_from_args,
+    run_service,
+    service_app,
+)
+
+TENSOR_LOAD_FORMAT = "rl360_safetensors"
+TOP_K_ALL = 1 << 30  # SGLang's "no top-k"
+MAX_N = 64
+DEFAULT_LIMITS = ServiceLimits(max_body_bytes=512 << 20, max_in_flight=256, request_timeout_s=3600.0,
+                               read_timeout_s=60.0, shutdown_grace_s=30.0)
+GENERATE_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len", "rid",
+                             "stream", "top_logprobs_num", "return_text_in_logprobs", "log_metrics"})
+SAMPLING_FIELDS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "ignore_eos", "n",
+                             "sampling_seed", "skip_special_tokens", "spaces_between_special_tokens",
+                             "no_stop_trim", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                             "min_new_tokens", "stop"})
+# SGLang sampling keys accepted only at values that change nothing here (null is always fine)
+NEUTRAL_SAMPLING: dict[str, tuple] = {"min_p": (0,), "frequency_penalty": (0,), "presence_penalty": (0,),
+                                      "repetition_penalty": (1,), "min_new_tokens": (0,), "stop": ([],)}
+TENSOR_FIELDS = frozenset({"serialized_named_tensors", "load_format", "flush_cache", "abort_all_requests",
+                           "weight_version", "disable_draft_model", "torch_empty_cache"})
+DISK_FIELDS = frozenset({"model_path", "load_format", "abort_all_requests", "weight_version", "flush_cache",
+                         "torch_empty_cache", "is_async", "keep_pause", "recapture_cuda_graph", "token_step"})
+
+
+def sglang_error(error: ServiceError) -> dict:
+    """The error body of this server: SGLang's `{"error": {"message": ...}}` plus the field at fault."""
+    return {"error": {"message": str(error), "param": error.param, "code": error.status}}
+
+
+# ---- parsing /generate ----
+@dataclass
+class Row:
+    """One response to decode: its prompt, its sampling settings and, once decoded, its result."""
+
+    prompt: list[int]
+    params: SamplingParams  # n is 1: a row is one sample
+    seed: int | None
+    rid: str
+    logprob_start_len: int = -1
+    ignore_eos: bool = False
+    aborted: str | None = None  # why it was aborted, set from any thread
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    finish_reason: dict | None = None
+    weight_version: str = ""
+
+
+@dataclass
+class GenerateCall:
+    rows: list[Row]
+    single: bool  # one prompt with n = 1: answered with an object, not a list
+    return_logprob: bool
+    text_in_logprobs: bool
+
+
+def parse_generate(body: bytes, tokenizer: Any = None) -> GenerateCall:
+    """The rows of a `/generate` body; `ServiceError(400)` naming the field at fault."""
+    data = json_object(body, GENERATE_FIELDS)
+    if data.get("stream"):
+        raise ServiceError(400, "'stream' is not supported by rl360 serve rollout", "stream")
+    if data.get("top_logprobs_num") not in (None, 0):
+        raise ServiceError(400, "'top_logprobs_num' is not supported by rl360 serve rollout (only 0)",
+                           "top_logprobs_num")
+    prompts, single = _prompts(data, tokenizer)
+    settings = data.get("sampling_params") or {}
+    if isinstance(settings, list):
+        if len(settings) != len(prompts):
+            raise ServiceError(400, f"'sampling_params' has {len(settings)} entries for {len(prompts)} prompts",
+                               "sampling_params")
+    elif isinstance(settings, dict):
+        settings = [settings] * len(prompts)
+    else:
+        raise ServiceError(400, "'sampling_params' must be an object or a list of them", "sampling_params")
+    rids = _rids(data.get("rid"), len(prompts), single)
+    start = _integer(data, "logprob_start_len", -1, -1, 1 << 30)
+    return_logprob = _flag(data, "return_logprob")
+    rows = []
+    for index, (prompt, options, rid) in enumerate(zip(prompts, settings, rids)):
+        where = "sampling_params" + (f"[{index}]" if len(prompts) > 1 else "")
+        params, seed, ignore_eos = parse_sampling(options, where)
+        for j in range(params.n):
+            one = SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                                 max_new_tokens=params.max_new_tokens, stop_token_ids=params.stop_token_ids)
+            rows.append(Row(prompt, one, None if seed is None else seed + j, rid,
+                            start if return_logprob else -1, ignore_eos))
+    single = single and len(rows) == 1
+    return GenerateCall(rows, single, return_logprob, _flag(data, "return_text_in_logprobs"))
+
+
+def _prompts(data: dict, tokenizer: Any) -> tuple[list[list[int]], bool]:
+    if data.get("input_ids") is not None and data.get("text") is not None:
+        raise ServiceError(400, "send either 'input_ids' or 'text', not both", "text")
+    if data.get("text") is not None:
+        if tokenizer is None:
+            raise ServiceError(400, "'text' needs a tokenizer and the checkpoint has none: send 'input_ids'", "text")
+        text = data["text"]
+        texts = [text] if isinstance(text, str) else text
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise ServiceError(400, "'text' must be a string or a non-empty list of strings", "text")
+        return [tokenizer(t)["input_ids"] for t in texts], isinstance(text, str)
+    ids = data.get("input_ids")
+    if not isinstance(ids, list) or not ids:
+        raise ServiceError(400, "'input_ids' must be a non-empty list of token ids or of such lists", "input_ids")
+    single = not isinstance(ids[0], list)
+    prompts = [ids] if single else ids
+    for i, prompt in enumerate(prompts):
+        where = "input_ids" if single else f"input_ids[{i}]"
+        if not isinstance(prompt, list) or not prompt or not all(_is_int(t) and t >= 0 for t in prompt):
+            raise ServiceError(400, f"'{where}' must be a non-empty list of non-negative integers", where)
+    return prompts, single
+
+
+def _rids(value: Any, count: int, single: bool) -> list[str]:
+    if value is None:
+        return [uuid.uuid4().hex for _ in range(count)]
+    if isinstance(value, str):
+        return [value] if count == 1 else [f"{value}_{i}" for i in range(count)]
+    if isinstance(value, list) and len(value) == count and all(isinstance(r, str) for r in value) and not single:
+        return value
+    raise ServiceError(400, f"'rid' must be a string or a list of {count} strings (one per prompt)", "rid")
+
+
+def parse_sampling(options: Any, where: str = "sampling_params") -> tuple[SamplingParams, int | None, bool]:
+    """SGLang sampling settings as our `SamplingParams`, the seed (None: random draws) and `ignore_eos`."""
+    if not isinstance(options, dict):
+        raise ServiceError(400, f"'{where}' must be an object", where)
+    unknown = [key for key in options if key not in SAMPLING_FIELDS]
+    if unknown:
+        accepted = ", ".join(sorted(SAMPLING_FIELDS))
+        raise ServiceError(400, f"unknown field '{where}.{unknown[0]}' (accepted: {accepted})", f"{where}.{unknown[0]}")
+    for key, neutral in NEUTRAL_SAMPLING.items():
+        value = options.get(key)
+        if value is not None and value not in neutral:
+            raise ServiceError(400, f"'{where}.{key}' is not supported by rl360 serve rollout (only "
+                                    f"{' or '.join(map(repr, neutral))}), got {value!r}", f"{where}.{key}")
+    temperature = _number(options, "temperature", 1.0, 0.0, 100.0, where)
+    top_p = _number(options, "top_p", 1.0, 0.0, 1.0, where)
+    if top_p <= 0:
+        raise ServiceError(400, f"'{where}.top_p' must be in (0, 1], got {top_p!r}", f"{where}.top_p")
+    top_k = _integer(options, "top_k", -1, -1, 1 << 62, where)
+    if top_k == 0 or top_k >= TOP_K_ALL:
+        top_k = -1
+    stops = options.get("stop_token_ids") or []
+    if not isinstance(stops, list) or not all(_is_int(t) and t >= 0 for t in stops):
+        raise ServiceError(400, f"'{where}.stop_token_ids' must be a list of non-negative integers",
+                           f"{where}.stop_token_ids")
+    params = SamplingParams(n=_integer(options, "n", 1, 1, MAX_N, where), temperature=temperature, top_p=top_p,
+                            top_k=top_k, max_new_tokens=_integer(options, "max_new_tokens", 128, 0, 1 << 20, where),
+                            stop_token_ids=sorted(set(stops)))
+    seed = options.get("sampling_seed")
+    if seed is not None and not _is_int(seed):
+        raise ServiceError(400, f"'{where}.sampling_seed' must be an integer, got {seed!r}", f"{where}.sampling_seed")
+    if options.get("ignore_eos") not in (None, True, False):
+        raise ServiceError(400, f"'{where}.ignore_eos' must be a boolean", f"{where}.ignore_eos")
+    return params, seed, bool(options.get("ignore_eos"))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _flag(data: dict, key: str) -> bool:
+    value = data.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise ServiceError(400, f"'{key}' must be a boolean, got {value!r}", key)
+    return bool(value)
+
+
+def _number(data: dict, key: str, default: float, low: float, high: float, where: str = "") -> float:
+    name = f"{where}.{key}" if where else key
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ServiceError(400, f"'{name}' must be a number in [{low:g}, {high:g}], got {value!r}", name)
+    return float(value)
+
+
+def _integer(data: dict, key: str, default: int, low: int, high: int, where: str = "") -> int:
+    name = f"{where}.{key}" if where else key
+    value = data.get(key)
+    if value is None:
+        return default
+    if not _is_int(value) or not low <= value <= high:
+        raise ServiceError(400, f"'{name}' must be an integer in [{low}, {high}], got {value!r}", name)
+    return value
+
+
+# ---- the batched decoder ----
+class BatchDecoder:
+    """Decodes a list of rows as one left-padded batch, each row with its own settings and generator.
+
+    `model_lock` is held for each forward step and released between steps, so weight updates (which take it
+    too) land between steps; `resume` is waited on between steps while generation is paused in place."""
+
+    def __init__(self, engine: Any, model_lock: threading.Lock, resume: threading.Event,
+                 version: Any, eos_ids: list[int]):
+        self.engine, self.model_lock, self.resume, self.version = engine, model_lock, resume, version
+        self.eos_ids = eos_ids
+
+    @torch.no_grad()
+    def decode(self, rows: list[Row]) -> None:
+        from rl360.rollout.hf_engine import _filtered_probs
+
+        device, pad = self.engine.device, self.engine.pad_id
+        width = max(len(row.prompt) for row in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row.prompt):] = torch.tensor(row.prompt)
+            mask[i, width - len(row.prompt):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        generators = [torch.Generator(device=device).manual_seed(
+            row.seed if row.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1) for row in rows]
+        stops = [set(row.params.stop_token_ids) | (set() if row.ignore_eos else set(self.eos_ids)) for row in rows]
+        running = [row.params.max_new_tokens > 0 for row in rows]
+        for i, row in enumerate(rows):
+            if not running[i]:
+                self._finish(row, {"type": "length", "length": 0})
+        cache, step_ids, step = None, ids, 0
+        while any(running):
+            self.resume.wait()
+            with self.model_lock:
+                output = self.engine.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
+                                           past_key_values=cache, use_cache=True)
+            cache = output.past_key_values
+            if step == 0:
+                self._input_logprobs(rows, output.logits, width)
+            logits = output.logits[:, -1, :].float()
+            next_tokens = torch.full((len(rows),), pad, dtype=torch.long)
+            for i, row in enumerate(rows):
+                if not running[i]:
+                    continue
+                if row.aborted is not None:
+                    running[i] = False
+                    self._finish(row, {"type": "abort", "message": row.aborted})
+                    continue
+                scaled = logits[i:i + 1] / row.params.temperature if row.params.temperature > 0 else logits[i:i + 1]
+                if row.params.temperature > 0:
+                    token = int(torch.multinomial(_filtered_probs(scaled, row.params), 1, generator=generators[i]))
+                else:
+                    token = int(scaled.argmax(-1))
+                row.tokens.append(token)
+                row.logprobs.append(float(torch.log_softmax(scaled[0], -1)[token]))
+                next_tokens[i] = token
+                if token in stops[i]:
+                    running[i] = False
+                    self._finish(row, {"type": "stop", "matched": token})
+                elif len(row.tokens) >= row.params.max_new_tokens:
+                    running[i] = False
+                    self._finish(row, {"type": "length", "length": row.params.max_new_tokens})
+            step += 1
+            alive = torch.tensor(running, dtype=torch.long, device=device)
+            step_ids = next_tokens.to(device)[:, None]
+            mask = torch.cat([mask, alive[:, None]], dim=-1)
+            positions = positions[:, -1:] + 1
+
+    def _finish(self, row: Row, reason: dict) -> None:
+        row.finish_reason = reason
+        row.weight_version = self.version()
+
+    @staticmethod
+    def _input_logprobs(rows: list[Row], logits: torch.Tensor, width: int) -> None:
+        for i, row in enumerate(rows):
+            if row.logprob_start_len < 0:
+                continue
+            offset = width - len(row.prompt)
+            plain = torch.log_softmax(logits[i, offset:offset + len(row.prompt) - 1].float(), -1)
+            values = plain.gather(-1, torch.tensor(row.prompt[1:], device=plain.device)[:, None])[:, 0].tolist()
+            row.input_logprobs = ([None] + values)[row.logprob_start_len:]
+
+
+class Batcher:
+    """The queue of rows and the engine thread that takes them in batches."""
+
+    def __init__(self, decoder: BatchDecoder, window_s: float, max_rows: int, registry: MetricsRegistry):
+        self.decoder, self.window_s, self.max_rows = decoder, window_s, max_rows
+        self.batch_count = registry.counter("rl360_rollout_batches_total", "Batches the engine decoded.")
+        self.batch_rows = registry.counter("rl360_rollout_batch_rows_total", "Responses decoded in those batches.")
+        self._queue: list[tuple[Row, asyncio.Future, asyncio.AbstractEventLoop]] = []
+        self._lock = threading.Condition()
+        self.running: list[Row] = []
+        threading.Thread(target=self._serve, name="rl360-rollout-engine", daemon=True).start()
+
+    async def submit(self, rows: list[Row]) -> None:
+        """Decode `rows` (filling in their results); cancelled: the rows are aborted at the next step."""
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in rows]
+        with self._lock:
+            self._queue.extend((row, fut, loop) for row, fut in zip(rows, futures))
+            self._lock.notify()
+        try:
+            await asyncio.gather(*futures)
+        except asyncio.CancelledError:
+            for row in rows:
+                row.aborted = row.aborted or "request cancelled"
+            raise
+
+    def abort(self, rid: str | None, message: str) -> int:
+        """Abort queued and running rows of `rid` (None: all); return how many were marked."""
+        with self._lock:
+            rows = [row for row, _, _ in self._queue] + list(self.running)
+        marked = 0
+        for row in rows:
+            if (rid is None or row.rid == rid) and row.finish_reason is None and row.aborted is None:
+                row.aborted = message
+                marked += 1
+        return marked
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._lock.wait()
+            time.sleep(self.window_s)  # let requests sent together arrive together
+            with self._lock:
+                taken, self._queue = self._queue[:self.max_rows], self._queue[self.max_rows:]
+                self.running = [row for row, _, _ in taken]
+            pending = [(row, fut, loop) for row, fut, loop in taken if not self._settle_aborted(row, fut, loop)]
+            error: BaseException | None = None
+            try:
+                if pending:
+                    self.decoder.decode([row for row, _, _ in pending])
+                    self.batch_count.inc()
+                    self.batch_rows.inc(len(pending))
+            except BaseException as err:  # handed to every request of the batch
+                error = err
+            with self._lock:
+                self.running = []
+            for _, fut, loop in pending:
+                loop.call_soon_threadsafe(_settle, fut, error)
+
+    def _settle_aborted(self, row: Row, fut: asyncio.Future, loop: asyncio.AbstractEventLoop) -> bool:
+        if row.aborted is None:
+            return False
+        self.decoder._finish(row, {"type": "abort", "message": row.aborted})
+        loop.call_soon_threadsafe(_settle, fut, None)
+        return True
+
+
+def _settle(fut: asyncio.Future, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(error)
+
+
+# ---- weights ----
+def encode_tensor_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
+    """A bucket of `(hf_name, tensor)` as this server's `serialized_named_tensors` entry: base64 safetensors."""
+    from safetensors.torch import save
+
+    names = [name for name, _ in named_tensors]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a bucket names a weight twice: {sorted({n for n in names if names.count(n) > 1})[:8]}")
+    payload = save({name: tensor.detach().cpu().contiguous() for name, tensor in named_tensors})
+    return base64.b64encode(payload).decode("ascii")
+
+
+def decode_tensor_bucket(entry: Any) -> list[tuple[str, torch.Tensor]]:
+    """The `(hf_name, tensor)` pairs in one `serialized_named_tensors` entry; ServiceError(400) if malformed."""
+    from safetensors.torch import load
+
+    if not isinstance(entry, str):
+        raise ServiceError(400, "'serialized_named_tensors' entries must be base64 strings", "serialized_named_tensors")
+    try:
+        return list(load(base64.b64decode(entry, validate=True)).items())
+    except (binascii.Error, ValueError) as err:
+        raise ServiceError(400, f"'serialized_named_tensors[0]' is not base64 of a safetensors file: {err}",
+                           "serialized_named_tensors") from None
+    except Exception as err:  # safetensors raises its own error type for a malformed header
+        raise ServiceError(400, f"'serialized_named_tensors[0]' is not a safetensors file: {err}",
+                           "serialized_named_tensors") from None
+
+
+def _weight_version(data: dict, served: int) -> int | None:
+    value = data.get("weight_version")
+    if value is None:
+        return None
+    text = str(value) if _is_int(value) else value
+    if not isinstance(text, str) or not text.isdigit():
+        raise ServiceError(400, f"'weight_version' must be a decimal integer (the trainer's step), got {value!r}",
+                           "weight_version")
+    if int(text) < served:
+        raise ServiceError(400, f"'weight_version' {text} is older than the served version {served}",
+                           "weight_version")
+    return int(text)
+
+
+# ---- the service ----
+class RolloutService:
+    """The engine, its batcher and the routes; `guard` is what uvicorn runs."""
+
+    def __init__(self, model_path: str, limits: ServiceLimits = DEFAULT_LIMITS, api_key: str | None = None,
+                 dtype: str = "float32", batch_window_s: float = 0.005, max_batch_rows: int = 256):
+        from rl360.rollout.hf_engine import HFEngine
+
+        self.model_path = model_path
+        self.engine = HFEngine(model_path, dtype=getattr(torch, dtype))
+        self.tokenizer = _tokenizer(model_path)
+        self.model_lock = threading.Lock()
+        self.resume = threading.Event()
+        self.resume.set()
+        self.paused = False
+        self._unpaused = asyncio.Event()
+        self._unpaused.set()
+        self._held: list[Row] = []  # rows of requests waiting for generation to continue
+        eos = getattr(self.engine.model.generation_config, "eos_token_id", None)
+        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        decoder = BatchDecoder(self.engine, self.model_lock, self.resume, lambda: str(self.engine.version), eos_ids)
+        registry = MetricsRegistry()
+        self.batcher = Batcher(decoder, batch_window_s, max_batch_rows, registry)
+        self.tokens = registry.counter("rl360_rollout_tokens_total", "Tokens read and written, by kind.", ["kind"])
+        self.finished = registry.counter("rl360_rollout_responses_total", "Responses, by finish reason.", ["reason"])
+        self.updates = registry.counter("rl360_rollout_weight_updates_total", "Weight update requests, by route "
+                                        "and outcome.", ["route", "outcome"])
+        app = service_app(sglang_error)
+        app.add_api_route("/generate", self.generate, methods=["POST", "PUT"])
+        app.add_api_route("/health_generate", self.health_generate, methods=["GET"])
+        app.add_api_route("/model_info", self.model_info, methods=["GET"])
+        app.add_api_route("/flush_cache", self.flush_cache, methods=["GET", "POST"])
+        app.add_api_route("/abort_request", self.abort_request, methods=["POST"])
+        app.add_api_route("/pause_generation", self.pause_generation, methods=["POST"])
+        app.add_api_route("/continue_generation", self.continue_generation, methods=["POST"])
+        app.add_api_route("/update_weights_from_tensor", self.update_weights_from_tensor, methods=["POST"])
+        app.add_api_route("/update_weights_from_disk", self.update_weights_from_disk, methods=["POST"])
+        self.guard = ServiceGuard("rollout", app, limits, api_key, sglang_error, registry,
+                                  open_paths=("/health", "/health_generate"))
+
+    # ---- generation ----
+    async def generate(self, request: HTTPRequest) -> JSONResponse:
+        call = parse_generate(await request.body(), self.tokenizer)
+        started = time.monotonic()
+        await self._wait_while_paused(call.rows)
+        await self.batcher.submit(call.rows)  # rows aborted while held are settled as aborted, not decoded
+        latency = time.monotonic() - started
+        replies = [self._reply(row, call, latency) for row in call.rows]
+        return JSONResponse(replies[0] if call.single else replies)
+
+    async def _wait_while_paused(self, rows: list[Row]) -> None:
+        """New requests wait while generation is paused, until it continues or they are aborted."""
+        self._held.extend(rows)
+        try:
+            while not self._unpaused.is_set() and any(row.aborted is None for row in rows):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._unpaused.wait(), 0.05)
+        finally:
+            for row in rows:
+                self._held.remove(row)
+
+    def _abort(self, rid: str | None, message: str) -> None:
+        """Abort the rows of `rid` (None: all): held, queued or running."""
+        for row in self._held:
+            if (rid is None or row.rid == rid) and row.aborted is None:
+                row.aborted = message
+        self.batcher.abort(rid, message)
+
+    def _reply(self, row: Row, call: GenerateCall, latency: float) -> dict:
+        self.tokens.inc(len(row.prompt), kind="prompt")
+        self.tokens.inc(len(row.tokens), kind="completion")
+        self.finished.inc(reason=row.finish_reason["type"])
+        meta = {"id": row.rid, "finish_reason": row.finish_reason, "prompt_tokens": len(row.prompt),
+                "completion_tokens": len(row.tokens), "cached_tokens": 0, "weight_version": row.weight_version,
+                "e2e_latency": latency}
+        if call.return_logprob:
+            texts = self._token_texts(row.tokens, call.text_in_logprobs)
+            meta["output_token_logprobs"] = [[lp, tok, text] for lp, tok, text in zip(row.logprobs, row.tokens, texts)]
+            if row.logprob_start_len >= 0:
+                prompt = row.prompt[row.logprob_start_len:]
+                texts = self._token_texts(prompt, call.text_in_logprobs)
+                meta["input_token_logprobs"] = [[lp, tok, text] for lp, tok, text in
+                                                zip(row.input_logprobs, prompt, texts)]
+        text = self.tokenizer.decode(row.tokens, skip_special_tokens=True) if self.tokenizer is not None else ""
+        return {"text": text, "output_ids": row.tokens, "meta_info": meta}
+
+    def _token_texts(self, tokens: list[int], wanted: bool) -> list[str | None]:
+        if not wanted or self.tokenizer is None:
+            return [None] * len(tokens)
+        return [self.tokenizer.decode([t]) for t in tokens]
+
+    async def health_generate(self) -> Response:
+        row = Row([0], SamplingParams(n=1, temperature=0.0, max_new_tokens=1), 0, f"HEALTH_CHECK_{uuid.uuid4().hex}")
+        try:
+            await asyncio.wait_for(self.batcher.submit([row]), timeout=20)
+        except Exception:
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    async def model_info(self) -> dict:
+        config = self.engine.model.config
+        return {"model_path": self.model_path, "tokenizer_path": self.model_path if self.tokenizer else None,
+                "is_generation": True, "preferred_sampling_params": None,
+                "weight_version": str(self.engine.version), "has_image_understanding": False,
+                "has_audio_understanding": False, "model_type": getattr(config, "model_type", None),
+                "architectures": getattr(config, "architectures", None)}
+
+    async def flush_cache(self) -> Response:
+        return Response("Cache flushed.\n", status_code=200)
+
+    async def abort_request(self, request: HTTPRequest) -> Response:
+        data = json_object(await request.body(), {"rid", "abort_all", "finished_reason", "abort_message"})
+        abort_all = _flag(data, "abort_all")
+        rid = data.get("rid")
+        if not abort_all and not isinstance(rid, str):
+            raise ServiceError(400, "'rid' must be a string (or send 'abort_all': true)", "rid")
+        message = data.get("abort_message") or "Aborted"
+        self._abort(None if abort_all else rid, str(message))
+        return Response(status_code=200)
+
+    async def pause_generation(self, request: HTTPRequest) -> dict:
+        data = json_object(await request.body() or b"{}", {"mode", "rid"})
+        mode = data.get("mode") or "abort"
+        if mode not in ("abort", "in_place", "retract"):
+            raise ServiceError(400, f"'mode' must be 'abort', 'in_place' or 'retract', got {mode!r}", "mode")
+        self.paused = True
+        self._unpaused.clear()
+        if mode == "abort":
+            self._abort(None, "Aborted by pause_generation")
+        else:
+            self.resume.clear()
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    async def continue_generation(self, request: HTTPRequest) -> dict:
+        json_object(await request.body() or b"{}", {"torch_empty_cache", "rid"})
+        self.paused = False
+        self.resume.set()
+        self._unpaused.set()
+        return {"message": "Generation continued successfully.", "status": "ok"}
+
+    # ---- weights ----
+    async def update_weights_from_tensor(self, request: HTTPRequest) -> JSONResponse:
+        data = json_object(await request.body(), TENSOR_FIELDS)
+        load_format = data.get("load_format")
+        if load_format != TENSOR_LOAD_FORMAT:
+            raise ServiceError(400, f"'load_format' {load_format!r} is not served here: rl360 serve rollout takes "
+                                    f"'{TENSOR_LOAD_FORMAT}' (base64 safetensors; pickled tensor handles are refused)",
+                               "load_format")
+        entries = data.get("serialized_named_tensors")
+        if not isinstance(entries, list) or len(entries) != 1:
+            raise ServiceError(400, "'serialized_named_tensors' must be a list of one entry (this server is one rank)",
+                               "serialized_named_tensors")
+        version = _weight_version(data, self.engine.version)
+        bucket = decode_tensor_bucket(entries[0])
+        if _flag(data, "abort_all_requests"):
+            self._abort(None, "Aborted by a weight update")
+        finish = data.get("flush_cache", True) is not False
+        return await self._apply(bucket, version, finish, "/update_weights_from_tensor", extra={})
+
+    async def update_weights_from_disk(self, request: HTTPRequest) -> JSONResponse:
+        data = json_object(await request.body(), DISK_FIELDS)
+        path = data.get("model_path")
+        if not isinstance(path, str) or not Path(path).is_dir():
+            raise ServiceError(400, f"'model_path' must be a checkpoint directory on the server, got {path!r}",
+                               "model_path")
+        version = _weight_version(data, self.engine.version)
+        if _flag(data, "abort_all_requests"):
+            self._abort(None, "Aborted by a weight update")
+        bucket = await asyncio.to_thread(_checkpoint_weights, path, self.engine.model.dtype)
+        return await self._apply(bucket, version, True, "/update_weights_from_disk", extra={"num_paused_requests": 0})
+
+    async def _apply(self, bucket: list, version: int | None, finish: bool, route: str, extra: dict) -> JSONResponse:
+        target = version if version is not None else self.engine.version
+
+        def load() -> str:
+            with self.model_lock:
+                self.engine.update_weights(bucket, target)
+                if finish:
+                    self.engine.finish_weight_update(target)
+            return f"Loaded {len(bucket)} tensors" + (f"; serving weight version {target}" if finish else "")
+
+        try:
+            message = await asyncio.to_thread(load)
+        except (KeyError, ValueError, RuntimeError) as err:
+            self.updates.inc(route=route, outcome="failed")
+            text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+            return JSONResponse({"success": False, "message": text, **extra}, status_code=400)
+        self.updates.inc(route=route, outcome="finished" if finish else "bucket")
+        return JSONResponse({"success": True, "message": message, **extra})
+
+
+def _checkpoint_weights(path: str, dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return [(name, param.detach()) for name, param in model.named_parameters()]
+
+
+def _tokenizer(model_path: str) -> Any:
+    """The checkpoint's tokenizer, or None when it has none (then `text` in and out is unavailable)."""
+    from transformers import AutoTokenizer
+
+    files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+    if not any((Path(model_path) / name).is_file() for name in files):
+        return None  # transformers would build an empty tokenizer from the model's config alone
+    try:
+        return AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def serve_rollout(args: argparse.Namespace) -> int:
+    api_key = api_key_from_env(args.api_key_env)
+    limits = limits_from_args(args)
+    if args.batch_window_ms < 0 or args.max_batch_rows < 1:
+        raise SystemExit("rl360 serve rollout: --batch-window-ms must be >= 0 and --max-batch-rows >= 1")
+    if api_key is None and not is_loopback(args.host):
+        print(f"rl360 serve rollout: warning: listening on {args.host} without a key: anyone who reaches it can "
+              "generate and replace the weights (pass --api-key-env VAR)", file=sys.stderr, flush=True)
+    service = RolloutService(args.model, limits, api_key, args.dtype, args.batch_window_ms / 1000.0,
+                             args.max_batch_rows)
+    return run_service(service.guard, args.host, args.port,
+                       f"rl360 serving rollout engine {Path(args.model).name!r} with SGLang's native API on {{url}}"
+                       f"{' (API key required)' if api_key else ''}", access_log=args.access_log)
+
+
+def add_rollout_parser(services) -> None:
+    """Register `rl360 serve rollout` on the `serve` sub-command's parsers."""
+    rollout = services.add_parser("rollout", help="the HF rollout engine behind SGLang's native HTTP API")
+    rollout.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+    rollout.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weights' dtype")
+    rollout.add_argument("--batch-window-ms", type=float, default=5.0,
+                         help="after a request arrives, wait this long for others to batch with it")
+    rollout.add_argument("--max-batch-rows", type=int, default=256, help="responses decoded together at most")
+    add_service_arguments(rollout, port=30000, defaults=DEFAULT_LIMITS)
+    rollout.set_defaults(run=serve_rollout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rl360.rollout.server --model DIR ...`: the same as `rl360 serve rollout`."""
+    parser = argparse.ArgumentParser(prog="python -m rl360.rollout.server")
+    add_rollout_parser(parser.add_subparsers(dest="service", required=True))
+    args = parser.parse_args(["rollout", *(sys.argv[1:] if argv is None else argv)])
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

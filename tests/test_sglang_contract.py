@@ -1,0 +1,206 @@
+"""`EngineClient` against the pinned SGLang's own source: every route it calls exists with that method, every
+field it sends is a field of the route's request struct (and every sampling key one of SGLang's
+`SamplingParams`), and it works on replies holding only keys SGLang returns.
+
+The wheel is fetched once with `pip download --no-deps` into ~/.cache/rl360/sglang and read with `ast`
+(never imported); the test skips only when that download fails for lack of network."""
+
+import ast
+import asyncio
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from rl360.rollout.base import SamplingParams
+from rl360.rollout.client import EngineClient
+
+SGLANG_PIN = "0.5.17"
+CACHE = Path.home() / ".cache" / "rl360" / "sglang"
+SOURCES = {"io_struct": "sglang/srt/managers/io_struct.py", "http": "sglang/srt/entrypoints/http_server.py",
+           "tokenizer": "sglang/srt/managers/tokenizer_manager.py",
+           "sampling": "sglang/srt/sampling/sampling_params.py"}
+
+
+@pytest.fixture(scope="module")
+def sglang():
+    CACHE.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(CACHE.glob(f"sglang-{SGLANG_PIN}-*.whl"))
+    if not wheels:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                               "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64",
+                               f"sglang=={SGLANG_PIN}", "-d", str(CACHE)], capture_output=True, text=True)
+        wheels = sorted(CACHE.glob(f"sglang-{SGLANG_PIN}-*.whl"))
+        if not wheels:
+            network = ("Network is unreachable", "Temporary failure in name resolution", "ConnectionError",
+                       "Max retries exceeded", "No route to host")
+            if any(sign in done.stdout + done.stderr for sign in network):
+                pytest.skip(f"cannot download sglang=={SGLANG_PIN}: no network")
+            raise AssertionError(f"pip download sglang=={SGLANG_PIN} failed:\n{done.stdout}\n{done.stderr}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        return {key: ast.parse(wheel.read(path).decode()) for key, path in SOURCES.items()}
+
+
+def _class_fields(tree: ast.Module) -> dict[str, set[str]]:
+    """Annotated fields of every class (dataclass or msgspec Struct), bases within the file included."""
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+    def fields(name: str) -> set[str]:
+        node = classes[name]
+        own = {item.target.id for item in node.body if isinstance(item, ast.AnnAssign)
+               and isinstance(item.target, ast.Name)}
+        for base in node.bases:
+            if isinstance(base, ast.Name) and base.id in classes:
+                own |= fields(base.id)
+        return own
+
+    return {name: fields(name) for name in classes}
+
+
+def _routes(tree: ast.Module) -> dict[tuple[str, str], ast.AsyncFunctionDef]:
+    """(method, path) -> handler for every `@app.get/post/api_route(...)` of the HTTP server."""
+    routes = {}
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for deco in node.decorator_list:
+            if not (isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute)
+                    and isinstance(deco.func.value, ast.Name) and deco.func.value.id == "app"):
+                continue
+            path = next((a.value for a in deco.args if isinstance(a, ast.Constant)), None)
+            path = path or next((k.value.value for k in deco.keywords if k.arg == "path"), None)
+            if deco.func.attr in ("get", "post", "put", "delete"):
+                methods = [deco.func.attr.upper()]
+            elif deco.func.attr == "api_route":
+                methods = next((ast.literal_eval(k.value) for k in deco.keywords if k.arg == "methods"), ["GET"])
+            else:
+                continue
+            for method in methods:
+                routes[(method, path)] = node
+    return routes
+
+
+def _request_class(handler: ast.AST) -> str | None:
+    """The struct a handler's `obj` parameter is parsed into (`obj: X` or `obj: Annotated[X, Body()]`)."""
+    for arg in handler.args.args:
+        if arg.arg != "obj" or arg.annotation is None:
+            continue
+        note = arg.annotation
+        if isinstance(note, ast.Subscript) and isinstance(note.value, ast.Name) and note.value.id == "Annotated":
+            note = note.slice.elts[0]
+        if isinstance(note, ast.Subscript) and isinstance(note.value, ast.Name) and note.value.id == "Optional":
+            note = note.slice
+        return note.id if isinstance(note, ast.Name) else None
+    return None
+
+
+def _dict_keys(node: ast.AST) -> set[str]:
+    """String keys of every dict literal and `x["key"] = ...` assignment under `node`."""
+    keys = set()
+    for item in ast.walk(node):
+        if isinstance(item, ast.Dict):
+            keys |= {k.value for k in item.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+        if isinstance(item, ast.Assign):
+            for target in item.targets:
+                if isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant):
+                    keys.add(target.slice.value)
+    return keys
+
+
+def _meta_info_keys(tree: ast.Module) -> set[str]:
+    keys = set()
+    for item in ast.walk(tree):
+        if isinstance(item, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "meta_info" for t in item.targets):
+            keys |= _dict_keys(item.value)
+        if isinstance(item, ast.Assign):
+            for target in item.targets:
+                if (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                        and target.value.id == "meta_info" and isinstance(target.slice, ast.Constant)):
+                    keys.add(target.slice.value)
+    return keys
+
+
+def _record_client_calls(replies: dict) -> list[tuple[str, str, dict | None]]:
+    """Run every `EngineClient` method against a transport answering `replies[path]`; return what it sent."""
+    sent = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        sent.append((request.method, request.url.path, body))
+        reply = replies[request.url.path]
+        if isinstance(reply, str):
+            return httpx.Response(200, text=reply)
+        return httpx.Response(200, json=reply)
+
+    async def scenario():
+        client = EngineClient("http://sglang.invalid", api_key="k" * 20)
+        client._http = httpx.AsyncClient(base_url=client.url, headers=client._http.headers,
+                                         transport=httpx.MockTransport(answer))
+        params = SamplingParams(n=1, temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=2, stop_token_ids=[3])
+        samples = await client.generate_samples([[1, 2]], params, seed=3, rid="r")
+        await client.generate([[1, 2]], {"max_new_tokens": 1}, return_logprob=True, logprob_start_len=0, rid=["r"])
+        await client.update_weights_from_tensor([("w", torch.zeros(2))], 1, last_bucket=True, abort_all_requests=True)
+        await client.update_weights_from_disk("/ckpt", 2, abort_all_requests=False)
+        await client.flush_cache()
+        await client.pause_generation("in_place")
+        await client.continue_generation()
+        await client.abort_request(rid="r")
+        await client.abort_request(abort_all=True)
+        assert await client.health() and await client.health_generate()
+        assert await client.weight_version() == "1"
+        await client.close()
+        return samples
+
+    samples = asyncio.run(scenario())
+    assert samples[0][0].response_ids == [4] and samples[0][0].logprobs == [-0.5]
+    assert samples[0][0].finish_reason == "length"
+    return sent
+
+
+def test_client_requests_and_replies_match_sglang(sglang):
+    structs = _class_fields(sglang["io_struct"])
+    sampling_fields = _class_fields(sglang["sampling"])["SamplingParams"]
+    routes = _routes(sglang["http"])
+    meta_keys = _meta_info_keys(sglang["tokenizer"])
+    meta = {"id": "r", "finish_reason": {"type": "length", "length": 1}, "prompt_tokens": 2, "completion_tokens": 1,
+            "weight_version": "1", "output_token_logprobs": [[-0.5, 4, None]]}
+    assert set(meta) <= meta_keys, sorted(set(meta) - meta_keys)
+    generate_reply = {"text": "", "output_ids": [4], "meta_info": meta}
+    assert set(generate_reply) <= _dict_keys(sglang["tokenizer"])
+    model_info = {"model_path": "/m", "weight_version": "1", "is_generation": True}
+    assert set(model_info) <= _dict_keys(routes[("GET", "/model_info")])
+    update_reply = {"success": True, "message": "ok"}
+    for route in ("/update_weights_from_tensor", "/update_weights_from_disk"):
+        assert set(update_reply) <= _dict_keys(routes[("POST", route)]), route
+    replies = {"/generate": generate_reply, "/update_weights_from_tensor": update_reply,
+               "/update_weights_from_disk": update_reply, "/flush_cache": "Cache flushed.\n",
+               "/pause_generation": {"message": "ok", "status": "ok"}, "/continue_generation": {"message": "ok"},
+               "/abort_request": "", "/health": "", "/health_generate": "", "/model_info": model_info}
+    sent = _record_client_calls(replies)
+    assert {path for _, path, _ in sent} == set(replies)  # every route the client has was exercised
+    for method, path, body in sent:
+        assert (method, path) in routes, f"SGLang {SGLANG_PIN} has no {method} {path}"
+        if body is None:
+            continue
+        struct = _request_class(routes[(method, path)])
+        if path == "/generate":
+            struct = "GenerateReqInput"
+            settings = body["sampling_params"]
+            for options in settings if isinstance(settings, list) else [settings]:
+                assert set(options) <= sampling_fields, sorted(set(options) - sampling_fields)
+        assert struct in structs, f"{path}: request struct {struct!r} not found in io_struct.py"
+        assert set(body) <= structs[struct], f"{path}: {sorted(set(body) - structs[struct])} not in {struct}"
+
+
+def test_generate_struct_is_a_dataclass_whose_fields_were_found(sglang):
+    """Guards the parser itself: a struct with no fields found would let every check pass."""
+    structs = _class_fields(sglang["io_struct"])
+    assert {"input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid"} <= structs["GenerateReqInput"]
+    assert {"serialized_named_tensors", "load_format", "weight_version", "flush_cache"} <= structs[
+        "UpdateWeightsFromTensorReqInput"]
+    assert "unknown_field_x" not in structs["AbortReq"] and "abort_all" in structs["AbortReq"]
