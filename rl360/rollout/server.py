@@ -79,6 +79,7 @@ from rl360.serve.service import (
     is_loopback,
     json_object,
     limits_from_args,
+    number_field,
     run_service,
     service_app,
 )
@@ -154,7 +155,7 @@ def parse_generate(body: bytes, tokenizer: Any = None) -> GenerateCall:
     else:
         raise ServiceError(400, "'sampling_params' must be an object or a list of them", "sampling_params")
     rids = _rids(data.get("rid"), len(prompts), single)
-    start = _integer(data, "logprob_start_len", -1, -1, 1 << 30)
+    start = int(number_field(data, "logprob_start_len", -1, -1, 1 << 30, integer=True))
     return_logprob = _flag(data, "return_logprob")
     rows = []
     for index, (prompt, options, rid) in enumerate(zip(prompts, settings, rids)):
@@ -215,19 +216,20 @@ def parse_sampling(options: Any, where: str = "sampling_params") -> tuple[Sampli
         if value is not None and value not in neutral:
             raise ServiceError(400, f"'{where}.{key}' is not supported by rl360 serve rollout (only "
                                     f"{' or '.join(map(repr, neutral))}), got {value!r}", f"{where}.{key}")
-    temperature = _number(options, "temperature", 1.0, 0.0, 100.0, where)
-    top_p = _number(options, "top_p", 1.0, 0.0, 1.0, where)
+    temperature = number_field(options, "temperature", 1.0, 0.0, 100.0, where=where)
+    top_p = number_field(options, "top_p", 1.0, 0.0, 1.0, where=where)
     if top_p <= 0:
         raise ServiceError(400, f"'{where}.top_p' must be in (0, 1], got {top_p!r}", f"{where}.top_p")
-    top_k = _integer(options, "top_k", -1, -1, 1 << 62, where)
+    top_k = int(number_field(options, "top_k", -1, -1, 1 << 62, integer=True, where=where))
     if top_k == 0 or top_k >= TOP_K_ALL:
         top_k = -1
     stops = options.get("stop_token_ids") or []
     if not isinstance(stops, list) or not all(_is_int(t) and t >= 0 for t in stops):
         raise ServiceError(400, f"'{where}.stop_token_ids' must be a list of non-negative integers",
                            f"{where}.stop_token_ids")
-    params = SamplingParams(n=_integer(options, "n", 1, 1, MAX_N, where), temperature=temperature, top_p=top_p,
-                            top_k=top_k, max_new_tokens=_integer(options, "max_new_tokens", 128, 0, 1 << 20, where),
+    n = int(number_field(options, "n", 1, 1, MAX_N, integer=True, where=where))
+    max_new_tokens = int(number_field(options, "max_new_tokens", 128, 0, 1 << 20, integer=True, where=where))
+    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                             stop_token_ids=sorted(set(stops)))
     seed = options.get("sampling_seed")
     if seed is not None and not _is_int(seed):
@@ -246,26 +248,6 @@ def _flag(data: dict, key: str) -> bool:
     if value is not None and not isinstance(value, bool):
         raise ServiceError(400, f"'{key}' must be a boolean, got {value!r}", key)
     return bool(value)
-
-
-def _number(data: dict, key: str, default: float, low: float, high: float, where: str = "") -> float:
-    name = f"{where}.{key}" if where else key
-    value = data.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ServiceError(400, f"'{name}' must be a number in [{low:g}, {high:g}], got {value!r}", name)
-    return float(value)
-
-
-def _integer(data: dict, key: str, default: int, low: int, high: int, where: str = "") -> int:
-    name = f"{where}.{key}" if where else key
-    value = data.get(key)
-    if value is None:
-        return default
-    if not _is_int(value) or not low <= value <= high:
-        raise ServiceError(400, f"'{name}' must be an integer in [{low}, {high}], got {value!r}", name)
-    return value
 
 
 # ---- the batched decoder ----

@@ -45,6 +45,7 @@ from rl360.serve.service import (
     is_loopback,
     json_object,
     limits_from_args,
+    number_field,
     run_service,
     service_app,
 )
@@ -126,18 +127,19 @@ def parse_request(body: bytes, chat: bool, served_name: str) -> Request:
         if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
             raise RequestError(400, "'prompt' must be a string or a non-empty list of strings", "prompt")
     request = Request(prompts, chat)
-    request.temperature = _number(data, "temperature", 1.0, 0.0, 2.0)
-    request.top_p = _number(data, "top_p", 1.0, 0.0, 1.0, low_open=True)
-    request.top_k = int(_number(data, "top_k", -1, -1, 1 << 20, integer=True))
-    request.n = int(_number(data, "n", 1, 1, MAX_N, integer=True))
+    request.temperature = number_field(data, "temperature", 1.0, 0.0, 2.0, error=RequestError)
+    request.top_p = number_field(data, "top_p", 1.0, 0.0, 1.0, low_open=True, error=RequestError)
+    request.top_k = int(number_field(data, "top_k", -1, -1, 1 << 20, integer=True, error=RequestError))
+    request.n = int(number_field(data, "n", 1, 1, MAX_N, integer=True, error=RequestError))
     key = "max_completion_tokens" if data.get("max_completion_tokens") is not None else "max_tokens"
-    request.max_tokens = int(_number(data, key, 256, 1, 1 << 20, integer=True))
+    request.max_tokens = int(number_field(data, key, 256, 1, 1 << 20, integer=True, error=RequestError))
     stop = data.get("stop")
     request.stop = [stop] if isinstance(stop, str) else (stop or [])
     if not isinstance(request.stop, list) or not all(isinstance(s, str) and s for s in request.stop):
         raise RequestError(400, "'stop' must be a non-empty string or a list of them", "stop")
     if data.get("seed") is not None:
-        request.seed = int(_number(data, "seed", 0, -(1 << 63), (1 << 63) - 1, integer=True))
+        request.seed = int(number_field(data, "seed", 0, -(1 << 63), (1 << 63) - 1, integer=True,
+                                        error=RequestError))
     return request
 
 
@@ -170,18 +172,6 @@ def _messages(messages: Any) -> list[dict]:
         if not isinstance(message.get("content"), str):
             raise RequestError(400, f"messages[{i}].content must be a string (text only)", f"messages[{i}].content")
     return [{"role": m["role"], "content": m["content"]} for m in messages]
-
-
-def _number(data: dict, key: str, default: float, low: float, high: float, integer: bool = False,
-            low_open: bool = False) -> float:
-    value = data.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise RequestError(400, f"'{key}' must be {'an integer' if integer else 'a number'}, got {value!r}", key)
-    if not (low < value if low_open else low <= value) or value > high:
-        raise RequestError(400, f"'{key}' must be in {'(' if low_open else '['}{low:g}, {high:g}], got {value!r}", key)
-    return value
 
 
 class ModelService:

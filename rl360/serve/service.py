@@ -165,6 +165,21 @@ def service_app(error_format: ErrorFormat = detail_error, lifespan: Any = None) 
     return app
 
 
+def number_field(data: dict, key: str, default: float, low: float, high: float, *, integer: bool = False,
+                 low_open: bool = False, where: str = "", error: type[ServiceError] = ServiceError) -> float:
+    """`data[key]` checked to be a number (an int with `integer`) in [low, high] (`(low, high]` with
+    `low_open`), or `default` when absent or null; else `error(400)` naming the field (`where.key`)."""
+    name = f"{where}.{key}" if where else key
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise error(400, f"'{name}' must be {'an integer' if integer else 'a number'}, got {value!r}", name)
+    if not (low < value if low_open else low <= value) or value > high:
+        raise error(400, f"'{name}' must be in {'(' if low_open else '['}{low:g}, {high:g}], got {value!r}", name)
+    return value
+
+
 def json_object(body: bytes, allowed: Collection[str]) -> dict:
     """The JSON object in `body`; `ServiceError(400)` saying where the JSON breaks, that it is not an
     object, or which key is not one of `allowed` (named in `param`)."""
