@@ -41,13 +41,29 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # hf: the embedded transformers engine (the SGLang engine is not built yet)
+    # hf: one transformers engine inside a Ray actor (the smallest setup); server: `rl360 serve rollout`
+    # processes behind SGLang's HTTP API; sglang: `python -m sglang.launch_server` processes (GPU)
+    engine: str = "hf"
     n: int = 8  # responses sampled per prompt
     temperature: float = 1.0  # sampling temperature (the trainer scores with the same one)
     top_p: float = 1.0  # nucleus sampling
     top_k: int = -1  # top-k sampling; -1 disables
     max_response_length: int = 256  # new tokens per response
-    num_engines: int = 1  # rollout engines behind the dispatcher
+    num_engines: int = 1  # engines the manager spreads each step's prompts over
+    # how weights reach server/sglang engines after an update: distributed (a gloo/NCCL group between the
+    # trainer's export rank and every engine, one broadcast per tensor), tensor (same host: shared memory),
+    # disk (a safetensors checkpoint the engines load)
+    weight_sync: str = "distributed"
+    # server/sglang, sync mode: engines release their weights and KV cache while the trainer trains and take
+    # them back for the weight update (GPUs shared by trainer and engines)
+    colocate: bool = False
+    mode: str = "sync"  # sync: generate, then train; async: generate step k+1 while step k trains (one step stale)
+    request_timeout_s: float = 600.0  # an engine that answers no generate request in this long is restarted
+    startup_timeout_s: float = 300.0  # an engine process must serve within this long
+    max_engine_restarts: int = 8  # restarts in a run before a failing engine stops the run
+    engine_tensor_parallel: int = 1  # sglang: --tp-size of each engine (GPUs per engine)
+    mem_fraction: float = 0.8  # sglang: --mem-fraction-static
+    engine_args: list[str] = field(default_factory=list)  # more command-line arguments for each engine process
 
 
 @dataclass
@@ -189,7 +205,9 @@ class RunConfig:
 CHOICES: dict[str, tuple[Any, ...]] = {
     "model.dtype": ("float32", "bfloat16"),
     "data.on_bad_row": ("error", "skip"),
-    "rollout.engine": ("hf",),
+    "rollout.engine": ("hf", "server", "sglang"),
+    "rollout.weight_sync": ("distributed", "tensor", "disk"),
+    "rollout.mode": ("sync", "async"),
     "actor.loss_agg_mode": AGG_MODES,
     "actor.rollout_correction": ("none", "tis", "mask"),
     "actor.rollout_is_level": ROLLOUT_IS_LEVELS,
@@ -207,7 +225,8 @@ POSITIVE = (
     "actor.ppo_epochs", "actor.parallel.tensor", "actor.parallel.pipeline", "actor.parallel.data",
     "trainer.total_steps", "trainer.weight_bucket_mb", "reward.timeout_s", "tracking.log_every",
     "actor.rollout_is_threshold", "algorithm.kl_in_reward_horizon", "reward.judge.max_concurrency",
-    "trainer.keep_checkpoints",
+    "trainer.keep_checkpoints", "rollout.request_timeout_s", "rollout.startup_timeout_s",
+    "rollout.engine_tensor_parallel", "rollout.mem_fraction",
     "reward.judge.timeout_s", "reward.judge.deadline_s",
 )
 NON_NEGATIVE = (
@@ -219,7 +238,7 @@ NON_NEGATIVE = (
     "algorithm.kl_in_reward_coef", "algorithm.kl_in_reward_target", "critic.lr", "critic.weight_decay",
     "critic.grad_clip", "critic.cliprange_value", "critic.warmup_steps", "critic.micro_batch_size",
     "algorithm.gamma", "algorithm.lam",
-    "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every",
+    "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every", "rollout.max_engine_restarts",
 )
 
 
@@ -321,10 +340,14 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"actor.clip_ratio_c={cfg.actor.clip_ratio_c} must be > 1 (or 0 to disable dual clip)")
     if cfg.algorithm.adv_estimator not in ("reinforce_plus_plus", "remax", "gae") and cfg.rollout.n < 2:
         raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs rollout.n >= 2")
-    unsupported = {"rollout.num_engines": cfg.rollout.num_engines}
-    for key, value in unsupported.items():
-        if value != 1:
-            raise ConfigError(f"{key}={value} is not supported yet; allowed values: [1]")
+    if cfg.rollout.engine == "hf" and cfg.rollout.num_engines != 1:
+        raise ConfigError(f"rollout.num_engines={cfg.rollout.num_engines} needs rollout.engine=server or sglang "
+                          "(rollout.engine=hf is one in-process engine)")
+    if cfg.rollout.colocate and (cfg.rollout.engine == "hf" or cfg.rollout.mode != "sync"):
+        raise ConfigError("rollout.colocate=true needs rollout.engine=server or sglang and rollout.mode=sync "
+                          f"(got engine={cfg.rollout.engine}, mode={cfg.rollout.mode})")
+    if cfg.rollout.mem_fraction > 1:
+        raise ConfigError(f"rollout.mem_fraction={cfg.rollout.mem_fraction} must be in (0, 1]")
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:

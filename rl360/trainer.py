@@ -2,32 +2,29 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-import ray
 import torch
 from transformers import AutoTokenizer
 
-from rl360.actor.batch import RolloutBatch, build_batch
+from rl360.actor.batch import RolloutBatch
 from rl360.actor.critic import CriticWorker
 from rl360.actor.policy import PolicyWorker
 from rl360.actor.policy_group import PolicyGroup
 from rl360.algos.advantages import get_advantage_estimator
-from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
 from rl360.algos.kl_control import KLController
 from rl360.algos.losses import kl_penalty
 from rl360.checkpointing import ConvertInfo, load_checkpoint, open_checkpoints, save_checkpoint
 from rl360.cluster import WorkerGroup, start_ray
 from rl360.config import RunConfig, to_dict
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream
-from rl360.rewards import RewardItem, RewardPool, register_reward_path
+from rl360.rewards import register_reward_path
 from rl360.rewards.check import check_reward_data, judge_configured
 from rl360.rewards.pool import open_reward_pool
-from rl360.rollout.base import Sample, SamplingParams
-from rl360.rollout.hf_engine import HFEngine
+from rl360.rollout.manager import RolloutManager
 from rl360.tracking.tracker import Tracker
 
 
@@ -43,7 +40,7 @@ def train(cfg: RunConfig) -> Path:
     # reward workers with only the environment they need; a line says what isolation untrusted code gets, and
     # the run refuses to start when the data runs code that the sandbox here cannot isolate
     rewards = open_reward_pool(cfg.reward, routes)
-    tracker = None
+    tracker = rollouts = None
     try:
         renderer = PromptRenderer(tokenizer, cfg.data.max_prompt_length)
         stream_kwargs = dict(seed=cfg.seed, shuffle=cfg.data.shuffle, shuffle_buffer=cfg.data.shuffle_buffer,
@@ -57,14 +54,15 @@ def train(cfg: RunConfig) -> Path:
         parallel = cfg.actor.parallel
         policy_ranks = parallel.tensor * parallel.pipeline * parallel.data
         use_critic = cfg.algorithm.adv_estimator == "gae"
+        in_process_engines = cfg.rollout.num_engines if cfg.rollout.engine == "hf" else 0
         start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus or max(
-            os.cpu_count() or 1, policy_ranks * (2 if use_critic else 1) + cfg.rollout.num_engines))
+            os.cpu_count() or 1, policy_ranks * (2 if use_critic else 1) + in_process_engines))
         use_gpu = torch.cuda.is_available()
         policy = PolicyGroup(WorkerGroup(PolicyWorker, policy_ranks, cfg, use_gpu=use_gpu, name="policy"))
         critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, use_gpu=use_gpu, name="critic")) \
             if use_critic else None
-        engine = WorkerGroup(HFEngine, cfg.rollout.num_engines, cfg.model.path, use_gpu=use_gpu, name="rollout",
-                             distributed=False, num_threads=cfg.trainer.num_threads).actors[0]
+        # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer
+        rollouts = RolloutManager(cfg, tokenizer, stream, renderer, rewards, policy, use_gpu=use_gpu)
         estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
         kl_control = KLController(cfg.algorithm.kl_in_reward_coef, cfg.algorithm.kl_in_reward_target,
                                   cfg.algorithm.kl_in_reward_horizon)
@@ -74,30 +72,30 @@ def train(cfg: RunConfig) -> Path:
         # are moved aside whole (printed), never pruned or overwritten
         resumed = open_checkpoints(checkpoints, cfg.trainer.resume)
         first_step = 1
-        if resumed is not None:  # weights, optimizer, data position, KL coefficient; then the engine catches up
+        if resumed is not None:  # weights, optimizer, data position, KL coefficient; then the engines catch up
             state = load_checkpoint(resumed, models)
-            stream.load_state_dict(state["data"])
+            rollouts.load_data_state(state["data"])
             kl_control.coef = state["kl_coef"]
             first_step = state["step"] + 1
-            sync_weights(policy, [engine], version=state["step"])
+            rollouts.sync_weights(version=state["step"])
             print(f"resumed from {resumed} at step {first_step}", flush=True)
         tracker = Tracker(out, to_dict(cfg), cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
                           cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None)
-        batches = iter(stream)
-        skipped = stream.skipped()  # rows left out so far (restored with the data position on resume)
+        next_rollouts = None
         for step in range(first_step, cfg.trainer.total_steps + 1):
             started = time.perf_counter()
-            timing: dict[str, float] = {}
+            if next_rollouts is None:  # sync mode (and async's first step): this step's rollouts start now
+                next_rollouts = rollouts.generate(step)
 
-            # 1-3. prompts -> n rollouts each (with the engine's log-probs) -> rewards by data_source;
-            #      with DAPO dynamic sampling, only groups whose scores vary, sampling more until full
-            scored, sampling_metrics = collect_groups(batches, engine, rewards, renderer, tokenizer, cfg, step,
-                                                      timing)
+            # 1-3. prompts -> n rollouts each (with the engine's log-probs) -> rewards by data_source, from the
+            #      rollout manager (DAPO's dynamic sampling and ReMax's greedy baselines happen there too);
+            #      async: the next step's rollouts are generated while this step trains, one weight version behind
+            step_rollouts, next_rollouts = next_rollouts.result(), None
+            timing = {"rollout_wait": time.perf_counter() - started, **step_rollouts.timing}
+            if cfg.rollout.mode == "async" and step < cfg.trainer.total_steps:
+                next_rollouts = rollouts.generate(step + 1)
+            scored, baselines, sampling_metrics = step_rollouts.scored, step_rollouts.baselines, step_rollouts.metrics
             batch, scores = scored.batch(tokenizer.pad_token_id or 0), scored.scores
-            baselines = None
-            if cfg.algorithm.adv_estimator == "remax":  # ReMax: a greedy response's score per prompt
-                baselines = greedy_baselines(scored, engine, rewards, renderer, tokenizer, cfg, timing,
-                                             sampling_metrics)
 
             # 4. old / reference log-probs (and PPO's values) and advantages
             with _timer(timing, "logprobs"):
@@ -128,27 +126,31 @@ def train(cfg: RunConfig) -> Path:
                 with _timer(timing, "update"):
                     update_metrics.update(_merge_rank_metrics(policy.shard_call("update", batch)))
 
-            # 6. weights into the engine, in HF names and bounded buckets
+            # 6. weights into the engines, in HF names and bounded buckets (async: once the next step's
+            #    rollouts are done, so no response mixes two weight versions)
+            if next_rollouts is not None:
+                with _timer(timing, "rollout_wait"):
+                    concurrent.futures.wait([next_rollouts])
             with _timer(timing, "weight_sync"):
-                sync_weights(policy, [engine], version=step)
+                sync_metrics = rollouts.sync_weights(version=step)
 
             # 7. log
             metrics = {
                 **_rollout_metrics(batch, scores),
                 **sampling_metrics,
                 **update_metrics,
+                **{k: v for k, v in sync_metrics.items() if not k.startswith("timing/")},
                 **{f"timing/{k}_s": v for k, v in timing.items()},
-                "data/epoch": stream.epoch,
-                **_skipped_metrics(stream.skipped(), skipped),
                 "timing/step_s": time.perf_counter() - started,
             }
-            skipped = stream.skipped()
             tracker.log(step, metrics)
 
-            # 8. a resumable checkpoint now and then, and at the end
+            # 8. a resumable checkpoint now and then, and at the end (the data position before the next
+            #    step's prompts, which async mode has already drawn)
             every = cfg.trainer.save_every
             if every and (step % every == 0 or step == cfg.trainer.total_steps):
-                save_checkpoint(checkpoints, step, models, {"data": stream.state_dict(), "kl_coef": kl_control.coef},
+                save_checkpoint(checkpoints, step, models,
+                                {"data": rollouts.data_state(step + 1), "kl_coef": kl_control.coef},
                                 cfg.trainer.keep_checkpoints, ConvertInfo(cfg.model.path, parallel.tensor,
                                                                           parallel.pipeline, cfg.model.dtype))
         if cfg.trainer.save_hf:  # data-parallel replicas hold the same weights: replica 0 writes them
@@ -157,129 +159,10 @@ def train(cfg: RunConfig) -> Path:
     finally:
         if tracker is not None:
             tracker.close()
+        if rollouts is not None:
+            rollouts.close()
         rewards.close()
     return out
-
-
-@dataclass
-class Scored:
-    """Sampled responses with their prompts' rows and their scores, `n` consecutive samples per prompt."""
-
-    rows: list[dict]  # one per sample
-    samples: list[Sample]
-    scores: torch.Tensor  # [num samples], trained on (overlong penalty included)
-    accuracy: torch.Tensor  # [num samples], the reward's "acc" extra where it gives one, else its score
-    n: int
-
-    @property
-    def num_groups(self) -> int:
-        return len(self.samples) // self.n
-
-    def select_groups(self, keep: torch.Tensor) -> Scored:
-        rows = [i for g in keep.nonzero().flatten().tolist() for i in range(g * self.n, (g + 1) * self.n)]
-        return Scored([self.rows[i] for i in rows], [self.samples[i] for i in rows], self.scores[rows],
-                      self.accuracy[rows], self.n)
-
-    def first_groups(self, count: int) -> Scored:
-        return self.select_groups(torch.arange(self.num_groups) < count)
-
-    @staticmethod
-    def concat(parts: list[Scored]) -> Scored:
-        return Scored([r for p in parts for r in p.rows], [s for p in parts for s in p.samples],
-                      torch.cat([p.scores for p in parts]), torch.cat([p.accuracy for p in parts]), parts[0].n)
-
-    def batch(self, pad_id: int) -> RolloutBatch:
-        return build_batch([s.prompt_ids for s in self.samples], [s.response_ids for s in self.samples],
-                           [s.logprobs for s in self.samples], pad_id=pad_id)
-
-
-def collect_groups(batches, engine, rewards: RewardPool, renderer: PromptRenderer, tokenizer, cfg: RunConfig,
-                   step: int, timing: dict[str, float]) -> tuple[Scored, dict[str, float]]:
-    """`data.batch_size` scored prompt groups for one step, and the step's sampling metrics.
-
-    Without dynamic sampling: one prompt batch. With it (DAPO): groups whose scores are all equal are set
-    aside and more prompt batches are sampled; after `max_num_gen_batches` the step fills up with set-aside
-    groups (no signal under group-centred advantages) and counts them."""
-    algo = cfg.algorithm
-    kept: list[Scored] = []
-    uniform: list[Scored] = []
-    sampled: list[torch.Tensor] = []  # every score of the step, trained on or not
-    metrics: dict[str, float] = {}
-    gen_batches = filled = 0
-    while sum(g.num_groups for g in kept) < cfg.data.batch_size:
-        if gen_batches and algo.max_num_gen_batches and gen_batches >= algo.max_num_gen_batches:
-            filled = cfg.data.batch_size - sum(g.num_groups for g in kept)
-            kept += uniform
-            break
-        gen_batches += 1
-        scored = rollout_and_score(next(batches), engine, rewards, renderer, tokenizer, cfg,
-                                   seed=cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1), timing=timing,
-                                   metrics=metrics)
-        sampled.append(scored.scores)
-        if algo.filter_groups:
-            metric = scored.accuracy if algo.filter_groups_metric == "acc" else scored.scores
-            varied = varied_groups(metric, cfg.rollout.n)
-            kept.append(scored.select_groups(varied))
-            uniform.append(scored.select_groups(~varied))
-        else:
-            kept.append(scored)
-    metrics.update({"reward/mean_sampled": torch.cat(sampled).mean().item(),
-                    "dynamic_sampling/gen_batches": gen_batches, "dynamic_sampling/filled_groups": filled})
-    return Scored.concat(kept).first_groups(cfg.data.batch_size), metrics
-
-
-def rollout_and_score(rows: list[dict], engine, rewards: RewardPool, renderer: PromptRenderer, tokenizer,
-                      cfg: RunConfig, seed: int, timing: dict[str, float],
-                      metrics: dict[str, float]) -> Scored:
-    """`rollout.n` responses for each prompt row, scored by its data_source's reward under a timeout;
-    reward counts are added to `metrics`."""
-    n = cfg.rollout.n
-    with _timer(timing, "rollout"):
-        params = SamplingParams(n=n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_response_length,
-                                stop_token_ids=sorted({tokenizer.eos_token_id} - {None}), seed=seed)
-        groups = ray.get(engine.generate.remote([renderer.render(row["prompt"]) for row in rows], params))
-    samples = [sample for group in groups for sample in group]
-    sample_rows = [row for row in rows for _ in range(n)]
-    with _timer(timing, "reward"):
-        texts = tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
-        results = rewards.score([
-            RewardItem(row["data_source"], text, row["reward_model"]["ground_truth"], row.get("extra_info"))
-            for row, text in zip(sample_rows, texts)
-        ])
-    scores = torch.tensor([r.score for r in results], dtype=torch.float32)
-    accuracy = torch.tensor([float(r.extras.get("acc", r.score)) for r in results], dtype=torch.float32)
-    counts = rewards.last_metrics()
-    if cfg.reward.overlong_buffer_len:
-        lengths = torch.tensor([len(s.response_ids) for s in samples])
-        penalty = overlong_penalty(lengths, cfg.rollout.max_response_length, cfg.reward.overlong_buffer_len,
-                                   cfg.reward.overlong_penalty_factor)
-        scores = scores + penalty
-        counts["reward/overlong_penalized"] = int((penalty < 0).sum())
-    for key, value in counts.items():
-        metrics[key] = metrics.get(key, 0) + value
-    return Scored(sample_rows, samples, scores, accuracy, n)
-
-
-def greedy_baselines(scored: Scored, engine, rewards: RewardPool, renderer: PromptRenderer, tokenizer,
-                     cfg: RunConfig, timing: dict[str, float], metrics: dict[str, float]) -> torch.Tensor:
-    """[num samples] ReMax baselines: each prompt's greedy (temperature 0) response, scored like the samples
-    and repeated for the prompt's `n` samples. The greedy responses are not trained on; their reward calls,
-    timeouts and errors count in `metrics` with the samples'."""
-    greedy_cfg = replace(cfg, rollout=replace(cfg.rollout, n=1, temperature=0.0))
-    greedy = rollout_and_score(scored.rows[::scored.n], engine, rewards, renderer, tokenizer, greedy_cfg, seed=0,
-                               timing=timing, metrics=metrics)
-    metrics["reward/greedy_baseline_mean"] = greedy.scores.mean().item()
-    return greedy.scores.repeat_interleave(scored.n)
-
-
-def sync_weights(policy: PolicyGroup, engines: list, version: int) -> None:
-    """Stream the policy's weights, bucket by bucket, into every engine, then check all were loaded."""
-    pending = []
-    for bucket_ref in policy.export_weights():
-        pending += [engine.update_weights.remote(bucket_ref, version) for engine in engines]
-    ray.get(pending)
-    ray.get([engine.finish_weight_update.remote(version) for engine in engines])
 
 
 # Metrics every rank computes identically; all others are each rank's share of a global mean, so they add up.
@@ -289,14 +172,6 @@ _SAME_ON_EVERY_RANK = ("actor/grad_norm", "actor/update_skipped", "critic/grad_n
 def _merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return {key: per_rank[0][key] if key in _SAME_ON_EVERY_RANK else sum(m[key] for m in per_rank)
             for key in per_rank[0]}
-
-
-def _skipped_metrics(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
-    """Rows the data stream left out in this step (bad rows under data.on_bad_row=skip; prompts over
-    data.max_prompt_length) and since the run began."""
-    names = {"bad_rows": "bad_rows", "filtered": "too_long"}
-    return {**{f"data/skipped_{names[k]}": now[k] - before[k] for k in names},
-            **{f"data/skipped_{names[k]}_total": now[k] for k in names}}
 
 
 def _token_level(scores: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:

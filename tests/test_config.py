@@ -44,9 +44,13 @@ def test_ranges_and_relations_are_checked():
         load_config(None, ["data.train_files=[d.parquet]"])
 
 
-def test_parallel_sizes_not_built_yet_are_refused():
-    with pytest.raises(ConfigError, match=r"rollout\.num_engines=2 is not supported yet"):
+def test_several_engines_need_engine_processes():
+    with pytest.raises(ConfigError, match=r"rollout\.num_engines=2 needs rollout\.engine=server or sglang"):
         load_config(None, BASE + ["rollout.num_engines=2"])
+    cfg = load_config(None, BASE + ["rollout.num_engines=2", "rollout.engine=server", "rollout.mode=async"])
+    assert (cfg.rollout.num_engines, cfg.rollout.weight_sync, cfg.rollout.mode) == (2, "distributed", "async")
+    with pytest.raises(ConfigError, match=r"rollout\.weight_sync"):
+        load_config(None, BASE + ["rollout.weight_sync=nccl"])
 
 
 def test_override_without_equals_sign():

@@ -1,6 +1,10 @@
-"""`EngineClient` against the pinned SGLang's own source: every route it calls exists with that method, every
-field it sends is a field of the route's request struct (and every sampling key one of SGLang's
-`SamplingParams`), and it works on replies holding only keys SGLang returns.
+"""`EngineClient` (and so `WeightSender`, which sends only through it) against the pinned SGLang's own source:
+every route it calls exists with that method, every field it sends is a field of the route's request struct
+with a value its annotation accepts (and every sampling key one of SGLang's `SamplingParams`), and it works on
+replies holding only keys SGLang returns. The weight-update group is checked too: SGLang's engine joins it the
+way `rl360.rollout.weight_sync.open_process_group` does (tcp rendezvous, store prefixed by the group name,
+`_new_process_group_helper`, its own ranks) and receives one broadcast from rank 0 per name, of the dtype
+`getattr(torch, name)`; the memory tags are SGLang's.
 
 The wheel is fetched once with `pip download --no-deps` into ~/.cache/rl360/sglang and read with `ast`
 (never imported); the test skips only when that download fails for lack of network."""
@@ -19,12 +23,16 @@ import torch
 
 from rl360.rollout.base import SamplingParams
 from rl360.rollout.client import EngineClient
+from rl360.rollout.server import MEMORY_TAGS
+from rl360.rollout.weight_sync import SHARED_MEMORY_LOAD_FORMAT, WEIGHT_DTYPES, dtype_name
 
 SGLANG_PIN = "0.5.17"
 CACHE = Path.home() / ".cache" / "rl360" / "sglang"
 SOURCES = {"io_struct": "sglang/srt/managers/io_struct.py", "http": "sglang/srt/entrypoints/http_server.py",
            "tokenizer": "sglang/srt/managers/tokenizer_manager.py",
-           "sampling": "sglang/srt/sampling/sampling_params.py"}
+           "sampling": "sglang/srt/sampling/sampling_params.py", "common": "sglang/srt/utils/common.py",
+           "updater": "sglang/srt/model_executor/model_runner_components/weight_updater.py",
+           "constants": "sglang/srt/constants.py"}
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +68,53 @@ def _class_fields(tree: ast.Module) -> dict[str, set[str]]:
         return own
 
     return {name: fields(name) for name in classes}
+
+
+def _class_annotations(tree: ast.Module) -> dict[str, dict[str, ast.AST]]:
+    """Field -> annotation of every class, bases within the file included."""
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+    def annotations(name: str) -> dict[str, ast.AST]:
+        node, own = classes[name], {}
+        for base in node.bases:
+            if isinstance(base, ast.Name) and base.id in classes:
+                own.update(annotations(base.id))
+        own.update({item.target.id: item.annotation for item in node.body
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)})
+        return own
+
+    return {name: annotations(name) for name in classes}
+
+
+def _accepts(note: ast.AST, value) -> bool:
+    """Whether a JSON `value` fits the annotation `note` (bytes travel as base64 text over HTTP)."""
+    if isinstance(note, ast.Constant):
+        return note.value is None and value is None
+    if isinstance(note, ast.BinOp) and isinstance(note.op, ast.BitOr):
+        return _accepts(note.left, value) or _accepts(note.right, value)
+    if isinstance(note, ast.Name):
+        if note.id == "int":
+            return isinstance(value, int) and not isinstance(value, bool)
+        if note.id == "float":
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        kinds = {"str": str, "bytes": str, "bool": bool, "List": list, "list": list, "Dict": dict, "dict": dict}
+        return note.id == "Any" or (note.id in kinds and isinstance(value, kinds[note.id]))
+    if isinstance(note, ast.Subscript) and isinstance(note.value, ast.Name):
+        args = note.slice.elts if isinstance(note.slice, ast.Tuple) else [note.slice]
+        kind = note.value.id
+        if kind == "Optional":
+            return value is None or _accepts(args[0], value)
+        if kind == "Union":
+            return any(_accepts(arg, value) for arg in args)
+        if kind == "Annotated":
+            return _accepts(args[0], value)
+        if kind == "Literal":
+            return value in [arg.value for arg in args if isinstance(arg, ast.Constant)]
+        if kind in ("List", "list"):
+            return isinstance(value, list) and all(_accepts(args[0], item) for item in value)
+        if kind in ("Dict", "dict"):
+            return isinstance(value, dict)
+    return False
 
 
 def _routes(tree: ast.Module) -> dict[tuple[str, str], ast.AsyncFunctionDef]:
@@ -135,6 +190,8 @@ def _record_client_calls(replies: dict) -> list[tuple[str, str, dict | None]]:
         reply = replies[request.url.path]
         if isinstance(reply, str):
             return httpx.Response(200, text=reply)
+        if reply is None:  # SGLang's release/resume handlers return nothing: JSON null
+            return httpx.Response(200, content=b"null", headers={"content-type": "application/json"})
         return httpx.Response(200, json=reply)
 
     async def scenario():
@@ -146,6 +203,15 @@ def _record_client_calls(replies: dict) -> list[tuple[str, str, dict | None]]:
         await client.generate([[1, 2]], {"max_new_tokens": 1}, return_logprob=True, logprob_start_len=0, rid=["r"])
         await client.update_weights_from_tensor([("w", torch.zeros(2))], 1, last_bucket=True, abort_all_requests=True)
         await client.update_weights_from_disk("/ckpt", 2, abort_all_requests=False)
+        await client.update_weights_from_serialized("e30=", SHARED_MEMORY_LOAD_FORMAT, 3, last_bucket=False)
+        await client.init_weights_update_group("10.0.0.1", 29500, 1, 3, "rl360-weights-x", "gloo")
+        dtypes = [dtype_name(torch.float32), dtype_name(torch.bfloat16)]
+        await client.update_weights_from_distributed(["w", "v"], dtypes, [[2, 3], []], "rl360-weights-x", 4,
+                                                     last_bucket=True)
+        await client.destroy_weights_update_group("rl360-weights-x")
+        assert await client.get_weights_by_name("w", truncate_size=2) == [[0.5, 1.0, 2.0], [0.0, 0.0, 0.0]]
+        await client.release_memory_occupation(["weights", "kv_cache"])
+        await client.resume_memory_occupation(None)
         await client.flush_cache()
         await client.pause_generation("in_place")
         await client.continue_generation()
@@ -175,14 +241,21 @@ def test_client_requests_and_replies_match_sglang(sglang):
     model_info = {"model_path": "/m", "weight_version": "1", "is_generation": True}
     assert set(model_info) <= _dict_keys(routes[("GET", "/model_info")])
     update_reply = {"success": True, "message": "ok"}
-    for route in ("/update_weights_from_tensor", "/update_weights_from_disk"):
+    update_routes = ("/update_weights_from_tensor", "/update_weights_from_disk", "/init_weights_update_group",
+                     "/update_weights_from_distributed", "/destroy_weights_update_group")
+    for route in update_routes:
         assert set(update_reply) <= _dict_keys(routes[("POST", route)]), route
-    replies = {"/generate": generate_reply, "/update_weights_from_tensor": update_reply,
-               "/update_weights_from_disk": update_reply, "/flush_cache": "Cache flushed.\n",
-               "/pause_generation": {"message": "ok", "status": "ok"}, "/continue_generation": {"message": "ok"},
-               "/abort_request": "", "/health": "", "/health_generate": "", "/model_info": model_info}
+    # /get_weights_by_name answers the parameter's values themselves (a list), as the client reads them
+    assert "ORJSONResponse(ret" in ast.unparse(routes[("POST", "/get_weights_by_name")])
+    assert "parameter" in _class_fields(sglang["io_struct"])["GetWeightsByNameReqOutput"]
+    replies = {"/generate": generate_reply, **dict.fromkeys(update_routes, update_reply),
+               "/flush_cache": "Cache flushed.\n", "/pause_generation": {"message": "ok", "status": "ok"},
+               "/continue_generation": {"message": "ok"}, "/abort_request": "", "/health": "", "/health_generate": "",
+               "/model_info": model_info, "/get_weights_by_name": [[0.5, 1.0, 2.0], [0.0, 0.0, 0.0]],
+               "/release_memory_occupation": None, "/resume_memory_occupation": None}
     sent = _record_client_calls(replies)
     assert {path for _, path, _ in sent} == set(replies)  # every route the client has was exercised
+    annotations = _class_annotations(sglang["io_struct"])
     for method, path, body in sent:
         assert (method, path) in routes, f"SGLang {SGLANG_PIN} has no {method} {path}"
         if body is None:
@@ -195,6 +268,9 @@ def test_client_requests_and_replies_match_sglang(sglang):
                 assert set(options) <= sampling_fields, sorted(set(options) - sampling_fields)
         assert struct in structs, f"{path}: request struct {struct!r} not found in io_struct.py"
         assert set(body) <= structs[struct], f"{path}: {sorted(set(body) - structs[struct])} not in {struct}"
+        for key, value in body.items():
+            note = annotations[struct][key]
+            assert _accepts(note, value), f"{path}: {key}={value!r} does not fit {struct}.{key}: {ast.unparse(note)}"
 
 
 def test_generate_struct_is_a_dataclass_whose_fields_were_found(sglang):
@@ -204,3 +280,65 @@ def test_generate_struct_is_a_dataclass_whose_fields_were_found(sglang):
     assert {"serialized_named_tensors", "load_format", "weight_version", "flush_cache"} <= structs[
         "UpdateWeightsFromTensorReqInput"]
     assert "unknown_field_x" not in structs["AbortReq"] and "abort_all" in structs["AbortReq"]
+    assert {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"} <= structs[
+        "InitWeightsUpdateGroupReqInput"]
+    notes = _class_annotations(sglang["io_struct"])
+    wrong = [("InitWeightsUpdateGroupReqInput", "master_port", "29500"), ("UpdateWeightsFromDistributedReqInput",
+             "weight_version", 4), ("UpdateWeightsFromDistributedReqInput", "shapes", [[2, "3"]]),
+             ("ReleaseMemoryOccupationReqInput", "tags", "weights"), ("PauseGenerationReqInput", "mode", "later"),
+             ("UpdateWeightsFromTensorReqInput", "flush_cache", 1)]
+    for struct, key, value in wrong:  # the type check can fail
+        assert not _accepts(notes[struct][key], value), (struct, key, value)
+
+
+def _function(tree: ast.Module, name: str) -> ast.FunctionDef:
+    return next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == name)
+
+
+def _calls(node: ast.AST, name: str) -> list[ast.Call]:
+    """Calls of `name` (a plain name or an attribute) under `node`."""
+    return [call for call in ast.walk(node) if isinstance(call, ast.Call) and (
+        (isinstance(call.func, ast.Name) and call.func.id == name)
+        or (isinstance(call.func, ast.Attribute) and call.func.attr == name))]
+
+
+def _keywords(call: ast.Call) -> dict[str, str]:
+    return {keyword.arg: ast.unparse(keyword.value) for keyword in call.keywords}
+
+
+def test_the_weight_update_group_is_joined_and_fed_as_the_sender_expects(sglang):
+    """SGLang's engine side of /init_weights_update_group and /update_weights_from_distributed, which
+    `WeightSender` (rank 0, through `open_process_group`) must meet."""
+    make = _function(sglang["common"], "init_custom_process_group")
+    (rendezvous,) = _calls(make, "rendezvous")
+    assert [ast.unparse(arg) for arg in rendezvous.args[:3]] == ["init_method", "rank", "world_size"]
+    (prefix,) = _calls(make, "PrefixStore")
+    assert [ast.unparse(arg) for arg in prefix.args] == ["group_name", "store"]
+    (helper,) = _calls(make, "_new_process_group_helper")
+    assert [ast.unparse(arg) for arg in helper.args] == ["world_size", "rank", "[]", "backend", "store"]
+    assert _keywords(helper)["group_name"] == "group_name"
+    ranks = [node for node in ast.walk(make) if isinstance(node, ast.Assign)
+             and ast.unparse(node.targets[0]) == "_world.pg_group_ranks[pg]"]
+    assert [ast.unparse(node.value) for node in ranks] == ["{i: i for i in range(world_size)}"]
+
+    join = _function(sglang["updater"], "init_weights_update_group")
+    assert "rank = rank_offset + self.tp_rank" in ast.unparse(join)  # an engine's ranks start at rank_offset
+    (call,) = _calls(join, "init_custom_process_group")
+    assert _keywords(call) == {"backend": "backend", "init_method": "na.to_tcp()", "world_size": "world_size",
+                               "rank": "rank", "group_name": "group_name"}
+
+    receive = _function(sglang["updater"], "update_weights_from_distributed")
+    (loop,) = [node for node in ast.walk(receive) if isinstance(node, ast.For)
+               and ast.unparse(node.iter) == "zip(names, dtypes, shapes)"]
+    (broadcast,) = _calls(loop, "broadcast")  # one broadcast per name, in order, from rank 0 of the group
+    assert ast.unparse(broadcast.args[0]) == "weight" and _keywords(broadcast)["src"] == "0"
+    assert "getattr(torch, dtype)" in ast.unparse(loop)
+    for name, dtype in WEIGHT_DTYPES.items():  # the dtype names the sender writes are read back the same
+        assert getattr(torch, name) is dtype and dtype_name(dtype) == name
+
+
+def test_memory_tags_are_sglangs(sglang):
+    names = {target.id: node.value for node in sglang["constants"].body if isinstance(node, ast.Assign)
+             for target in node.targets if isinstance(target, ast.Name)}
+    every = {names[item.id].value for item in names["GPU_MEMORY_ALL_TYPES"].elts}
+    assert set(MEMORY_TAGS) == every == {"weights", "kv_cache", "cuda_graph"}

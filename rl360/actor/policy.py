@@ -253,6 +253,26 @@ class PolicyWorker:
         """Take part in an export whose buckets another rank streams; returns the bucket count."""
         return sum(1 for _ in self.export_weights())
 
+    def send_weights(self, urls: list[str], strategy: str, version: int, api_key: str | None = None,
+                     scratch_dir: str | None = None) -> dict[str, float]:
+        """Export the policy straight into the engines at `urls` (`rollout.weight_sync`: distributed, tensor or
+        disk); the rest of replica 0 runs `export_weights_quietly` meanwhile. The sender, and with it the
+        distributed group, lives on between updates; a changed engine list (a restarted engine) re-creates it."""
+        from rl360.rollout.weight_sync import WeightSender
+
+        sender = getattr(self, "_sender", None)
+        if sender is None or sender.strategy != strategy:
+            if sender is not None:
+                sender.close()
+            import ray
+
+            sender = self._sender = WeightSender(
+                urls, strategy, api_key=api_key, scratch_dir=scratch_dir, timeout_s=self.cfg.rollout.request_timeout_s,
+                backend="nccl" if self.device.type == "cuda" else "gloo", master_address=ray.util.get_node_ip_address())
+        elif sender.urls != [url.rstrip("/") for url in urls]:
+            sender.set_engines(list(urls))
+        return sender.send(self.export_weights(), version)
+
     def save_hf(self, out_dir: str) -> str:
         self.bridge.save_hf_pretrained([_unwrap(m) for m in self.models], out_dir)
         return out_dir

@@ -8,7 +8,8 @@ rank 0 streams the buckets.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
@@ -40,12 +41,25 @@ class PolicyGroup:
         results = self.workers.call_each(method, [(shards[layout["dp_rank"]], *args) for layout in self.layouts])
         return [results[rank] for _, rank in self._returning]
 
-    def export_weights(self) -> Iterator[ray.ObjectRef]:
+    async def export_weights(self) -> AsyncIterator[ray.ObjectRef]:
         """References to the weight buckets, streamed from rank 0 while the rest of replica 0 takes part."""
-        helpers = [actor.export_weights_quietly.remote() for actor, layout in zip(self.actors, self.layouts)
-                   if layout["exports"] and actor is not self.actors[0]]
-        yield from self.actors[0].export_weights.options(num_returns="streaming").remote()
-        ray.get(helpers)
+        helpers = self._quiet_exports()
+        async for bucket_ref in self.actors[0].export_weights.options(num_returns="streaming").remote():
+            yield bucket_ref
+        await asyncio.gather(*helpers)
+
+    async def send_weights(self, urls: list[str], strategy: str, version: int, api_key: str | None,
+                           scratch_dir: str) -> dict[str, float]:
+        """Rank 0 exports straight into the engines at `urls` (`PolicyWorker.send_weights`), the rest of
+        replica 0 taking part in the gathers; returns rank 0's transfer metrics."""
+        helpers = self._quiet_exports()
+        sent = await self.actors[0].send_weights.remote(urls, strategy, version, api_key, scratch_dir)
+        await asyncio.gather(*helpers)
+        return sent
+
+    def _quiet_exports(self) -> list[ray.ObjectRef]:
+        return [actor.export_weights_quietly.remote() for actor, layout in zip(self.actors, self.layouts)
+                if layout["exports"] and actor is not self.actors[0]]
 
     def save_hf(self, out_dir: str) -> None:
         """Write the policy as a Hugging Face checkpoint (replica 0 takes part, global rank 0 writes)."""

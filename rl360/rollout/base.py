@@ -1,4 +1,4 @@
-"""What the trainer needs from any rollout engine; the HF engine and (later) SGLang implement it."""
+"""What the rollout manager needs from any engine: sampling settings, the samples, weight buckets."""
 
 from __future__ import annotations
 
@@ -26,7 +26,13 @@ class Sample:
     prompt_ids: list[int]
     response_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" (a stop token was sampled) or "length"
+    finish_reason: str  # "stop" (a stop token was sampled), "length" (max_new_tokens) or "abort"
+    weight_version: int = 0  # the weights that sampled it (the trainer step they come from)
+
+    @property
+    def status(self) -> str:
+        """completed (ended by a stop token), truncated (by the length limit) or aborted."""
+        return {"stop": "completed", "length": "truncated"}.get(self.finish_reason, "aborted")
 
 
 WeightBucket = list[tuple[str, torch.Tensor]]

@@ -8,11 +8,19 @@
 
 Every call is bounded as a whole by `timeout_s` (connecting, sending, waiting and reading together; a call
 may pass its own shorter or longer `timeout_s`): past it, `EngineTimeout`. A reply other than 2xx, or a
-weight update answered `success: false`, raises `EngineError` with the route, the status and the server's
-message. With `api_key`, every request carries `Authorization: Bearer <key>`.
+weight update answered `success: false`, raises `EngineError` with the engine's URL, the route, the status
+and the server's message. Transport errors (the engine is unreachable) are httpx's own. With `api_key`,
+every request carries `Authorization: Bearer <key>`.
 
-Weight buckets travel in the `load_format` "rl360_safetensors" (`rl360.rollout.server`): a real SGLang server
-needs its own pickled-handle formats, which are not sent from here.
+Weights: `update_weights_from_tensor` sends a bucket in the `load_format` "rl360_safetensors" (base64
+safetensors, `rl360 serve rollout` only: a real SGLang server takes pickled tensor handles, which are not
+sent from here); `update_weights_from_serialized` sends one already serialized entry in any `load_format`
+(the shared-memory descriptors of `rl360.rollout.weight_sync`); `init_weights_update_group`,
+`update_weights_from_distributed` and `destroy_weights_update_group` are SGLang's group routes (the tensors
+themselves travel by broadcast: `rl360.rollout.weight_sync.WeightSender` drives them);
+`release_memory_occupation` / `resume_memory_occupation` take SGLang's `tags` ("weights", "kv_cache",
+"cuda_graph"; None: all); `get_weights_by_name` returns a parameter's values as nested lists (float32 values,
+the first `truncate_size` rows), as SGLang does.
 """
 
 from __future__ import annotations
@@ -25,15 +33,18 @@ import httpx
 import torch
 
 from rl360.rollout.base import Sample, SamplingParams
-from rl360.rollout.server import TENSOR_LOAD_FORMAT, encode_tensor_bucket
 
 
 class EngineError(RuntimeError):
-    """A request the engine refused or failed: `route`, HTTP `status` and the server's `message`."""
+    """A request the engine refused or failed: the engine's `url`, `route`, HTTP `status` (0: no reply) and
+    the server's `message`."""
 
-    def __init__(self, route: str, status: int, message: str):
-        super().__init__(f"{route}: HTTP {status}: {message}")
-        self.route, self.status, self.message = route, status, message
+    def __init__(self, route: str, status: int, message: str, url: str = ""):
+        super().__init__(f"{url}{route}: HTTP {status}: {message}" if status else f"{url}{route}: {message}")
+        self.route, self.status, self.message, self.url = route, status, message, url
+
+    def __reduce__(self):  # raised in Ray workers too: rebuilt from the same fields on the other side
+        return type(self), (self.route, self.status, self.message, self.url)
 
 
 class EngineTimeout(EngineError):
@@ -86,7 +97,8 @@ class EngineClient:
         rids = None if rid is None else [f"{rid}-{i}" for i in range(len(prompts))]
         replies = await self.generate(prompts, settings, True, rid=rids, timeout_s=timeout_s)
         if len(replies) != len(prompts) * params.n:
-            raise EngineError("/generate", 200, f"{len(replies)} replies for {len(prompts)} prompts x n={params.n}")
+            raise EngineError("/generate", 200, f"{len(replies)} replies for {len(prompts)} prompts x n={params.n}",
+                              url=self.url)
         samples = [reply_sample(prompts[k // params.n], reply) for k, reply in enumerate(replies)]
         return [samples[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
@@ -96,18 +108,71 @@ class EngineClient:
                                          abort_all_requests: bool = False, timeout_s: float | None = None) -> str:
         """Send one bucket of `(hf_name, tensor)`; `last_bucket` marks the update's end (SGLang's `flush_cache`),
         where `rl360 serve rollout` checks every weight arrived. Returns the server's message."""
-        body = {"serialized_named_tensors": [encode_tensor_bucket(list(named_tensors))],
-                "load_format": TENSOR_LOAD_FORMAT, "flush_cache": last_bucket,
+        from rl360.rollout.weight_sync import TENSOR_LOAD_FORMAT, encode_tensor_bucket
+
+        return await self.update_weights_from_serialized(encode_tensor_bucket(list(named_tensors)), TENSOR_LOAD_FORMAT,
+                                                         weight_version, last_bucket, abort_all_requests, timeout_s)
+
+    async def update_weights_from_serialized(self, entry: str, load_format: str, weight_version: int,
+                                             last_bucket: bool, abort_all_requests: bool = False,
+                                             timeout_s: float | None = None) -> str:
+        """`/update_weights_from_tensor` with one `serialized_named_tensors` entry (this engine's one rank) in
+        `load_format`. Returns the server's message."""
+        body = {"serialized_named_tensors": [entry], "load_format": load_format, "flush_cache": last_bucket,
                 "abort_all_requests": abort_all_requests, "weight_version": str(weight_version)}
-        return _succeeded("/update_weights_from_tensor",
+        return _succeeded(self.url, "/update_weights_from_tensor",
                           await self._call("POST", "/update_weights_from_tensor", body, timeout_s))
 
     async def update_weights_from_disk(self, model_path: str, weight_version: int,
                                        abort_all_requests: bool = False, timeout_s: float | None = None) -> str:
         body = {"model_path": model_path, "weight_version": str(weight_version),
                 "abort_all_requests": abort_all_requests}
-        return _succeeded("/update_weights_from_disk",
+        return _succeeded(self.url, "/update_weights_from_disk",
                           await self._call("POST", "/update_weights_from_disk", body, timeout_s))
+
+    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, group_name: str, backend: str,
+                                        timeout_s: float | None = None) -> str:
+        """Join the weight-update group rank 0 hosts at `master_address:master_port` (the engine's ranks start
+        at `rank_offset`); answered once the whole group has formed. Returns the server's message."""
+        body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+                "world_size": world_size, "group_name": group_name, "backend": backend}
+        return _succeeded(self.url, "/init_weights_update_group",
+                          await self._call("POST", "/init_weights_update_group", body, timeout_s))
+
+    async def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                              group_name: str, weight_version: int, last_bucket: bool,
+                                              abort_all_requests: bool = False,
+                                              timeout_s: float | None = None) -> str:
+        """Announce one bucket that rank 0 broadcasts over `group_name`, one tensor per name in order; answered
+        once the engine received (and, with `last_bucket`, checked and loaded) them."""
+        body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
+                "flush_cache": last_bucket, "abort_all_requests": abort_all_requests,
+                "weight_version": str(weight_version)}
+        return _succeeded(self.url, "/update_weights_from_distributed",
+                          await self._call("POST", "/update_weights_from_distributed", body, timeout_s))
+
+    async def destroy_weights_update_group(self, group_name: str, timeout_s: float | None = None) -> str:
+        return _succeeded(self.url, "/destroy_weights_update_group",
+                          await self._call("POST", "/destroy_weights_update_group", {"group_name": group_name},
+                                           timeout_s))
+
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100, timeout_s: float | None = None) -> list:
+        """The parameter `name` as nested lists of float32 values, its first `truncate_size` rows."""
+        reply = await self._call("POST", "/get_weights_by_name", {"name": name, "truncate_size": truncate_size},
+                                 timeout_s)
+        if not isinstance(reply, list):
+            raise EngineError("/get_weights_by_name", 200, f"expected a list of values, got {str(reply)[:200]}",
+                              url=self.url)
+        return reply
+
+    async def release_memory_occupation(self, tags: list[str] | None = None, timeout_s: float | None = None) -> None:
+        """Free the engine's `tags` ("weights", "kv_cache", "cuda_graph"; None: all) for training."""
+        await self._call("POST", "/release_memory_occupation", {"tags": tags}, timeout_s)
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None, timeout_s: float | None = None) -> None:
+        """Take back released memory; resumed weights need a complete weight update before generating."""
+        await self._call("POST", "/resume_memory_occupation", {"tags": tags}, timeout_s)
 
     # ---- control ----
     async def flush_cache(self, timeout_s: float | None = None) -> None:
@@ -157,9 +222,9 @@ class EngineClient:
             async with asyncio.timeout(limit):
                 response = await self._http.request(method, route, json=body)
         except TimeoutError:
-            raise EngineTimeout(route, 0, f"no complete reply within {limit:g} s") from None
+            raise EngineTimeout(route, 0, f"no complete reply within {limit:g} s", url=self.url) from None
         if response.status_code >= 400:
-            raise EngineError(route, response.status_code, _message(response))
+            raise EngineError(route, response.status_code, _message(response), url=self.url)
         if "application/json" not in response.headers.get("content-type", ""):
             return response.text
         return response.json()
@@ -179,12 +244,14 @@ def reply_sample(prompt: list[int], reply: dict) -> Sample:
     if len(logprobs) != len(tokens):
         raise EngineError("/generate", 200, f"{len(tokens)} output ids but {len(logprobs)} log-probs")
     reason = meta["finish_reason"]["type"] if meta.get("finish_reason") else "abort"
-    return Sample(prompt_ids=list(prompt), response_ids=tokens, logprobs=logprobs, finish_reason=reason)
+    version = str(meta.get("weight_version", ""))  # SGLang's is "default" until a trainer sets one
+    return Sample(prompt_ids=list(prompt), response_ids=tokens, logprobs=logprobs, finish_reason=reason,
+                  weight_version=int(version) if version.isdigit() else 0)
 
 
-def _succeeded(route: str, reply: Any) -> str:
+def _succeeded(url: str, route: str, reply: Any) -> str:
     if not isinstance(reply, dict) or not reply.get("success"):
-        raise EngineError(route, 200, str(reply.get("message") if isinstance(reply, dict) else reply))
+        raise EngineError(route, 200, str(reply.get("message") if isinstance(reply, dict) else reply), url=url)
     return str(reply.get("message", ""))
 
 

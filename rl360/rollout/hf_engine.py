@@ -41,6 +41,7 @@ class HFEngine:
                 response_ids=tokens[i, :length].tolist(),
                 logprobs=logprobs[i, :length].tolist(),
                 finish_reason="stop" if finished[i] > 0 else "length",
+                weight_version=self.version,
             ))
         return [samples[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 

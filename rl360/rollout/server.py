@@ -2,7 +2,8 @@
 it talks to `python -m sglang.launch_server` (the same `rl360.rollout.client.EngineClient`).
 
     rl360 serve rollout --model DIR [--port 30000] [--api-key-env VAR] [--dtype bfloat16]
-                        [--batch-window-ms 5] [--max-batch-rows 256] [--max-in-flight 256] ...
+                        [--batch-window-ms 5] [--max-batch-rows 256] [--weight-sync-timeout-s 600]
+                        [--max-in-flight 256] ...
 
 Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/managers/io_struct.py`):
 
@@ -28,16 +29,42 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
   decode steps, keeping their KV cache, which here also stands in for SGLang's recomputation under "retract")
   and `POST /continue_generation`; new requests wait while paused.
 - `POST /update_weights_from_tensor`: `serialized_named_tensors` (one entry: this server is one rank) in
-  `load_format` "rl360_safetensors": the base64 of a safetensors file holding the bucket's `(hf_name, tensor)`
-  pairs. SGLang's own formats (None, "direct", "flattened_bucket") carry pickled tensor handles (CUDA IPC) and
-  are refused with 400: unpickling a request body would run whatever code it names. `weight_version` must be a
-  decimal integer, not older than the one served. A request with `flush_cache: true` is the update's last
-  bucket: the engine then checks that every parameter was loaded since the previous finish and, if one is
-  missing, answers 400 naming the missing weights and keeps serving the old version number; otherwise the new
-  version is served. `abort_all_requests: true` aborts requests in flight first. Buckets are copied between
-  decode steps (a running batch sees the new weights from its next step on: pause first to avoid that).
-- `POST /update_weights_from_disk`: `model_path` (a Hugging Face checkpoint with the same parameter names),
-  `weight_version`; a complete update by definition. Replies `{"success", "message", "num_paused_requests"}`.
+  `load_format` "rl360_safetensors" (the base64 of a safetensors file holding the bucket's `(hf_name, tensor)`
+  pairs) or "rl360_shared_memory" (the base64 of a JSON descriptor of a file on this host, as
+  `rl360.rollout.weight_sync` writes it: the file is mapped and its tensors copied; it must be a regular file
+  named rl360-weights-*.bin owned by this server's user). SGLang's own formats (None, "direct",
+  "flattened_bucket") carry pickled tensor handles (CUDA IPC) and are refused with 400: unpickling a request
+  body would run whatever code it names. `abort_all_requests: true` aborts requests in flight first.
+- `POST /update_weights_from_disk`: `model_path`, a directory of `*.safetensors` files holding Hugging Face-named
+  weights (a checkpoint, or the shards `WeightSender` writes; no config.json needed); a complete update by
+  definition. Replies `{"success", "message", "num_paused_requests"}`.
+- `POST /init_weights_update_group` (`master_address`, `master_port`, `rank_offset`, `world_size`, `group_name`,
+  `backend`: "gloo", or "nccl" when the engine runs on CUDA): join the torch.distributed group rank 0 hosts, as
+  rank `rank_offset`, the way SGLang's engine joins it (`rl360.rollout.weight_sync.open_process_group`);
+  answered once the group has formed (or failed: `success: false`). `POST /update_weights_from_distributed`
+  (`names`, `dtypes` such as "float32" or "bfloat16", `shapes`, `group_name`, `flush_cache`, `weight_version`,
+  `abort_all_requests`): one broadcast from rank 0 per name, in order, into new tensors. The tensors are
+  received before any refusal (an old version, released weights, an unknown name) is answered, so the group
+  stays usable; a `group_name` that names no open group is refused at once (400). `POST
+  /destroy_weights_update_group` (`group_name`).
+- Weight updates, whatever the route: `weight_version` must be a decimal integer, not older than the one
+  served. Buckets are checked (names, shapes) and staged; a request with `flush_cache: true` (the default, as
+  in SGLang) ends the update: if every parameter was staged since the previous update ended, the staged
+  weights replace the model's at once between two decode steps and the new version is served; otherwise the
+  answer is 400 naming the missing weights, the staged buckets are dropped, and the old weights and version
+  stay. A refused bucket drops the update in progress too. (SGLang itself loads each bucket in place.)
+- `GET|POST /get_weights_by_name` (`name`, a tied alias included; `truncate_size`, default 100): the
+  parameter's first `truncate_size` rows as nested lists of float32 values, as SGLang returns them (every value
+  of a float32 or bfloat16 parameter is exact).
+- `GET|POST /release_memory_occupation` and `/resume_memory_occupation` (`tags`: a list of "weights",
+  "kv_cache", "cuda_graph"; null or empty: all; other tags 400). Release needs an idle engine (nothing queued,
+  decoding or held: 400 otherwise, where SGLang asserts it); resuming a tag that is not released is 400 (SGLang
+  raises too), and so is releasing a released one. Releasing "weights" frees every parameter's storage (and
+  drops a staged update); resuming them allocates zeros, and generating then needs a complete weight update
+  first. "kv_cache" and "cuda_graph" free nothing here (no KV cache outlives a request, no graphs are
+  captured) but are tracked the same way. While any tag is released, or resumed weights await their update,
+  `/generate` and `/health_generate` answer 503 naming the reason (SGLang does not check: a request then
+  would run on released memory), weight updates while weights are released 400, and `/get_weights_by_name` 503.
 
 Batching: requests are queued; the engine thread takes every queued prompt (up to `--max-batch-rows` rows)
 once `--batch-window-ms` has passed since the first one arrived, and decodes them as one left-padded batch with
@@ -52,8 +79,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import binascii
 import contextlib
 import os
 import sys
@@ -69,6 +94,15 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
 from rl360.rollout.base import SamplingParams
+from rl360.rollout.weight_sync import (
+    SHARED_MEMORY_LOAD_FORMAT,
+    TENSOR_LOAD_FORMAT,
+    WEIGHT_DTYPES,
+    close_process_group,
+    decode_tensor_bucket,
+    open_process_group,
+    read_shared_bucket,
+)
 from rl360.serve.metrics import MetricsRegistry
 from rl360.serve.service import (
     ServiceError,
@@ -84,7 +118,6 @@ from rl360.serve.service import (
     service_app,
 )
 
-TENSOR_LOAD_FORMAT = "rl360_safetensors"
 TOP_K_ALL = 1 << 30  # SGLang's "no top-k"
 MAX_N = 64
 DEFAULT_LIMITS = ServiceLimits(max_body_bytes=512 << 20, max_in_flight=256, request_timeout_s=3600.0,
@@ -102,6 +135,12 @@ TENSOR_FIELDS = frozenset({"serialized_named_tensors", "load_format", "flush_cac
                            "weight_version", "disable_draft_model", "torch_empty_cache"})
 DISK_FIELDS = frozenset({"model_path", "load_format", "abort_all_requests", "weight_version", "flush_cache",
                          "torch_empty_cache", "is_async", "keep_pause", "recapture_cuda_graph", "token_step"})
+INIT_GROUP_FIELDS = frozenset({"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"})
+DISTRIBUTED_FIELDS = frozenset({"names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests",
+                                "weight_version", "load_format", "torch_empty_cache"})
+# SGLang's memory tags, with what releasing each does here
+MEMORY_TAGS = {"kv_cache": "nothing is kept between requests", "weights": "parameter storage freed",
+               "cuda_graph": "none captured"}
 
 
 def sglang_error(error: ServiceError) -> dict:
@@ -243,11 +282,13 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _flag(data: dict, key: str) -> bool:
+def _flag(data: dict, key: str, default: bool = False) -> bool:
     value = data.get(key)
-    if value is not None and not isinstance(value, bool):
+    if value is None:
+        return default
+    if not isinstance(value, bool):
         raise ServiceError(400, f"'{key}' must be a boolean, got {value!r}", key)
-    return bool(value)
+    return value
 
 
 # ---- the batched decoder ----
@@ -255,12 +296,14 @@ class BatchDecoder:
     """Decodes a list of rows as one left-padded batch, each row with its own settings and generator.
 
     `model_lock` is held for each forward step and released between steps, so weight updates (which take it
-    too) land between steps; `resume` is waited on between steps while generation is paused in place."""
+    too) land between steps; `resume` is waited on between steps while generation is paused in place.
+    `unready()` (under the lock, before each step) says why the model cannot run now (None: it can): the
+    batch then fails with 503 naming the reason."""
 
     def __init__(self, engine: Any, model_lock: threading.Lock, resume: threading.Event,
-                 version: Any, eos_ids: list[int]):
+                 version: Any, eos_ids: list[int], unready: Any = lambda: None):
         self.engine, self.model_lock, self.resume, self.version = engine, model_lock, resume, version
-        self.eos_ids = eos_ids
+        self.eos_ids, self.unready = eos_ids, unready
 
     @torch.no_grad()
     def decode(self, rows: list[Row]) -> None:
@@ -286,6 +329,9 @@ class BatchDecoder:
         while any(running):
             self.resume.wait()
             with self.model_lock:
+                problem = self.unready()
+                if problem is not None:
+                    raise ServiceError(503, problem)
                 output = self.engine.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
                                            past_key_values=cache, use_cache=True)
             cache = output.past_key_values
@@ -361,6 +407,11 @@ class Batcher:
                 row.aborted = row.aborted or "request cancelled"
             raise
 
+    def busy(self) -> int:
+        """Rows queued or decoding."""
+        with self._lock:
+            return len(self._queue) + len(self.running)
+
     def abort(self, rid: str | None, message: str) -> int:
         """Abort queued and running rows of `rid` (None: all); return how many were marked."""
         with self._lock:
@@ -413,33 +464,6 @@ def _settle(fut: asyncio.Future, error: BaseException | None) -> None:
 
 
 # ---- weights ----
-def encode_tensor_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
-    """A bucket of `(hf_name, tensor)` as this server's `serialized_named_tensors` entry: base64 safetensors."""
-    from safetensors.torch import save
-
-    names = [name for name, _ in named_tensors]
-    if len(set(names)) != len(names):
-        raise ValueError(f"a bucket names a weight twice: {sorted({n for n in names if names.count(n) > 1})[:8]}")
-    payload = save({name: tensor.detach().cpu().contiguous() for name, tensor in named_tensors})
-    return base64.b64encode(payload).decode("ascii")
-
-
-def decode_tensor_bucket(entry: Any) -> list[tuple[str, torch.Tensor]]:
-    """The `(hf_name, tensor)` pairs in one `serialized_named_tensors` entry; ServiceError(400) if malformed."""
-    from safetensors.torch import load
-
-    if not isinstance(entry, str):
-        raise ServiceError(400, "'serialized_named_tensors' entries must be base64 strings", "serialized_named_tensors")
-    try:
-        return list(load(base64.b64decode(entry, validate=True)).items())
-    except (binascii.Error, ValueError) as err:
-        raise ServiceError(400, f"'serialized_named_tensors[0]' is not base64 of a safetensors file: {err}",
-                           "serialized_named_tensors") from None
-    except Exception as err:  # safetensors raises its own error type for a malformed header
-        raise ServiceError(400, f"'serialized_named_tensors[0]' is not a safetensors file: {err}",
-                           "serialized_named_tensors") from None
-
-
 def _weight_version(data: dict, served: int) -> int | None:
     value = data.get("weight_version")
     if value is None:
@@ -459,12 +483,26 @@ class RolloutService:
     """The engine, its batcher and the routes; `guard` is what uvicorn runs."""
 
     def __init__(self, model_path: str, limits: ServiceLimits = DEFAULT_LIMITS, api_key: str | None = None,
-                 dtype: str = "float32", batch_window_s: float = 0.005, max_batch_rows: int = 256):
+                 dtype: str = "float32", batch_window_s: float = 0.005, max_batch_rows: int = 256,
+                 group_timeout_s: float = 600.0):
         from rl360.rollout.hf_engine import HFEngine
 
         self.model_path = model_path
         self.engine = HFEngine(model_path, dtype=getattr(torch, dtype))
         self.tokenizer = _tokenizer(model_path)
+        self._parameters = dict(self.engine.model.named_parameters())  # tied weights once, by their first name
+        self._shapes = {name: tuple(param.shape) for name, param in self._parameters.items()}
+        first_name = {id(param): name for name, param in self._parameters.items()}
+        self._aliases = {name: first_name[id(param)]  # every name of a parameter (tied ones too) -> its first
+                         for name, param in self.engine.model.named_parameters(remove_duplicate=False)}
+        self._update_lock = threading.Lock()  # staging and swapping in weight updates
+        self._staged: dict[str, torch.Tensor] = {}  # the update in progress, by parameter name
+        self._staged_version: int | None = None
+        self.released: set[str] = set()  # memory tags released by /release_memory_occupation
+        self._weights_stale = False  # resumed weights (zeros) wait for a complete update
+        self.groups: dict[str, WeightGroup] = {}  # open weight-update groups by name
+        self._forming: set[str] = set()
+        self.group_timeout_s = group_timeout_s
         self.model_lock = threading.Lock()
         self.resume = threading.Event()
         self.resume.set()
@@ -474,7 +512,8 @@ class RolloutService:
         self._held: list[Row] = []  # rows of requests waiting for generation to continue
         eos = getattr(self.engine.model.generation_config, "eos_token_id", None)
         eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        decoder = BatchDecoder(self.engine, self.model_lock, self.resume, lambda: str(self.engine.version), eos_ids)
+        decoder = BatchDecoder(self.engine, self.model_lock, self.resume, lambda: str(self.engine.version), eos_ids,
+                               self._unready)
         registry = MetricsRegistry()
         self.batcher = Batcher(decoder, batch_window_s, max_batch_rows, registry)
         self.tokens = registry.counter("rl360_rollout_tokens_total", "Tokens read and written, by kind.", ["kind"])
@@ -491,12 +530,21 @@ class RolloutService:
         app.add_api_route("/continue_generation", self.continue_generation, methods=["POST"])
         app.add_api_route("/update_weights_from_tensor", self.update_weights_from_tensor, methods=["POST"])
         app.add_api_route("/update_weights_from_disk", self.update_weights_from_disk, methods=["POST"])
+        app.add_api_route("/init_weights_update_group", self.init_weights_update_group, methods=["POST"])
+        app.add_api_route("/update_weights_from_distributed", self.update_weights_from_distributed, methods=["POST"])
+        app.add_api_route("/destroy_weights_update_group", self.destroy_weights_update_group, methods=["POST"])
+        app.add_api_route("/get_weights_by_name", self.get_weights_by_name, methods=["GET", "POST"])
+        app.add_api_route("/release_memory_occupation", self.release_memory_occupation, methods=["GET", "POST"])
+        app.add_api_route("/resume_memory_occupation", self.resume_memory_occupation, methods=["GET", "POST"])
         self.guard = ServiceGuard("rollout", app, limits, api_key, sglang_error, registry,
                                   open_paths=("/health", "/health_generate"))
 
     # ---- generation ----
     async def generate(self, request: HTTPRequest) -> JSONResponse:
         call = parse_generate(await request.body(), self.tokenizer)
+        problem = self._unready()
+        if problem is not None:
+            raise ServiceError(503, problem)
         started = time.monotonic()
         await self._wait_while_paused(call.rows)
         await self.batcher.submit(call.rows)  # rows aborted while held are settled as aborted, not decoded
@@ -598,19 +646,25 @@ class RolloutService:
     async def update_weights_from_tensor(self, request: HTTPRequest) -> JSONResponse:
         data = json_object(await request.body(), TENSOR_FIELDS)
         load_format = data.get("load_format")
-        if load_format != TENSOR_LOAD_FORMAT:
+        readers = {TENSOR_LOAD_FORMAT: decode_tensor_bucket, SHARED_MEMORY_LOAD_FORMAT: read_shared_bucket}
+        if load_format not in readers:
             raise ServiceError(400, f"'load_format' {load_format!r} is not served here: rl360 serve rollout takes "
-                                    f"'{TENSOR_LOAD_FORMAT}' (base64 safetensors; pickled tensor handles are refused)",
+                                    f"'{TENSOR_LOAD_FORMAT}' (base64 safetensors) or '{SHARED_MEMORY_LOAD_FORMAT}' "
+                                    "(a shared-memory file's descriptor); pickled tensor handles are refused",
                                "load_format")
         entries = data.get("serialized_named_tensors")
         if not isinstance(entries, list) or len(entries) != 1:
             raise ServiceError(400, "'serialized_named_tensors' must be a list of one entry (this server is one rank)",
                                "serialized_named_tensors")
         version = _weight_version(data, self.engine.version)
-        bucket = decode_tensor_bucket(entries[0])
+        finish = _flag(data, "flush_cache", default=True)
+        self._refuse_if_weights_released()
+        try:
+            bucket = await asyncio.to_thread(readers[load_format], entries[0])
+        except ValueError as err:
+            raise ServiceError(400, f"'serialized_named_tensors[0]': {err}", "serialized_named_tensors") from None
         if _flag(data, "abort_all_requests"):
             self._abort(None, "Aborted by a weight update")
-        finish = data.get("flush_cache", True) is not False
         return await self._apply(bucket, version, finish, "/update_weights_from_tensor", extra={})
 
     async def update_weights_from_disk(self, request: HTTPRequest) -> JSONResponse:
@@ -619,21 +673,187 @@ class RolloutService:
         if not isinstance(path, str) or not Path(path).is_dir():
             raise ServiceError(400, f"'model_path' must be a checkpoint directory on the server, got {path!r}",
                                "model_path")
+        if data.get("load_format") not in (None, "auto", "safetensors"):
+            raise ServiceError(400, f"'load_format' {data['load_format']!r} is not served here: rl360 serve rollout "
+                                    "loads safetensors files ('auto' or 'safetensors')", "load_format")
         version = _weight_version(data, self.engine.version)
+        self._refuse_if_weights_released()
+        try:
+            bucket = await asyncio.to_thread(safetensors_weights, path)
+        except ValueError as err:
+            raise ServiceError(400, f"'model_path': {err}", "model_path") from None
         if _flag(data, "abort_all_requests"):
             self._abort(None, "Aborted by a weight update")
-        bucket = await asyncio.to_thread(_checkpoint_weights, path, self.engine.model.dtype)
         return await self._apply(bucket, version, True, "/update_weights_from_disk", extra={"num_paused_requests": 0})
 
+    async def init_weights_update_group(self, request: HTTPRequest) -> JSONResponse:
+        data = json_object(await request.body(), INIT_GROUP_FIELDS)
+        address = data.get("master_address")
+        if not isinstance(address, str) or not address:
+            raise ServiceError(400, f"'master_address' must be a host name or address, got {address!r}",
+                               "master_address")
+        port = _required_int(data, "master_port", 1, 65535)
+        world_size = _required_int(data, "world_size", 2, 1 << 20)
+        rank = _required_int(data, "rank_offset", 1, world_size - 1)  # this server is one rank
+        name = _group_name(data)
+        backend = data.get("backend") or "nccl"  # SGLang's default
+        if backend not in ("gloo", "nccl"):
+            raise ServiceError(400, f"'backend' must be 'gloo' or 'nccl', got {backend!r}", "backend")
+        if backend == "nccl" and self.engine.device.type != "cuda":
+            raise ServiceError(400, f"'backend' 'nccl' needs CUDA and this engine runs on {self.engine.device}: "
+                                    "send 'gloo'", "backend")
+        device = self.engine.device if backend == "nccl" else torch.device("cpu")  # gloo receives on the CPU
+        route = "/init_weights_update_group"
+        if name in self.groups or name in self._forming:
+            self.updates.inc(route=route, outcome="failed")
+            return JSONResponse({"success": False, "message": f"weight-update group {name!r} is already open"},
+                                status_code=400)
+        self._forming.add(name)
+        try:
+            group = await in_daemon_thread(open_process_group, backend, address, port, world_size, rank, name,
+                                           self.group_timeout_s)
+        except (RuntimeError, ValueError, OSError) as err:  # torch's store and rendezvous errors are RuntimeErrors
+            self.updates.inc(route=route, outcome="failed")
+            return JSONResponse({"success": False, "message": f"Failed to initialize custom process group {name!r} "
+                                                              f"at {address}:{port} as rank {rank}: {err}"},
+                                status_code=400)
+        finally:
+            self._forming.discard(name)
+        self.groups[name] = WeightGroup(name, group, device)
+        self.updates.inc(route=route, outcome="finished")
+        return JSONResponse({"success": True, "message": "Succeeded to initialize custom process group."})
+
+    async def update_weights_from_distributed(self, request: HTTPRequest) -> JSONResponse:
+        data = json_object(await request.body(), DISTRIBUTED_FIELDS)
+        route = "/update_weights_from_distributed"
+        name = _group_name(data)
+        group = self.groups.get(name)
+        if group is None:
+            raise ServiceError(400, f"'group_name' {name!r} is not an open weight-update group (open: "
+                                    f"{sorted(self.groups)}): call /init_weights_update_group first", "group_name")
+        if data.get("load_format") is not None:
+            raise ServiceError(400, f"'load_format' {data['load_format']!r} is not served here: rl360 serve rollout "
+                                    "receives one broadcast per tensor (load_format null)", "load_format")
+        specs = _tensor_specs(data)
+        finish = _flag(data, "flush_cache", default=True)
+        abort = _flag(data, "abort_all_requests")
+        _flag(data, "torch_empty_cache")  # nothing to empty here; still a boolean
+        refusal: ServiceError | None = None
+        version = None
+        try:  # refused only after receiving: the sender broadcasts whatever the answer, and waits for every rank
+            version = _weight_version(data, self.engine.version)
+            self._refuse_if_weights_released()
+        except ServiceError as err:
+            refusal = err
+        if abort and refusal is None:
+            self._abort(None, "Aborted by a weight update")
+        try:
+            tensors = await in_daemon_thread(group.receive, specs)
+        except RuntimeError as err:
+            self.updates.inc(route=route, outcome="failed")
+            return JSONResponse({"success": False, "message": f"receiving the broadcast on group {name!r} failed: "
+                                                              f"{err}"}, status_code=400)
+        if refusal is not None:
+            self.updates.inc(route=route, outcome="failed")
+            raise refusal
+        return await self._apply([(spec[0], tensor) for spec, tensor in zip(specs, tensors)], version, finish, route,
+                                 extra={})
+
+    async def destroy_weights_update_group(self, request: HTTPRequest) -> JSONResponse:
+        name = _group_name(json_object(await request.body() or b"{}", {"group_name"}))
+        group = self.groups.pop(name, None)
+        if group is None:
+            return JSONResponse({"success": False, "message": "The group to be destroyed does not exist."},
+                                status_code=400)
+        await in_daemon_thread(close_process_group, group.group)
+        return JSONResponse({"success": True, "message": "Succeeded to destroy custom process group."})
+
+    async def get_weights_by_name(self, request: HTTPRequest) -> JSONResponse:
+        data = json_object(await request.body() or b"{}", {"name", "truncate_size"})
+        name = data.get("name")
+        if not isinstance(name, str) or name not in self._aliases:
+            raise ServiceError(400, f"'name' must name a parameter of the engine's model, got {name!r}", "name")
+        truncate = int(number_field(data, "truncate_size", 100, 0, 1 << 62, integer=True))
+        if "weights" in self.released:
+            raise ServiceError(503, "weights are released (/release_memory_occupation): nothing to read")
+
+        def read() -> list:
+            with self.model_lock:
+                values = self._parameters[self._aliases[name]].detach()
+                values = (values[:truncate] if values.dim() else values.reshape(1)).float().cpu()
+            return values.tolist()
+
+        return JSONResponse(await asyncio.to_thread(read))
+
+    async def release_memory_occupation(self, request: HTTPRequest) -> dict:
+        tags = _memory_tags(await request.body())
+        busy = self.batcher.busy() + len(self._held)
+        if busy:
+            raise ServiceError(400, f"release_memory_occupation needs an idle engine (SGLang asserts that too): {busy} "
+                                    "requests are queued, running or held; let them finish or abort them first")
+        again = [tag for tag in tags if tag in self.released]
+        if again:
+            raise ServiceError(400, f"'tags': {again} already released", "tags")
+
+        def release() -> None:
+            with self._update_lock, self.model_lock:
+                if "weights" in tags:
+                    self._drop_staged()
+                    for param in self._parameters.values():
+                        param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+                self.released.update(tags)
+
+        await asyncio.to_thread(release)
+        return {"success": True, "message": "Released " + ", ".join(f"{tag} ({MEMORY_TAGS[tag]})" for tag in tags)}
+
+    async def resume_memory_occupation(self, request: HTTPRequest) -> dict:
+        tags = _memory_tags(await request.body())
+        absent = [tag for tag in tags if tag not in self.released]
+        if absent:
+            raise ServiceError(400, f"'tags': {absent} not released", "tags")
+
+        def resume() -> None:
+            with self._update_lock, self.model_lock:
+                if "weights" in tags:
+                    for name, param in self._parameters.items():
+                        param.data = torch.zeros(self._shapes[name], dtype=param.dtype, device=param.device)
+                    self._weights_stale = True
+                self.released.difference_update(tags)
+
+        await asyncio.to_thread(resume)
+        stale = " (weights are zeros until a complete weight update)" if "weights" in tags else ""
+        return {"success": True, "message": f"Resumed {', '.join(tags)}{stale}"}
+
+    def _unready(self) -> str | None:
+        """Why the model cannot generate now (None: it can)."""
+        if self.released:
+            return (f"memory released by /release_memory_occupation ({', '.join(sorted(self.released))}): call "
+                    "/resume_memory_occupation first")
+        if self._weights_stale:
+            return ("weights were resumed as zeros by /resume_memory_occupation: a complete weight update must load "
+                    "them before generating")
+        return None
+
+    def _refuse_if_weights_released(self) -> None:
+        if "weights" in self.released:
+            raise ServiceError(400, "weights are released (/release_memory_occupation): resume them "
+                                    "(/resume_memory_occupation) before updating them")
+
     async def _apply(self, bucket: list, version: int | None, finish: bool, route: str, extra: dict) -> JSONResponse:
+        """Stage `bucket` for `version`; with `finish`, check the staged update is complete and swap it in."""
         target = version if version is not None else self.engine.version
 
         def load() -> str:
-            with self.model_lock:
-                self.engine.update_weights(bucket, target)
-                if finish:
-                    self.engine.finish_weight_update(target)
-            return f"Loaded {len(bucket)} tensors" + (f"; serving weight version {target}" if finish else "")
+            with self._update_lock:
+                try:
+                    self._stage(bucket, target)
+                    if finish:
+                        self._swap_in(target)
+                except (KeyError, ValueError, RuntimeError):
+                    self._drop_staged()  # a refused bucket ends the update in progress
+                    raise
+            return f"Loaded {len(bucket)} tensors" + (f"; serving weight version {target}" if finish else
+                                                      f" of weight version {target} (staged)")
 
         try:
             message = await asyncio.to_thread(load)
@@ -644,12 +864,159 @@ class RolloutService:
         self.updates.inc(route=route, outcome="finished" if finish else "bucket")
         return JSONResponse({"success": True, "message": message, **extra})
 
+    def _stage(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Keep `bucket` (checked against the model) until its update finishes; a bucket of another version
+        starts a new update. Caller holds `_update_lock`."""
+        if self._staged_version != version:
+            self._drop_staged()
+            self._staged_version = version
+        for name, tensor in bucket:
+            canonical = self._aliases.get(name)
+            if canonical is None:
+                raise KeyError(f"weight {name!r} is not a parameter of the engine's model")
+            if tuple(tensor.shape) != self._shapes[canonical]:
+                raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != engine's {self._shapes[canonical]}")
+            param = self._parameters[canonical]
+            self._staged[canonical] = tensor.to(device=param.device, dtype=param.dtype)
 
-def _checkpoint_weights(path: str, dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
-    from transformers import AutoModelForCausalLM
+    def _swap_in(self, version: int) -> None:
+        """Load the staged update if every parameter is in it (else RuntimeError naming the missing ones), between
+        decode steps. Caller holds `_update_lock`."""
+        missing = sorted(set(self._parameters) - set(self._staged))
+        if missing:
+            more = f" and {len(missing) - 16} more" if len(missing) > 16 else ""
+            raise RuntimeError(f"weight update {version} left parameters unset: {missing[:16]}{more}; the engine "
+                               f"keeps serving weight version {self.engine.version}")
+        with self.model_lock:
+            self.engine.update_weights(list(self._staged.items()), version)
+            self.engine.finish_weight_update(version)
+            self._weights_stale = False
+        self._drop_staged()
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    return [(name, param.detach()) for name, param in model.named_parameters()]
+    def _drop_staged(self) -> None:
+        self._staged.clear()
+        self._staged_version = None
+
+
+@dataclass
+class WeightGroup:
+    """An open weight-update group of this server (one rank); receives run one at a time."""
+
+    name: str
+    group: Any
+    device: torch.device
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def receive(self, specs: list[tuple[str, torch.dtype, list[int]]]) -> list[torch.Tensor]:
+        """One broadcast from rank 0 per spec, in order, into new tensors."""
+        import torch.distributed as dist
+
+        tensors = []
+        with self.lock:
+            for _, dtype, shape in specs:
+                tensor = torch.empty(shape, dtype=dtype, device=self.device)
+                dist.broadcast(tensor, src=0, group=self.group)
+                tensors.append(tensor)
+        return tensors
+
+
+async def in_daemon_thread(fn: Any, *args: Any) -> Any:
+    """`fn(*args)` on a new daemon thread: a torch.distributed call may block until its group's time-out (a
+    sender that went away), and a daemon thread never holds up the process's exit as `asyncio.to_thread`'s
+    workers do."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():  # the waiting handler was cancelled
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    def run() -> None:
+        try:
+            outcome = (fn(*args), None)
+        except BaseException as err:  # handed to the waiting handler
+            outcome = (None, err)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (the server stopped)
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=run, name="rl360-weight-group", daemon=True).start()
+    return await future
+
+
+def safetensors_weights(path: str) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor of the *.safetensors files in directory `path`; ValueError when there are none, a file is
+    not safetensors, or a name appears twice."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path!r} holds no *.safetensors files (this server loads only safetensors)")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors = load_file(str(file))
+        except Exception as err:  # safetensors raises its own error type for a malformed file
+            raise ValueError(f"{file.name} is not a safetensors file: {err}") from None
+        for name, tensor in tensors.items():
+            if name in weights:
+                raise ValueError(f"weight {name!r} is in more than one file (again in {file.name})")
+            weights[name] = tensor
+    return list(weights.items())
+
+
+def _tensor_specs(data: dict) -> list[tuple[str, torch.dtype, list[int]]]:
+    """`names`, `dtypes` and `shapes` of an /update_weights_from_distributed body, checked."""
+    names, dtypes, shapes = data.get("names"), data.get("dtypes"), data.get("shapes")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise ServiceError(400, "'names' must be a non-empty list of weight names", "names")
+    if len(set(names)) != len(names):
+        raise ServiceError(400, f"'names' lists a weight twice: {sorted({n for n in names if names.count(n) > 1})[:8]}",
+                           "names")
+    for key, values in (("dtypes", dtypes), ("shapes", shapes)):
+        if not isinstance(values, list) or len(values) != len(names):
+            raise ServiceError(400, f"'{key}' must be a list with one entry per name ({len(names)})", key)
+    for i, dtype in enumerate(dtypes):
+        if dtype not in WEIGHT_DTYPES:
+            raise ServiceError(400, f"'dtypes[{i}]' must be one of {sorted(WEIGHT_DTYPES)}, got {dtype!r}",
+                               f"dtypes[{i}]")
+    for i, shape in enumerate(shapes):
+        if not isinstance(shape, list) or not all(_is_int(s) and s >= 0 for s in shape):
+            raise ServiceError(400, f"'shapes[{i}]' must be a list of non-negative integers, got {shape!r}",
+                               f"shapes[{i}]")
+    return [(name, WEIGHT_DTYPES[dtype], shape) for name, dtype, shape in zip(names, dtypes, shapes)]
+
+
+def _group_name(data: dict) -> str:
+    name = data.get("group_name")
+    if name is None:
+        return "weight_update_group"  # SGLang's default
+    if not isinstance(name, str) or not name:
+        raise ServiceError(400, f"'group_name' must be a non-empty string, got {name!r}", "group_name")
+    return name
+
+
+def _required_int(data: dict, key: str, low: int, high: int) -> int:
+    if data.get(key) is None:
+        raise ServiceError(400, f"'{key}' is required", key)
+    return int(number_field(data, key, 0, low, high, integer=True))
+
+
+def _memory_tags(body: bytes) -> list[str]:
+    """The `tags` of a release/resume body (null or empty: all), checked."""
+    tags = json_object(body or b"{}", {"tags"}).get("tags")
+    if tags is None or tags == []:
+        return list(MEMORY_TAGS)
+    if not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags):
+        raise ServiceError(400, f"'tags' must be a list of strings or null, got {tags!r}", "tags")
+    unknown = [tag for tag in tags if tag not in MEMORY_TAGS]
+    if unknown:
+        raise ServiceError(400, f"'tags' has unknown {unknown} (accepted: {', '.join(MEMORY_TAGS)}; null: all)",
+                           "tags")
+    return list(dict.fromkeys(tags))
 
 
 def _tokenizer(model_path: str) -> Any:
@@ -673,8 +1040,10 @@ def serve_rollout(args: argparse.Namespace) -> int:
     if api_key is None and not is_loopback(args.host):
         print(f"rl360 serve rollout: warning: listening on {args.host} without a key: anyone who reaches it can "
               "generate and replace the weights (pass --api-key-env VAR)", file=sys.stderr, flush=True)
+    if args.weight_sync_timeout_s <= 0:
+        raise SystemExit("rl360 serve rollout: --weight-sync-timeout-s must be positive")
     service = RolloutService(args.model, limits, api_key, args.dtype, args.batch_window_ms / 1000.0,
-                             args.max_batch_rows)
+                             args.max_batch_rows, args.weight_sync_timeout_s)
     return run_service(service.guard, args.host, args.port,
                        f"rl360 serving rollout engine {Path(args.model).name!r} with SGLang's native API on {{url}}"
                        f"{' (API key required)' if api_key else ''}", access_log=args.access_log)
@@ -688,6 +1057,8 @@ def add_rollout_parser(services) -> None:
     rollout.add_argument("--batch-window-ms", type=float, default=5.0,
                          help="after a request arrives, wait this long for others to batch with it")
     rollout.add_argument("--max-batch-rows", type=int, default=256, help="responses decoded together at most")
+    rollout.add_argument("--weight-sync-timeout-s", type=float, default=600.0,
+                         help="a weight-update group's rendezvous and each broadcast give up after this long")
     add_service_arguments(rollout, port=30000, defaults=DEFAULT_LIMITS)
     rollout.set_defaults(run=serve_rollout)
 

@@ -1,0 +1,406 @@
+"""The rollout manager: a step's scored prompt groups from the prompt stream, the engines and the reward pool.
+
+    manager = RolloutManager(cfg, tokenizer, rewards, policy)   # starts the engines
+    future = manager.generate(step)      # a concurrent.futures.Future of StepRollouts, computed meanwhile
+    manager.sync_weights(step)           # the policy's weights into every engine, version `step`
+    manager.data_state(next_step)        # the stream position before `next_step`'s prompts (for checkpoints)
+    manager.close()
+
+It lives in the trainer's process on an event-loop thread of its own (engine requests are asyncio), so
+`generate` runs while the trainer trains: async training is `generate(step + 1)` issued before step's update.
+The prompt stream, the reward pool and the tokenizer are used by that thread only while a generate runs.
+
+Prompts of a step are split over the usable engines in contiguous parts (sample j of prompt i is seeded
+`seed + i * n + j` on server engines, so the samples do not depend on the number of engines or on which engine
+drew them). An engine that fails a request (connection refused or reset, no reply within
+`rollout.request_timeout_s`, a 5xx, aborted samples) is restarted in the background and its part is sent to
+another usable engine; with none left, the manager waits for the restart and syncs the current weights into
+it. Samples are scored once, after every part has come back. A restarted engine takes part again once a weight
+update has reached it. Counted: `rollout/engine_restarts` (since the previous step's metrics: a restart during
+a weight update shows in the next step) and `rollout/engine_restarts_total`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ray
+import torch
+
+from rl360.actor.batch import RolloutBatch, build_batch
+from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
+from rl360.rewards import RewardItem, RewardPool
+from rl360.rollout.base import Sample, SamplingParams
+from rl360.rollout.client import EngineTimeout
+from rl360.rollout.engines import ActorEngine, EngineDown, ProcessEngine, engine_command, new_api_key
+
+
+@dataclass
+class Scored:
+    """Sampled responses with their prompts' rows and their scores, `n` consecutive samples per prompt."""
+
+    rows: list[dict]  # one per sample
+    samples: list[Sample]
+    scores: torch.Tensor  # [num samples], trained on (overlong penalty included)
+    accuracy: torch.Tensor  # [num samples], the reward's "acc" extra where it gives one, else its score
+    n: int
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.samples) // self.n
+
+    def select_groups(self, keep: torch.Tensor) -> Scored:
+        rows = [i for g in keep.nonzero().flatten().tolist() for i in range(g * self.n, (g + 1) * self.n)]
+        return Scored([self.rows[i] for i in rows], [self.samples[i] for i in rows], self.scores[rows],
+                      self.accuracy[rows], self.n)
+
+    def first_groups(self, count: int) -> Scored:
+        return self.select_groups(torch.arange(self.num_groups) < count)
+
+    @staticmethod
+    def concat(parts: list[Scored]) -> Scored:
+        return Scored([r for p in parts for r in p.rows], [s for p in parts for s in p.samples],
+                      torch.cat([p.scores for p in parts]), torch.cat([p.accuracy for p in parts]), parts[0].n)
+
+    def batch(self, pad_id: int) -> RolloutBatch:
+        return build_batch([s.prompt_ids for s in self.samples], [s.response_ids for s in self.samples],
+                           [s.logprobs for s in self.samples], pad_id=pad_id)
+
+
+@dataclass
+class StepRollouts:
+    """What one step trains on: the scored groups, ReMax baselines (or None), metrics and phase times."""
+
+    scored: Scored
+    baselines: torch.Tensor | None
+    metrics: dict[str, float]
+    timing: dict[str, float]
+
+
+class RolloutManager:
+    def __init__(self, cfg: Any, tokenizer: Any, stream: Any, renderer: Any, rewards: RewardPool, policy: Any,
+                 use_gpu: bool = False):
+        self.cfg, self.tokenizer, self.stream, self.renderer, self.rewards = cfg, tokenizer, stream, renderer, rewards
+        self.policy = policy  # PolicyGroup: its export ranks send the weights
+        self.version = 0  # the weights every usable engine serves
+        self.restarts_total = 0
+        self._restarts_reported = 0  # restarts_total at the last step's metrics
+        self._load: dict[int, int] = {}  # prompts sent to each engine in this step
+        self._batches = iter(stream)
+        self._data_states: dict[int, dict] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rl360-rollout-manager", daemon=True)
+        self._thread.start()
+        self.log_dir = Path(cfg.output_dir) / "rollout"
+        self.api_key = new_api_key()
+        self.engines: list = []
+        self._restarting: dict[int, asyncio.Task] = {}
+        try:
+            self._call(self._start_engines(use_gpu))
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- the trainer's side (any thread but the manager's) ----
+    def generate(self, step: int) -> concurrent.futures.Future:
+        """A future of `step`'s StepRollouts; the work runs on the manager's thread. The previous generate must
+        have finished (the stream is read by one step at a time)."""
+        self._data_states = {s: state for s, state in self._data_states.items() if s >= step - 1}
+        self._data_states[step] = self.stream.state_dict()
+        return asyncio.run_coroutine_threadsafe(self._generate_step(step), self._loop)
+
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """The policy's current weights into every engine as `version` (restarted engines included)."""
+        return self._call(self._sync(version))
+
+    def data_state(self, next_step: int) -> dict:
+        """The stream position before `next_step`'s prompts were drawn (the current one when not drawn yet)."""
+        state = self._data_states.get(next_step)
+        return state if state is not None else self.stream.state_dict()
+
+    def load_data_state(self, state: dict) -> None:
+        self.stream.load_state_dict(state)
+        self._batches = iter(self.stream)
+
+    def describe(self) -> list[dict]:
+        return [engine.describe() for engine in self.engines]
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        for engine in self.engines:
+            if isinstance(engine, ProcessEngine):
+                engine.stop()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def _call(self, coroutine) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    # ---- engines ----
+    async def _start_engines(self, use_gpu: bool) -> None:
+        rollout, kind = self.cfg.rollout, self.cfg.rollout.engine
+        if kind == "hf":
+            from rl360.cluster import WorkerGroup
+            from rl360.rollout.hf_engine import HFEngine
+
+            group = WorkerGroup(HFEngine, 1, self.cfg.model.path, use_gpu=use_gpu, name="rollout",
+                                distributed=False, num_threads=self.cfg.trainer.num_threads)
+            self.engines = [ActorEngine(group.actors[0])]
+            return
+        threads = {"OMP_NUM_THREADS": str(self.cfg.trainer.num_threads)} if self.cfg.trainer.num_threads else {}
+        self.engines = [
+            ProcessEngine(i, engine_command(kind, self.cfg.model.path, self.cfg.model.dtype, self.api_key,
+                                            rollout.engine_tensor_parallel, rollout.mem_fraction, rollout.engine_args),
+                          self.log_dir, self.api_key, rollout.startup_timeout_s, rollout.request_timeout_s,
+                          env=threads, kind=kind)
+            for i in range(rollout.num_engines)
+        ]
+        await asyncio.gather(*(engine.start() for engine in self.engines))
+        for engine in self.engines:
+            engine.usable = True
+        self._write_engine_list()
+
+    def _write_engine_list(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        path = self.log_dir / "engines.json"
+        path.with_suffix(".tmp").write_text(json.dumps(self.describe(), indent=1))
+        path.with_suffix(".tmp").replace(path)
+
+    def _engine_down(self, engine: ProcessEngine, error: Exception) -> None:
+        """Take `engine` out of service and restart it in the background (once per failure)."""
+        if engine.index in self._restarting:
+            return
+        engine.usable = False
+        self.restarts_total += 1
+        print(f"rollout engine {engine.index} failed ({str(error) or type(error).__name__}); restarting it "
+              f"({self.restarts_total} restart(s) in this run)", flush=True)
+        if self.restarts_total > self.cfg.rollout.max_engine_restarts:
+            raise RuntimeError(f"rollout engines were restarted {self.restarts_total} times, more than "
+                               f"rollout.max_engine_restarts={self.cfg.rollout.max_engine_restarts}; last failure: "
+                               f"{error}; see {engine.log_path}") from error
+        self._restarting[engine.index] = asyncio.get_running_loop().create_task(self._restart(engine))
+
+    async def _restart(self, engine: ProcessEngine) -> None:
+        try:
+            await engine.restart()
+            engine.usable = self.version == 0  # otherwise at the next weight update
+            self._write_engine_list()
+        finally:
+            self._restarting.pop(engine.index, None)
+
+    async def _usable_engine(self, load: dict[int, int]):
+        """The usable engine with the least work in flight; with none, a restarted one given the current weights."""
+        while True:
+            usable = [engine for engine in self.engines if engine.usable]
+            if usable:
+                return min(usable, key=lambda engine: load.get(engine.index, 0))
+            if not self._restarting:
+                raise RuntimeError("no rollout engine is usable and none is restarting")
+            await self._restarts_done()
+            if not any(engine.usable for engine in self.engines):
+                await self._sync(self.version)
+
+    # ---- weights ----
+    async def _sync(self, version: int) -> dict[str, float]:
+        started = time.perf_counter()
+        if isinstance(self.engines[0], ActorEngine):
+            await self._sync_actor(self.engines[0], version)
+            metrics: dict[str, float] = {}
+        else:
+            await self._memory("resume", ["weights"])  # colocated: back from training, weights first
+            await self._restarts_done()  # engines found dead on the way are back, with a new address
+            metrics = await self._sync_processes(version)
+            await self._memory("resume", ["kv_cache"])
+        self.version = version
+        for engine in self.engines:
+            engine.version, engine.usable = version, True
+        return {**metrics, "timing/weight_sync_s": time.perf_counter() - started}
+
+    async def _restarts_done(self) -> None:
+        while self._restarting:
+            await asyncio.gather(*self._restarting.values(), return_exceptions=True)
+
+    async def _sync_actor(self, engine: ActorEngine, version: int) -> None:
+        pending = []
+        async for bucket_ref in self.policy.export_weights():
+            pending.append(engine.actor.update_weights.remote(bucket_ref, version))
+        await asyncio.gather(*pending)
+        await engine.actor.finish_weight_update.remote(version)
+
+    async def _sync_processes(self, version: int) -> dict[str, float]:
+        scratch = self.log_dir / "weights"  # disk: the checkpoint engines load; tensor: a place beside /dev/shm
+        scratch.mkdir(parents=True, exist_ok=True)
+        for attempt in range(self.cfg.rollout.max_engine_restarts + 1):
+            urls = [engine.url for engine in self.engines]
+            try:
+                return await self.policy.send_weights(urls, self.cfg.rollout.weight_sync, version, self.api_key,
+                                                      str(scratch))
+            except ray.exceptions.RayTaskError as err:
+                dead = [engine for engine in self.engines if engine.process.poll() is not None]
+                if not dead or attempt == self.cfg.rollout.max_engine_restarts:
+                    raise
+                for engine in dead:
+                    self._engine_down(engine, err)
+                await self._restarts_done()
+        raise AssertionError("unreachable")
+
+    # ---- one step ----
+    async def _generate_step(self, step: int) -> StepRollouts:
+        skipped_before = self.stream.skipped()
+        self._load = {}
+        timing: dict[str, float] = {}
+        scored, metrics = await self._collect_groups(step, timing)
+        baselines = None
+        if self.cfg.algorithm.adv_estimator == "remax":  # ReMax: a greedy response's score per prompt
+            baselines = await self._greedy_baselines(scored, timing, metrics)
+        versions = torch.tensor([sample.weight_version for sample in scored.samples], dtype=torch.float32)
+        statuses = [sample.status for sample in scored.samples]
+        metrics.update({
+            "rollout/staleness_mean": (step - 1 - versions).mean().item(),
+            "rollout/staleness_max": (step - 1 - versions).max().item(),
+            "rollout/truncated_frac": statuses.count("truncated") / len(statuses),
+            "rollout/engine_restarts": self.restarts_total - self._restarts_reported,
+            "rollout/engine_restarts_total": self.restarts_total,
+            "data/epoch": self.stream.epoch,
+            **_skipped_metrics(self.stream.skipped(), skipped_before),
+        })
+        self._restarts_reported = self.restarts_total
+        if len(self.engines) > 1:
+            metrics.update({f"rollout/engine{index}_prompts": count for index, count in sorted(self._load.items())})
+        if self.cfg.rollout.colocate:  # the engines' memory goes to training until the next weight update
+            await self._memory("release", ["weights", "kv_cache"])
+        return StepRollouts(scored, baselines, metrics, timing)
+
+    async def _memory(self, action: str, tags: list[str]) -> None:
+        """Release or resume `tags` of every usable process engine (a restarted engine holds nothing released)."""
+        engines = [engine for engine in self.engines
+                   if isinstance(engine, ProcessEngine) and engine.client is not None
+                   and (action == "release") != bool(set(tags) & engine.released)]
+        call = "release_memory_occupation" if action == "release" else "resume_memory_occupation"
+        outcomes = await asyncio.gather(*(getattr(engine.client, call)(tags) for engine in engines),
+                                        return_exceptions=True)
+        for engine, outcome in zip(engines, outcomes):
+            if isinstance(outcome, (httpx.TransportError, EngineTimeout, OSError)):  # died: restarted, holds all
+                self._engine_down(engine, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                engine.released = engine.released | set(tags) if action == "release" else engine.released - set(tags)
+
+    async def _collect_groups(self, step: int, timing: dict[str, float]) -> tuple[Scored, dict[str, float]]:
+        """`data.batch_size` scored prompt groups, and the step's sampling metrics.
+
+        Without dynamic sampling: one prompt batch. With it (DAPO): groups whose scores are all equal are set
+        aside and more prompt batches are sampled; after `max_num_gen_batches` the step fills up with set-aside
+        groups (no signal under group-centred advantages) and counts them."""
+        cfg, algo = self.cfg, self.cfg.algorithm
+        kept: list[Scored] = []
+        uniform: list[Scored] = []
+        sampled: list[torch.Tensor] = []  # every score of the step, trained on or not
+        metrics: dict[str, float] = {}
+        gen_batches = filled = 0
+        while sum(g.num_groups for g in kept) < cfg.data.batch_size:
+            if gen_batches and algo.max_num_gen_batches and gen_batches >= algo.max_num_gen_batches:
+                filled = cfg.data.batch_size - sum(g.num_groups for g in kept)
+                kept += uniform
+                break
+            gen_batches += 1
+            scored = await self._rollout_and_score(next(self._batches), cfg.rollout,
+                                                   cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
+                                                   timing, metrics)
+            sampled.append(scored.scores)
+            if algo.filter_groups:
+                metric = scored.accuracy if algo.filter_groups_metric == "acc" else scored.scores
+                varied = varied_groups(metric, cfg.rollout.n)
+                kept.append(scored.select_groups(varied))
+                uniform.append(scored.select_groups(~varied))
+            else:
+                kept.append(scored)
+        metrics.update({"reward/mean_sampled": torch.cat(sampled).mean().item(),
+                        "dynamic_sampling/gen_batches": gen_batches, "dynamic_sampling/filled_groups": filled})
+        return Scored.concat(kept).first_groups(cfg.data.batch_size), metrics
+
+    async def _rollout_and_score(self, rows: list[dict], rollout: Any, seed: int, timing: dict[str, float],
+                                 metrics: dict[str, float]) -> Scored:
+        """`rollout.n` responses for each prompt row, scored by its data_source's reward under a timeout;
+        reward counts are added to `metrics`."""
+        n = rollout.n
+        started = time.perf_counter()
+        params = SamplingParams(n=n, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                                max_new_tokens=rollout.max_response_length,
+                                stop_token_ids=sorted({self.tokenizer.eos_token_id} - {None}))
+        groups = await self._sample([self.renderer.render(row["prompt"]) for row in rows], params, seed)
+        _add(timing, "rollout", time.perf_counter() - started)
+        samples = [sample for group in groups for sample in group]
+        sample_rows = [row for row in rows for _ in range(n)]
+        started = time.perf_counter()
+        texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
+        items = [RewardItem(row["data_source"], text, row["reward_model"]["ground_truth"], row.get("extra_info"))
+                 for row, text in zip(sample_rows, texts)]
+        results, counts = await asyncio.to_thread(self._score, items)
+        _add(timing, "reward", time.perf_counter() - started)
+        scores = torch.tensor([r.score for r in results], dtype=torch.float32)
+        accuracy = torch.tensor([float(r.extras.get("acc", r.score)) for r in results], dtype=torch.float32)
+        if self.cfg.reward.overlong_buffer_len:
+            lengths = torch.tensor([len(s.response_ids) for s in samples])
+            penalty = overlong_penalty(lengths, rollout.max_response_length, self.cfg.reward.overlong_buffer_len,
+                                       self.cfg.reward.overlong_penalty_factor)
+            scores = scores + penalty
+            counts["reward/overlong_penalized"] = int((penalty < 0).sum())
+        for key, value in counts.items():
+            metrics[key] = metrics.get(key, 0) + value
+        return Scored(sample_rows, samples, scores, accuracy, n)
+
+    def _score(self, items: list[RewardItem]) -> tuple[list, dict[str, float]]:
+        return self.rewards.score(items), self.rewards.last_metrics()
+
+    async def _greedy_baselines(self, scored: Scored, timing: dict[str, float],
+                                metrics: dict[str, float]) -> torch.Tensor:
+        """[num samples] ReMax baselines: each prompt's greedy (temperature 0) response, scored like the samples
+        and repeated for the prompt's `n` samples. The greedy responses are not trained on; their reward calls,
+        timeouts and errors count in `metrics` with the samples'."""
+        greedy = await self._rollout_and_score(scored.rows[::scored.n], replace(self.cfg.rollout, n=1, temperature=0.0),
+                                               0, timing, metrics)
+        metrics["reward/greedy_baseline_mean"] = greedy.scores.mean().item()
+        return greedy.scores.repeat_interleave(scored.n)
+
+    async def _sample(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Sample]]:
+        """`params.n` samples per prompt over the usable engines; a failed part goes to another engine."""
+        usable = [engine for engine in self.engines if engine.usable] or [await self._usable_engine(self._load)]
+        bounds = [len(prompts) * i // len(usable) for i in range(len(usable) + 1)]
+        parts = await asyncio.gather(*(self._sample_part(prompts[a:b], params, seed + a * params.n, engine)
+                                       for a, b, engine in zip(bounds, bounds[1:], usable) if b > a))
+        return [group for part in parts for group in part]
+
+    async def _sample_part(self, prompts: list[list[int]], params: SamplingParams, seed: int,
+                           engine) -> list[list[Sample]]:
+        while True:
+            self._load[engine.index] = self._load.get(engine.index, 0) + len(prompts)
+            try:
+                return await engine.generate(prompts, params, seed)
+            except EngineDown as err:
+                self._load[engine.index] -= len(prompts)
+                self._engine_down(engine, err)
+                engine = await self._usable_engine(self._load)
+
+
+def _add(timing: dict[str, float], name: str, seconds: float) -> None:
+    timing[name] = timing.get(name, 0.0) + seconds
+
+
+def _skipped_metrics(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    """Rows the data stream left out in this step (bad rows under data.on_bad_row=skip; prompts over
+    data.max_prompt_length) and since the run began."""
+    names = {"bad_rows": "bad_rows", "filtered": "too_long"}
+    return {**{f"data/skipped_{names[k]}": now[k] - before[k] for k in names},
+            **{f"data/skipped_{names[k]}_total": now[k] for k in names}}

@@ -1,0 +1,147 @@
+"""Training with rollout engines as processes (`rl360 serve rollout`, SGLang's protocol) behind the manager.
+
+Real runs on the quickstart model: two engine processes with weights sent over a gloo group, a one-engine
+async run with shared-memory weights, and a run in which one engine process is SIGKILLed at a seeded random
+moment from outside; that run must end exactly as the unbroken run does (server engines seed every sample by
+its position, so which engine drew it does not matter), with the restart counted.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+from rl360.config import load_config
+from rl360.quickstart.assets import build_quickstart_model
+from rl360.trainer import train
+
+pytestmark = pytest.mark.slow
+STEPS = 6
+
+
+def _row(a: int, b: int) -> dict:
+    return {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{a}+{b}"}], "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)}, "extra_info": {"index": a * 10 + b}}
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("managed")
+    model = build_quickstart_model(root / "model")
+    pq.write_table(pa.Table.from_pylist([_row(a, b) for a in range(5) for b in range(5)]), root / "train.parquet")
+    return root, model
+
+
+def _overrides(assets, out, *extra) -> list[str]:
+    root, model = assets
+    return [f"output_dir={out}", f"model.path={model}", f"data.train_files=[{root / 'train.parquet'}]",
+            "data.batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=4", f"trainer.total_steps={STEPS}",
+            "trainer.save_hf=false", "trainer.num_threads=1", "rollout.engine=server", *extra]
+
+
+def _metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _train(assets, name, *extra) -> tuple:
+    out = assets[0] / name
+    try:
+        train(load_config("configs/quickstart.yaml", _overrides(assets, out, *extra)))
+    finally:
+        ray.shutdown()
+    return out, _metrics(out)
+
+
+@pytest.fixture(scope="module")
+def two_engines(assets):
+    return _train(assets, "two", "rollout.num_engines=2", "rollout.weight_sync=distributed", "rollout.colocate=true")
+
+
+def test_two_engines_sample_from_the_trainers_weights_at_every_step(two_engines):
+    _, metrics = two_engines
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    for m in metrics:
+        assert m["rollout/logprob_abs_diff"] <= 1e-6, m  # the engines serve exactly the trainer's weights
+        assert m["rollout/staleness_max"] == 0 and m["rollout/engine_restarts"] == 0
+        assert m["rollout/engine0_prompts"] == m["rollout/engine1_prompts"] == 4  # 8 prompts over two engines
+        assert m["reward/calls"] == 8 * 4
+
+
+def test_engine_processes_are_listed_and_stopped(two_engines):
+    out, _ = two_engines
+    engines = json.loads((out / "rollout" / "engines.json").read_text())
+    assert [e["index"] for e in engines] == [0, 1] and all(e["url"].startswith("http://127.0.0.1:") for e in engines)
+    for engine in engines:
+        assert not _alive(engine["pid"]), engine  # the run stopped its engines
+        assert "serving rollout engine" in (out / "rollout" / f"engine-{engine['index']}.log").read_text()
+
+
+def test_async_mode_trains_one_weight_version_behind(assets):
+    _, metrics = _train(assets, "async", "rollout.mode=async", "rollout.weight_sync=tensor")
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    assert metrics[0]["rollout/staleness_max"] == 0  # step 1 is sampled from the initial weights
+    assert all(m["rollout/staleness_mean"] == m["rollout/staleness_max"] == 1 for m in metrics[1:])
+    assert all(m["timing/weight_sync_s"] > 0 and m["reward/calls"] == 32 for m in metrics)
+
+
+def test_an_engine_killed_at_a_random_moment_is_restarted_and_nothing_changes(assets, two_engines):
+    _, unbroken = two_engines
+    out = assets[0] / "killed"
+    rng = random.Random(int(os.environ.get("RL360_TEST_KILL_SEED", "15")))  # other seeds: other moments
+    after_steps, delay = rng.randint(1, 3), rng.uniform(0.0, 0.5)
+    command = [sys.executable, "-m", "rl360.cli", "train", "configs/quickstart.yaml",
+               *_overrides(assets, out, "rollout.num_engines=2", "rollout.weight_sync=distributed",
+                             "rollout.colocate=true")]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = _wait_for_engine(out, rng.randint(0, 1), run)
+        while _steps_logged(out) < after_steps and run.poll() is None:
+            time.sleep(0.02)
+        time.sleep(delay)
+        os.kill(victim, signal.SIGKILL)
+        output, _ = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, output[-12000:]
+    metrics = _metrics(out)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    assert sum(m["rollout/engine_restarts"] for m in metrics) >= 1 and metrics[-1]["rollout/engine_restarts_total"] >= 1
+    assert "restarting it" in output
+    print(f"kill after {after_steps} steps + {delay:.3f} s; the run said:",
+          *[line for line in output.splitlines() if "restart" in line], sep="\n")
+    for broken, whole in zip(metrics, unbroken):  # every sample drawn and scored once, as in the unbroken run
+        for key in ("reward/mean", "reward/calls", "response_length/mean", "actor/pg_loss"):
+            assert broken[key] == whole[key], (broken["step"], key)
+        assert broken["rollout/logprob_abs_diff"] <= 1e-6
+
+
+def _wait_for_engine(out, index: int, run) -> int:
+    listing = out / "rollout" / "engines.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and run.poll() is None:
+        if listing.exists():
+            return json.loads(listing.read_text())[index]["pid"]
+        time.sleep(0.05)
+    raise AssertionError(f"no engine list at {listing}; run exited with {run.poll()}")
+
+
+def _steps_logged(out) -> int:
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
