@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -39,6 +41,12 @@ def summary(records: list[dict], skip: int = 10) -> dict[str, float]:
             "last5": mean("reward/mean", records[-5:])}
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60)
@@ -57,8 +65,11 @@ def main(argv: list[str] | None = None) -> None:
     ratio = results["async"]["step_s"] / results["sync"]["step_s"]
     print(f"async / sync step time: {ratio:.2f}x")
     if args.json:
-        Path(args.json).write_text(json.dumps({"steps": args.steps, "engine": args.engine, "overrides": args.overrides,
-                                               "results": results, "async_over_sync": ratio}, indent=1))
+        Path(args.json).write_text(json.dumps({
+            "command": " ".join(["python benchmarks/async_rollout.py", *(sys.argv[1:] if argv is None else argv)]),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {'CUDA' if _has_cuda() else 'no GPU'}",
+            "steps": args.steps, "engine": args.engine, "overrides": args.overrides, "results": results,
+            "async_over_sync": ratio}, indent=1))
 
 
 if __name__ == "__main__":

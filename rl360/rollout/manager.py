@@ -157,7 +157,9 @@ class RolloutManager:
                                 distributed=False, num_threads=self.cfg.trainer.num_threads)
             self.engines = [ActorEngine(group.actors[0])]
             return
-        threads = {"OMP_NUM_THREADS": str(self.cfg.trainer.num_threads)} if self.cfg.trainer.num_threads else {}
+        # the engines decode their shares of a step at the same time: trainer.num_threads is split between them
+        per_engine = max(1, self.cfg.trainer.num_threads // rollout.num_engines)
+        threads = {"OMP_NUM_THREADS": str(per_engine)} if self.cfg.trainer.num_threads else {}
         self.engines = [
             ProcessEngine(i, engine_command(kind, self.cfg.model.path, self.cfg.model.dtype, self.api_key,
                                             rollout.engine_tensor_parallel, rollout.mem_fraction, rollout.engine_args),

@@ -80,7 +80,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -94,6 +93,8 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
 from rl360.rollout.base import SamplingParams
+from rl360.rollout.batching import BatchDecoder, Batcher
+from rl360.rollout.generate_request import GenerateCall, Row, bool_field, is_int, parse_generate
 from rl360.rollout.weight_sync import (
     SHARED_MEMORY_LOAD_FORMAT,
     TENSOR_LOAD_FORMAT,
@@ -118,19 +119,8 @@ from rl360.serve.service import (
     service_app,
 )
 
-TOP_K_ALL = 1 << 30  # SGLang's "no top-k"
-MAX_N = 64
 DEFAULT_LIMITS = ServiceLimits(max_body_bytes=512 << 20, max_in_flight=256, request_timeout_s=3600.0,
                                read_timeout_s=60.0, shutdown_grace_s=30.0)
-GENERATE_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len", "rid",
-                             "stream", "top_logprobs_num", "return_text_in_logprobs", "log_metrics"})
-SAMPLING_FIELDS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "ignore_eos", "n",
-                             "sampling_seed", "skip_special_tokens", "spaces_between_special_tokens",
-                             "no_stop_trim", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                             "min_new_tokens", "stop"})
-# SGLang sampling keys accepted only at values that change nothing here (null is always fine)
-NEUTRAL_SAMPLING: dict[str, tuple] = {"min_p": (0,), "frequency_penalty": (0,), "presence_penalty": (0,),
-                                      "repetition_penalty": (1,), "min_new_tokens": (0,), "stop": ([],)}
 TENSOR_FIELDS = frozenset({"serialized_named_tensors", "load_format", "flush_cache", "abort_all_requests",
                            "weight_version", "disable_draft_model", "torch_empty_cache"})
 DISK_FIELDS = frozenset({"model_path", "load_format", "abort_all_requests", "weight_version", "flush_cache",
@@ -148,327 +138,12 @@ def sglang_error(error: ServiceError) -> dict:
     return {"error": {"message": str(error), "param": error.param, "code": error.status}}
 
 
-# ---- parsing /generate ----
-@dataclass
-class Row:
-    """One response to decode: its prompt, its sampling settings and, once decoded, its result."""
-
-    prompt: list[int]
-    params: SamplingParams  # n is 1: a row is one sample
-    seed: int | None
-    rid: str
-    logprob_start_len: int = -1
-    ignore_eos: bool = False
-    aborted: str | None = None  # why it was aborted, set from any thread
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    input_logprobs: list[float | None] = field(default_factory=list)
-    finish_reason: dict | None = None
-    weight_version: str = ""
-
-
-@dataclass
-class GenerateCall:
-    rows: list[Row]
-    single: bool  # one prompt with n = 1: answered with an object, not a list
-    return_logprob: bool
-    text_in_logprobs: bool
-
-
-def parse_generate(body: bytes, tokenizer: Any = None) -> GenerateCall:
-    """The rows of a `/generate` body; `ServiceError(400)` naming the field at fault."""
-    data = json_object(body, GENERATE_FIELDS)
-    if data.get("stream"):
-        raise ServiceError(400, "'stream' is not supported by rl360 serve rollout", "stream")
-    if data.get("top_logprobs_num") not in (None, 0):
-        raise ServiceError(400, "'top_logprobs_num' is not supported by rl360 serve rollout (only 0)",
-                           "top_logprobs_num")
-    prompts, single = _prompts(data, tokenizer)
-    settings = data.get("sampling_params") or {}
-    if isinstance(settings, list):
-        if len(settings) != len(prompts):
-            raise ServiceError(400, f"'sampling_params' has {len(settings)} entries for {len(prompts)} prompts",
-                               "sampling_params")
-    elif isinstance(settings, dict):
-        settings = [settings] * len(prompts)
-    else:
-        raise ServiceError(400, "'sampling_params' must be an object or a list of them", "sampling_params")
-    rids = _rids(data.get("rid"), len(prompts), single)
-    start = int(number_field(data, "logprob_start_len", -1, -1, 1 << 30, integer=True))
-    return_logprob = _flag(data, "return_logprob")
-    rows = []
-    for index, (prompt, options, rid) in enumerate(zip(prompts, settings, rids)):
-        where = "sampling_params" + (f"[{index}]" if len(prompts) > 1 else "")
-        params, seed, ignore_eos = parse_sampling(options, where)
-        for j in range(params.n):
-            one = SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                                 max_new_tokens=params.max_new_tokens, stop_token_ids=params.stop_token_ids)
-            rows.append(Row(prompt, one, None if seed is None else seed + j, rid,
-                            start if return_logprob else -1, ignore_eos))
-    single = single and len(rows) == 1
-    return GenerateCall(rows, single, return_logprob, _flag(data, "return_text_in_logprobs"))
-
-
-def _prompts(data: dict, tokenizer: Any) -> tuple[list[list[int]], bool]:
-    if data.get("input_ids") is not None and data.get("text") is not None:
-        raise ServiceError(400, "send either 'input_ids' or 'text', not both", "text")
-    if data.get("text") is not None:
-        if tokenizer is None:
-            raise ServiceError(400, "'text' needs a tokenizer and the checkpoint has none: send 'input_ids'", "text")
-        text = data["text"]
-        texts = [text] if isinstance(text, str) else text
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise ServiceError(400, "'text' must be a string or a non-empty list of strings", "text")
-        return [tokenizer(t)["input_ids"] for t in texts], isinstance(text, str)
-    ids = data.get("input_ids")
-    if not isinstance(ids, list) or not ids:
-        raise ServiceError(400, "'input_ids' must be a non-empty list of token ids or of such lists", "input_ids")
-    single = not isinstance(ids[0], list)
-    prompts = [ids] if single else ids
-    for i, prompt in enumerate(prompts):
-        where = "input_ids" if single else f"input_ids[{i}]"
-        if not isinstance(prompt, list) or not prompt or not all(_is_int(t) and t >= 0 for t in prompt):
-            raise ServiceError(400, f"'{where}' must be a non-empty list of non-negative integers", where)
-    return prompts, single
-
-
-def _rids(value: Any, count: int, single: bool) -> list[str]:
-    if value is None:
-        return [uuid.uuid4().hex for _ in range(count)]
-    if isinstance(value, str):
-        return [value] if count == 1 else [f"{value}_{i}" for i in range(count)]
-    if isinstance(value, list) and len(value) == count and all(isinstance(r, str) for r in value) and not single:
-        return value
-    raise ServiceError(400, f"'rid' must be a string or a list of {count} strings (one per prompt)", "rid")
-
-
-def parse_sampling(options: Any, where: str = "sampling_params") -> tuple[SamplingParams, int | None, bool]:
-    """SGLang sampling settings as our `SamplingParams`, the seed (None: random draws) and `ignore_eos`."""
-    if not isinstance(options, dict):
-        raise ServiceError(400, f"'{where}' must be an object", where)
-    unknown = [key for key in options if key not in SAMPLING_FIELDS]
-    if unknown:
-        accepted = ", ".join(sorted(SAMPLING_FIELDS))
-        raise ServiceError(400, f"unknown field '{where}.{unknown[0]}' (accepted: {accepted})", f"{where}.{unknown[0]}")
-    for key, neutral in NEUTRAL_SAMPLING.items():
-        value = options.get(key)
-        if value is not None and value not in neutral:
-            raise ServiceError(400, f"'{where}.{key}' is not supported by rl360 serve rollout (only "
-                                    f"{' or '.join(map(repr, neutral))}), got {value!r}", f"{where}.{key}")
-    temperature = number_field(options, "temperature", 1.0, 0.0, 100.0, where=where)
-    top_p = number_field(options, "top_p", 1.0, 0.0, 1.0, where=where)
-    if top_p <= 0:
-        raise ServiceError(400, f"'{where}.top_p' must be in (0, 1], got {top_p!r}", f"{where}.top_p")
-    top_k = int(number_field(options, "top_k", -1, -1, 1 << 62, integer=True, where=where))
-    if top_k == 0 or top_k >= TOP_K_ALL:
-        top_k = -1
-    stops = options.get("stop_token_ids") or []
-    if not isinstance(stops, list) or not all(_is_int(t) and t >= 0 for t in stops):
-        raise ServiceError(400, f"'{where}.stop_token_ids' must be a list of non-negative integers",
-                           f"{where}.stop_token_ids")
-    n = int(number_field(options, "n", 1, 1, MAX_N, integer=True, where=where))
-    max_new_tokens = int(number_field(options, "max_new_tokens", 128, 0, 1 << 20, integer=True, where=where))
-    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                            stop_token_ids=sorted(set(stops)))
-    seed = options.get("sampling_seed")
-    if seed is not None and not _is_int(seed):
-        raise ServiceError(400, f"'{where}.sampling_seed' must be an integer, got {seed!r}", f"{where}.sampling_seed")
-    if options.get("ignore_eos") not in (None, True, False):
-        raise ServiceError(400, f"'{where}.ignore_eos' must be a boolean", f"{where}.ignore_eos")
-    return params, seed, bool(options.get("ignore_eos"))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _flag(data: dict, key: str, default: bool = False) -> bool:
-    value = data.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ServiceError(400, f"'{key}' must be a boolean, got {value!r}", key)
-    return value
-
-
-# ---- the batched decoder ----
-class BatchDecoder:
-    """Decodes a list of rows as one left-padded batch, each row with its own settings and generator.
-
-    `model_lock` is held for each forward step and released between steps, so weight updates (which take it
-    too) land between steps; `resume` is waited on between steps while generation is paused in place.
-    `unready()` (under the lock, before each step) says why the model cannot run now (None: it can): the
-    batch then fails with 503 naming the reason."""
-
-    def __init__(self, engine: Any, model_lock: threading.Lock, resume: threading.Event,
-                 version: Any, eos_ids: list[int], unready: Any = lambda: None):
-        self.engine, self.model_lock, self.resume, self.version = engine, model_lock, resume, version
-        self.eos_ids, self.unready = eos_ids, unready
-
-    @torch.no_grad()
-    def decode(self, rows: list[Row]) -> None:
-        from rl360.rollout.hf_engine import _filtered_probs
-
-        device, pad = self.engine.device, self.engine.pad_id
-        width = max(len(row.prompt) for row in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row.prompt):] = torch.tensor(row.prompt)
-            mask[i, width - len(row.prompt):] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        generators = [torch.Generator(device=device).manual_seed(
-            row.seed if row.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1) for row in rows]
-        stops = [set(row.params.stop_token_ids) | (set() if row.ignore_eos else set(self.eos_ids)) for row in rows]
-        running = [row.params.max_new_tokens > 0 for row in rows]
-        for i, row in enumerate(rows):
-            if not running[i]:
-                self._finish(row, {"type": "length", "length": 0})
-        cache, step_ids, step = None, ids, 0
-        while any(running):
-            self.resume.wait()
-            with self.model_lock:
-                problem = self.unready()
-                if problem is not None:
-                    raise ServiceError(503, problem)
-                output = self.engine.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                                           past_key_values=cache, use_cache=True)
-            cache = output.past_key_values
-            if step == 0:
-                self._input_logprobs(rows, output.logits, width)
-            logits = output.logits[:, -1, :].float()
-            next_tokens = torch.full((len(rows),), pad, dtype=torch.long)
-            for i, row in enumerate(rows):
-                if not running[i]:
-                    continue
-                if row.aborted is not None:
-                    running[i] = False
-                    self._finish(row, {"type": "abort", "message": row.aborted})
-                    continue
-                scaled = logits[i:i + 1] / row.params.temperature if row.params.temperature > 0 else logits[i:i + 1]
-                if row.params.temperature > 0:
-                    token = int(torch.multinomial(_filtered_probs(scaled, row.params), 1, generator=generators[i]))
-                else:
-                    token = int(scaled.argmax(-1))
-                row.tokens.append(token)
-                row.logprobs.append(float(torch.log_softmax(scaled[0], -1)[token]))
-                next_tokens[i] = token
-                if token in stops[i]:
-                    running[i] = False
-                    self._finish(row, {"type": "stop", "matched": token})
-                elif len(row.tokens) >= row.params.max_new_tokens:
-                    running[i] = False
-                    self._finish(row, {"type": "length", "length": row.params.max_new_tokens})
-            step += 1
-            alive = torch.tensor(running, dtype=torch.long, device=device)
-            step_ids = next_tokens.to(device)[:, None]
-            mask = torch.cat([mask, alive[:, None]], dim=-1)
-            positions = positions[:, -1:] + 1
-
-    def _finish(self, row: Row, reason: dict) -> None:
-        row.finish_reason = reason
-        row.weight_version = self.version()
-
-    @staticmethod
-    def _input_logprobs(rows: list[Row], logits: torch.Tensor, width: int) -> None:
-        for i, row in enumerate(rows):
-            if row.logprob_start_len < 0:
-                continue
-            offset = width - len(row.prompt)
-            plain = torch.log_softmax(logits[i, offset:offset + len(row.prompt) - 1].float(), -1)
-            values = plain.gather(-1, torch.tensor(row.prompt[1:], device=plain.device)[:, None])[:, 0].tolist()
-            row.input_logprobs = ([None] + values)[row.logprob_start_len:]
-
-
-class Batcher:
-    """The queue of rows and the engine thread that takes them in batches."""
-
-    def __init__(self, decoder: BatchDecoder, window_s: float, max_rows: int, registry: MetricsRegistry):
-        self.decoder, self.window_s, self.max_rows = decoder, window_s, max_rows
-        self.batch_count = registry.counter("rl360_rollout_batches_total", "Batches the engine decoded.")
-        self.batch_rows = registry.counter("rl360_rollout_batch_rows_total", "Responses decoded in those batches.")
-        self._queue: list[tuple[Row, asyncio.Future, asyncio.AbstractEventLoop]] = []
-        self._lock = threading.Condition()
-        self.running: list[Row] = []
-        threading.Thread(target=self._serve, name="rl360-rollout-engine", daemon=True).start()
-
-    async def submit(self, rows: list[Row]) -> None:
-        """Decode `rows` (filling in their results); cancelled: the rows are aborted at the next step."""
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in rows]
-        with self._lock:
-            self._queue.extend((row, fut, loop) for row, fut in zip(rows, futures))
-            self._lock.notify()
-        try:
-            await asyncio.gather(*futures)
-        except asyncio.CancelledError:
-            for row in rows:
-                row.aborted = row.aborted or "request cancelled"
-            raise
-
-    def busy(self) -> int:
-        """Rows queued or decoding."""
-        with self._lock:
-            return len(self._queue) + len(self.running)
-
-    def abort(self, rid: str | None, message: str) -> int:
-        """Abort queued and running rows of `rid` (None: all); return how many were marked."""
-        with self._lock:
-            rows = [row for row, _, _ in self._queue] + list(self.running)
-        marked = 0
-        for row in rows:
-            if (rid is None or row.rid == rid) and row.finish_reason is None and row.aborted is None:
-                row.aborted = message
-                marked += 1
-        return marked
-
-    def _serve(self) -> None:
-        while True:
-            with self._lock:
-                while not self._queue:
-                    self._lock.wait()
-            time.sleep(self.window_s)  # let requests sent together arrive together
-            with self._lock:
-                taken, self._queue = self._queue[:self.max_rows], self._queue[self.max_rows:]
-                self.running = [row for row, _, _ in taken]
-            pending = [(row, fut, loop) for row, fut, loop in taken if not self._settle_aborted(row, fut, loop)]
-            error: BaseException | None = None
-            try:
-                if pending:
-                    self.decoder.decode([row for row, _, _ in pending])
-                    self.batch_count.inc()
-                    self.batch_rows.inc(len(pending))
-            except BaseException as err:  # handed to every request of the batch
-                error = err
-            with self._lock:
-                self.running = []
-            for _, fut, loop in pending:
-                loop.call_soon_threadsafe(_settle, fut, error)
-
-    def _settle_aborted(self, row: Row, fut: asyncio.Future, loop: asyncio.AbstractEventLoop) -> bool:
-        if row.aborted is None:
-            return False
-        self.decoder._finish(row, {"type": "abort", "message": row.aborted})
-        loop.call_soon_threadsafe(_settle, fut, None)
-        return True
-
-
-def _settle(fut: asyncio.Future, error: BaseException | None) -> None:
-    if fut.done():
-        return
-    if error is None:
-        fut.set_result(None)
-    else:
-        fut.set_exception(error)
-
-
 # ---- weights ----
 def _weight_version(data: dict, served: int) -> int | None:
     value = data.get("weight_version")
     if value is None:
         return None
-    text = str(value) if _is_int(value) else value
+    text = str(value) if is_int(value) else value
     if not isinstance(text, str) or not text.isdigit():
         raise ServiceError(400, f"'weight_version' must be a decimal integer (the trainer's step), got {value!r}",
                            "weight_version")
@@ -614,7 +289,7 @@ class RolloutService:
 
     async def abort_request(self, request: HTTPRequest) -> Response:
         data = json_object(await request.body(), {"rid", "abort_all", "finished_reason", "abort_message"})
-        abort_all = _flag(data, "abort_all")
+        abort_all = bool_field(data, "abort_all")
         rid = data.get("rid")
         if not abort_all and not isinstance(rid, str):
             raise ServiceError(400, "'rid' must be a string (or send 'abort_all': true)", "rid")
@@ -657,13 +332,13 @@ class RolloutService:
             raise ServiceError(400, "'serialized_named_tensors' must be a list of one entry (this server is one rank)",
                                "serialized_named_tensors")
         version = _weight_version(data, self.engine.version)
-        finish = _flag(data, "flush_cache", default=True)
+        finish = bool_field(data, "flush_cache", default=True)
         self._refuse_if_weights_released()
         try:
             bucket = await asyncio.to_thread(readers[load_format], entries[0])
         except ValueError as err:
             raise ServiceError(400, f"'serialized_named_tensors[0]': {err}", "serialized_named_tensors") from None
-        if _flag(data, "abort_all_requests"):
+        if bool_field(data, "abort_all_requests"):
             self._abort(None, "Aborted by a weight update")
         return await self._apply(bucket, version, finish, "/update_weights_from_tensor", extra={})
 
@@ -682,7 +357,7 @@ class RolloutService:
             bucket = await asyncio.to_thread(safetensors_weights, path)
         except ValueError as err:
             raise ServiceError(400, f"'model_path': {err}", "model_path") from None
-        if _flag(data, "abort_all_requests"):
+        if bool_field(data, "abort_all_requests"):
             self._abort(None, "Aborted by a weight update")
         return await self._apply(bucket, version, True, "/update_weights_from_disk", extra={"num_paused_requests": 0})
 
@@ -735,9 +410,9 @@ class RolloutService:
             raise ServiceError(400, f"'load_format' {data['load_format']!r} is not served here: rl360 serve rollout "
                                     "receives one broadcast per tensor (load_format null)", "load_format")
         specs = _tensor_specs(data)
-        finish = _flag(data, "flush_cache", default=True)
-        abort = _flag(data, "abort_all_requests")
-        _flag(data, "torch_empty_cache")  # nothing to empty here; still a boolean
+        finish = bool_field(data, "flush_cache", default=True)
+        abort = bool_field(data, "abort_all_requests")
+        bool_field(data, "torch_empty_cache")  # nothing to empty here; still a boolean
         refusal: ServiceError | None = None
         version = None
         try:  # refused only after receiving: the sender broadcasts whatever the answer, and waits for every rank
@@ -984,7 +659,7 @@ def _tensor_specs(data: dict) -> list[tuple[str, torch.dtype, list[int]]]:
             raise ServiceError(400, f"'dtypes[{i}]' must be one of {sorted(WEIGHT_DTYPES)}, got {dtype!r}",
                                f"dtypes[{i}]")
     for i, shape in enumerate(shapes):
-        if not isinstance(shape, list) or not all(_is_int(s) and s >= 0 for s in shape):
+        if not isinstance(shape, list) or not all(is_int(s) and s >= 0 for s in shape):
             raise ServiceError(400, f"'shapes[{i}]' must be a list of non-negative integers, got {shape!r}",
                                f"shapes[{i}]")
     return [(name, WEIGHT_DTYPES[dtype], shape) for name, dtype, shape in zip(names, dtypes, shapes)]

@@ -1,0 +1,186 @@
+"""The batched decoder of `rl360 serve rollout`: queued rows decoded together as one left-padded batch, each
+row with its own sampling settings and random generator, so a response does not depend on its batch mates."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from typing import Any
+
+import torch
+
+from rl360.rollout.generate_request import Row
+from rl360.rollout.hf_engine import _filtered_probs
+from rl360.serve.metrics import MetricsRegistry
+from rl360.serve.service import ServiceError
+
+
+class BatchDecoder:
+    """Decodes a list of rows as one left-padded batch, each row with its own settings and generator.
+
+    `model_lock` is held for each forward step and released between steps, so weight updates (which take it
+    too) land between steps; `resume` is waited on between steps while generation is paused in place.
+    `unready()` (under the lock, before each step) says why the model cannot run now (None: it can): the
+    batch then fails with 503 naming the reason."""
+
+    def __init__(self, engine: Any, model_lock: threading.Lock, resume: threading.Event,
+                 version: Any, eos_ids: list[int], unready: Any = lambda: None):
+        self.engine, self.model_lock, self.resume, self.version = engine, model_lock, resume, version
+        self.eos_ids, self.unready = eos_ids, unready
+
+    @torch.no_grad()
+    def decode(self, rows: list[Row]) -> None:
+        device, pad = self.engine.device, self.engine.pad_id
+        width = max(len(row.prompt) for row in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row.prompt):] = torch.tensor(row.prompt)
+            mask[i, width - len(row.prompt):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        generators = [torch.Generator(device=device).manual_seed(
+            row.seed if row.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1) for row in rows]
+        stops = [set(row.params.stop_token_ids) | (set() if row.ignore_eos else set(self.eos_ids)) for row in rows]
+        running = [row.params.max_new_tokens > 0 for row in rows]
+        for i, row in enumerate(rows):
+            if not running[i]:
+                self._finish(row, {"type": "length", "length": 0})
+        cache, step_ids, step = None, ids, 0
+        while any(running):
+            self.resume.wait()
+            with self.model_lock:
+                problem = self.unready()
+                if problem is not None:
+                    raise ServiceError(503, problem)
+                output = self.engine.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
+                                           past_key_values=cache, use_cache=True)
+            cache = output.past_key_values
+            if step == 0:
+                self._input_logprobs(rows, output.logits, width)
+            logits = output.logits[:, -1, :].float()
+            next_tokens = torch.full((len(rows),), pad, dtype=torch.long)
+            for i, row in enumerate(rows):
+                if not running[i]:
+                    continue
+                if row.aborted is not None:
+                    running[i] = False
+                    self._finish(row, {"type": "abort", "message": row.aborted})
+                    continue
+                scaled = logits[i:i + 1] / row.params.temperature if row.params.temperature > 0 else logits[i:i + 1]
+                if row.params.temperature > 0:
+                    token = int(torch.multinomial(_filtered_probs(scaled, row.params), 1, generator=generators[i]))
+                else:
+                    token = int(scaled.argmax(-1))
+                row.tokens.append(token)
+                row.logprobs.append(float(torch.log_softmax(scaled[0], -1)[token]))
+                next_tokens[i] = token
+                if token in stops[i]:
+                    running[i] = False
+                    self._finish(row, {"type": "stop", "matched": token})
+                elif len(row.tokens) >= row.params.max_new_tokens:
+                    running[i] = False
+                    self._finish(row, {"type": "length", "length": row.params.max_new_tokens})
+            step += 1
+            alive = torch.tensor(running, dtype=torch.long, device=device)
+            step_ids = next_tokens.to(device)[:, None]
+            mask = torch.cat([mask, alive[:, None]], dim=-1)
+            positions = positions[:, -1:] + 1
+
+    def _finish(self, row: Row, reason: dict) -> None:
+        row.finish_reason = reason
+        row.weight_version = self.version()
+
+    @staticmethod
+    def _input_logprobs(rows: list[Row], logits: torch.Tensor, width: int) -> None:
+        for i, row in enumerate(rows):
+            if row.logprob_start_len < 0:
+                continue
+            offset = width - len(row.prompt)
+            plain = torch.log_softmax(logits[i, offset:offset + len(row.prompt) - 1].float(), -1)
+            values = plain.gather(-1, torch.tensor(row.prompt[1:], device=plain.device)[:, None])[:, 0].tolist()
+            row.input_logprobs = ([None] + values)[row.logprob_start_len:]
+
+
+class Batcher:
+    """The queue of rows and the engine thread that takes them in batches."""
+
+    def __init__(self, decoder: BatchDecoder, window_s: float, max_rows: int, registry: MetricsRegistry):
+        self.decoder, self.window_s, self.max_rows = decoder, window_s, max_rows
+        self.batch_count = registry.counter("rl360_rollout_batches_total", "Batches the engine decoded.")
+        self.batch_rows = registry.counter("rl360_rollout_batch_rows_total", "Responses decoded in those batches.")
+        self._queue: list[tuple[Row, asyncio.Future, asyncio.AbstractEventLoop]] = []
+        self._lock = threading.Condition()
+        self.running: list[Row] = []
+        threading.Thread(target=self._serve, name="rl360-rollout-engine", daemon=True).start()
+
+    async def submit(self, rows: list[Row]) -> None:
+        """Decode `rows` (filling in their results); cancelled: the rows are aborted at the next step."""
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in rows]
+        with self._lock:
+            self._queue.extend((row, fut, loop) for row, fut in zip(rows, futures))
+            self._lock.notify()
+        try:
+            await asyncio.gather(*futures)
+        except asyncio.CancelledError:
+            for row in rows:
+                row.aborted = row.aborted or "request cancelled"
+            raise
+
+    def busy(self) -> int:
+        """Rows queued or decoding."""
+        with self._lock:
+            return len(self._queue) + len(self.running)
+
+    def abort(self, rid: str | None, message: str) -> int:
+        """Abort queued and running rows of `rid` (None: all); return how many were marked."""
+        with self._lock:
+            rows = [row for row, _, _ in self._queue] + list(self.running)
+        marked = 0
+        for row in rows:
+            if (rid is None or row.rid == rid) and row.finish_reason is None and row.aborted is None:
+                row.aborted = message
+                marked += 1
+        return marked
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._lock.wait()
+            time.sleep(self.window_s)  # let requests sent together arrive together
+            with self._lock:
+                taken, self._queue = self._queue[:self.max_rows], self._queue[self.max_rows:]
+                self.running = [row for row, _, _ in taken]
+            pending = [(row, fut, loop) for row, fut, loop in taken if not self._settle_aborted(row, fut, loop)]
+            error: BaseException | None = None
+            try:
+                if pending:
+                    self.decoder.decode([row for row, _, _ in pending])
+                    self.batch_count.inc()
+                    self.batch_rows.inc(len(pending))
+            except BaseException as err:  # handed to every request of the batch
+                error = err
+            with self._lock:
+                self.running = []
+            for _, fut, loop in pending:
+                loop.call_soon_threadsafe(_settle, fut, error)
+
+    def _settle_aborted(self, row: Row, fut: asyncio.Future, loop: asyncio.AbstractEventLoop) -> bool:
+        if row.aborted is None:
+            return False
+        self.decoder._finish(row, {"type": "abort", "message": row.aborted})
+        loop.call_soon_threadsafe(_settle, fut, None)
+        return True
+
+
+def _settle(fut: asyncio.Future, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(error)

@@ -1,0 +1,166 @@
+"""Parsing SGLang's `/generate` request for `rl360 serve rollout`: prompts, per-prompt sampling settings and
+request ids into `Row`s (one per sample), each bad field a `ServiceError(400)` naming it. The accepted fields
+and their meaning are listed in `rl360.rollout.server`'s docstring."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl360.rollout.base import SamplingParams
+from rl360.serve.service import ServiceError, json_object, number_field
+
+TOP_K_ALL = 1 << 30  # SGLang's "no top-k"
+MAX_N = 64
+GENERATE_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len", "rid",
+                             "stream", "top_logprobs_num", "return_text_in_logprobs", "log_metrics"})
+SAMPLING_FIELDS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "ignore_eos", "n",
+                             "sampling_seed", "skip_special_tokens", "spaces_between_special_tokens",
+                             "no_stop_trim", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                             "min_new_tokens", "stop"})
+# SGLang sampling keys accepted only at values that change nothing here (null is always fine)
+NEUTRAL_SAMPLING: dict[str, tuple] = {"min_p": (0,), "frequency_penalty": (0,), "presence_penalty": (0,),
+                                      "repetition_penalty": (1,), "min_new_tokens": (0,), "stop": ([],)}
+
+
+@dataclass
+class Row:
+    """One response to decode: its prompt, its sampling settings and, once decoded, its result."""
+
+    prompt: list[int]
+    params: SamplingParams  # n is 1: a row is one sample
+    seed: int | None
+    rid: str
+    logprob_start_len: int = -1
+    ignore_eos: bool = False
+    aborted: str | None = None  # why it was aborted, set from any thread
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    finish_reason: dict | None = None
+    weight_version: str = ""
+
+
+@dataclass
+class GenerateCall:
+    rows: list[Row]
+    single: bool  # one prompt with n = 1: answered with an object, not a list
+    return_logprob: bool
+    text_in_logprobs: bool
+
+
+def parse_generate(body: bytes, tokenizer: Any = None) -> GenerateCall:
+    """The rows of a `/generate` body; `ServiceError(400)` naming the field at fault."""
+    data = json_object(body, GENERATE_FIELDS)
+    if data.get("stream"):
+        raise ServiceError(400, "'stream' is not supported by rl360 serve rollout", "stream")
+    if data.get("top_logprobs_num") not in (None, 0):
+        raise ServiceError(400, "'top_logprobs_num' is not supported by rl360 serve rollout (only 0)",
+                           "top_logprobs_num")
+    prompts, single = _prompts(data, tokenizer)
+    settings = data.get("sampling_params") or {}
+    if isinstance(settings, list):
+        if len(settings) != len(prompts):
+            raise ServiceError(400, f"'sampling_params' has {len(settings)} entries for {len(prompts)} prompts",
+                               "sampling_params")
+    elif isinstance(settings, dict):
+        settings = [settings] * len(prompts)
+    else:
+        raise ServiceError(400, "'sampling_params' must be an object or a list of them", "sampling_params")
+    rids = _rids(data.get("rid"), len(prompts), single)
+    start = int(number_field(data, "logprob_start_len", -1, -1, 1 << 30, integer=True))
+    return_logprob = bool_field(data, "return_logprob")
+    rows = []
+    for index, (prompt, options, rid) in enumerate(zip(prompts, settings, rids)):
+        where = "sampling_params" + (f"[{index}]" if len(prompts) > 1 else "")
+        params, seed, ignore_eos = parse_sampling(options, where)
+        for j in range(params.n):
+            one = SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                                 max_new_tokens=params.max_new_tokens, stop_token_ids=params.stop_token_ids)
+            rows.append(Row(prompt, one, None if seed is None else seed + j, rid,
+                            start if return_logprob else -1, ignore_eos))
+    single = single and len(rows) == 1
+    return GenerateCall(rows, single, return_logprob, bool_field(data, "return_text_in_logprobs"))
+
+
+def _prompts(data: dict, tokenizer: Any) -> tuple[list[list[int]], bool]:
+    if data.get("input_ids") is not None and data.get("text") is not None:
+        raise ServiceError(400, "send either 'input_ids' or 'text', not both", "text")
+    if data.get("text") is not None:
+        if tokenizer is None:
+            raise ServiceError(400, "'text' needs a tokenizer and the checkpoint has none: send 'input_ids'", "text")
+        text = data["text"]
+        texts = [text] if isinstance(text, str) else text
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise ServiceError(400, "'text' must be a string or a non-empty list of strings", "text")
+        return [tokenizer(t)["input_ids"] for t in texts], isinstance(text, str)
+    ids = data.get("input_ids")
+    if not isinstance(ids, list) or not ids:
+        raise ServiceError(400, "'input_ids' must be a non-empty list of token ids or of such lists", "input_ids")
+    single = not isinstance(ids[0], list)
+    prompts = [ids] if single else ids
+    for i, prompt in enumerate(prompts):
+        where = "input_ids" if single else f"input_ids[{i}]"
+        if not isinstance(prompt, list) or not prompt or not all(is_int(t) and t >= 0 for t in prompt):
+            raise ServiceError(400, f"'{where}' must be a non-empty list of non-negative integers", where)
+    return prompts, single
+
+
+def _rids(value: Any, count: int, single: bool) -> list[str]:
+    if value is None:
+        return [uuid.uuid4().hex for _ in range(count)]
+    if isinstance(value, str):
+        return [value] if count == 1 else [f"{value}_{i}" for i in range(count)]
+    if isinstance(value, list) and len(value) == count and all(isinstance(r, str) for r in value) and not single:
+        return value
+    raise ServiceError(400, f"'rid' must be a string or a list of {count} strings (one per prompt)", "rid")
+
+
+def parse_sampling(options: Any, where: str = "sampling_params") -> tuple[SamplingParams, int | None, bool]:
+    """SGLang sampling settings as our `SamplingParams`, the seed (None: random draws) and `ignore_eos`."""
+    if not isinstance(options, dict):
+        raise ServiceError(400, f"'{where}' must be an object", where)
+    unknown = [key for key in options if key not in SAMPLING_FIELDS]
+    if unknown:
+        accepted = ", ".join(sorted(SAMPLING_FIELDS))
+        raise ServiceError(400, f"unknown field '{where}.{unknown[0]}' (accepted: {accepted})", f"{where}.{unknown[0]}")
+    for key, neutral in NEUTRAL_SAMPLING.items():
+        value = options.get(key)
+        if value is not None and value not in neutral:
+            raise ServiceError(400, f"'{where}.{key}' is not supported by rl360 serve rollout (only "
+                                    f"{' or '.join(map(repr, neutral))}), got {value!r}", f"{where}.{key}")
+    temperature = number_field(options, "temperature", 1.0, 0.0, 100.0, where=where)
+    top_p = number_field(options, "top_p", 1.0, 0.0, 1.0, where=where)
+    if top_p <= 0:
+        raise ServiceError(400, f"'{where}.top_p' must be in (0, 1], got {top_p!r}", f"{where}.top_p")
+    top_k = int(number_field(options, "top_k", -1, -1, 1 << 62, integer=True, where=where))
+    if top_k == 0 or top_k >= TOP_K_ALL:
+        top_k = -1
+    stops = options.get("stop_token_ids") or []
+    if not isinstance(stops, list) or not all(is_int(t) and t >= 0 for t in stops):
+        raise ServiceError(400, f"'{where}.stop_token_ids' must be a list of non-negative integers",
+                           f"{where}.stop_token_ids")
+    n = int(number_field(options, "n", 1, 1, MAX_N, integer=True, where=where))
+    max_new_tokens = int(number_field(options, "max_new_tokens", 128, 0, 1 << 20, integer=True, where=where))
+    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                            stop_token_ids=sorted(set(stops)))
+    seed = options.get("sampling_seed")
+    if seed is not None and not is_int(seed):
+        raise ServiceError(400, f"'{where}.sampling_seed' must be an integer, got {seed!r}", f"{where}.sampling_seed")
+    if options.get("ignore_eos") not in (None, True, False):
+        raise ServiceError(400, f"'{where}.ignore_eos' must be a boolean", f"{where}.ignore_eos")
+    return params, seed, bool(options.get("ignore_eos"))
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def bool_field(data: dict, key: str, default: bool = False) -> bool:
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ServiceError(400, f"'{key}' must be a boolean, got {value!r}", key)
+    return value
