@@ -73,6 +73,7 @@ def test_two_engines_sample_from_the_trainers_weights_at_every_step(two_engines)
         assert m["rollout/staleness_max"] == 0 and m["rollout/engine_restarts"] == 0
         assert m["rollout/engine0_prompts"] == m["rollout/engine1_prompts"] == 4  # 8 prompts over two engines
         assert m["reward/calls"] == 8 * 4
+        assert m["rollout/engines_released"] == 2  # colocated: both freed their memory for the update
 
 
 def test_engine_processes_are_listed_and_stopped(two_engines):

@@ -43,7 +43,7 @@ class ActorEngine:
 
     def __init__(self, actor, index: int = 0):
         self.actor, self.index = actor, index
-        self.version, self.usable, self.restarts = 0, True, 0
+        self.version, self.usable = 0, True
 
     async def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Sample]]:
         params = SamplingParams(**{**params.__dict__, "seed": seed})

@@ -280,11 +280,12 @@ class RolloutManager:
         if len(self.engines) > 1:
             metrics.update({f"rollout/engine{index}_prompts": count for index, count in sorted(self._load.items())})
         if self.cfg.rollout.colocate:  # the engines' memory goes to training until the next weight update
-            await self._memory("release", ["weights", "kv_cache"])
+            metrics["rollout/engines_released"] = await self._memory("release", ["weights", "kv_cache"])
         return StepRollouts(scored, baselines, metrics, timing)
 
-    async def _memory(self, action: str, tags: list[str]) -> None:
-        """Release or resume `tags` of every usable process engine (a restarted engine holds nothing released)."""
+    async def _memory(self, action: str, tags: list[str]) -> int:
+        """Release or resume `tags` of every usable process engine (a restarted engine holds nothing released);
+        returns how many engines did."""
         engines = [engine for engine in self.engines
                    if isinstance(engine, ProcessEngine) and engine.client is not None
                    and (action == "release") != bool(set(tags) & engine.released)]
@@ -298,6 +299,7 @@ class RolloutManager:
                 raise outcome
             else:
                 engine.released = engine.released | set(tags) if action == "release" else engine.released - set(tags)
+        return sum(not isinstance(outcome, BaseException) for outcome in outcomes)
 
     async def _collect_groups(self, step: int, timing: dict[str, float]) -> tuple[Scored, dict[str, float]]:
         """`data.batch_size` scored prompt groups, and the step's sampling metrics.
