@@ -76,7 +76,8 @@ class Bridge:
         spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.arch.qk_layernorm)
         model = GPTModel(config, spec, pre_process=parallel_state.is_pipeline_first_stage(),
                          post_process=parallel_state.is_pipeline_last_stage(), **kwargs)
-        if torch.cuda.is_available():
+        model = model.to(params_dtype)  # modules that ignore params_dtype (the torch RMSNorm fallback) too, as
+        if torch.cuda.is_available():    # megatron's Float16Module does: the optimizer keeps the fp32 copies
             model = model.cuda()
         if load_weights:
             self.load_hf_weights([model])

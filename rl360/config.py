@@ -57,7 +57,12 @@ class RolloutConfig:
     # server/sglang, sync mode: engines release their weights and KV cache while the trainer trains and take
     # them back for the weight update (GPUs shared by trainer and engines)
     colocate: bool = False
-    mode: str = "sync"  # sync: generate, then train; async: generate step k+1 while step k trains (one step stale)
+    # sync: generate, then train; async: generate the next steps while step k trains (up to max_staleness ahead)
+    mode: str = "sync"
+    max_staleness: int = 1  # async: steps generated ahead, so trained responses are at most this many updates old
+    # async: a weight update aborts requests in flight and continues them under the new weights (tokens tagged
+    # with their version) instead of waiting for them (server/sglang engines)
+    partial: bool = False
     request_timeout_s: float = 600.0  # an engine that answers no generate request in this long is restarted
     startup_timeout_s: float = 300.0  # an engine process must serve within this long
     max_engine_restarts: int = 8  # restarts in a run before a failing engine stops the run
@@ -226,7 +231,7 @@ POSITIVE = (
     "trainer.total_steps", "trainer.weight_bucket_mb", "reward.timeout_s", "tracking.log_every",
     "actor.rollout_is_threshold", "algorithm.kl_in_reward_horizon", "reward.judge.max_concurrency",
     "trainer.keep_checkpoints", "rollout.request_timeout_s", "rollout.startup_timeout_s",
-    "rollout.engine_tensor_parallel", "rollout.mem_fraction",
+    "rollout.engine_tensor_parallel", "rollout.mem_fraction", "rollout.max_staleness",
     "reward.judge.timeout_s", "reward.judge.deadline_s",
 )
 NON_NEGATIVE = (
@@ -346,6 +351,10 @@ def validate(cfg: RunConfig) -> None:
     if cfg.rollout.colocate and (cfg.rollout.engine == "hf" or cfg.rollout.mode != "sync"):
         raise ConfigError("rollout.colocate=true needs rollout.engine=server or sglang and rollout.mode=sync "
                           f"(got engine={cfg.rollout.engine}, mode={cfg.rollout.mode})")
+    if cfg.rollout.partial and (cfg.rollout.engine == "hf" or cfg.rollout.mode != "async"):
+        raise ConfigError("rollout.partial=true needs rollout.engine=server or sglang and rollout.mode=async "
+                          f"(got engine={cfg.rollout.engine}, mode={cfg.rollout.mode}): only then can a weight "
+                          "update meet requests in flight")
     if cfg.rollout.mem_fraction > 1:
         raise ConfigError(f"rollout.mem_fraction={cfg.rollout.mem_fraction} must be in (0, 1]")
 

@@ -81,19 +81,18 @@ def train(cfg: RunConfig) -> Path:
             print(f"resumed from {resumed} at step {first_step}", flush=True)
         tracker = Tracker(out, to_dict(cfg), cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
                           cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None)
-        next_rollouts = None
+        ahead = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0
+        generating: dict[int, concurrent.futures.Future] = {}
         for step in range(first_step, cfg.trainer.total_steps + 1):
             started = time.perf_counter()
-            if next_rollouts is None:  # sync mode (and async's first step): this step's rollouts start now
-                next_rollouts = rollouts.generate(step)
-
             # 1-3. prompts -> n rollouts each (with the engine's log-probs) -> rewards by data_source, from the
             #      rollout manager (DAPO's dynamic sampling and ReMax's greedy baselines happen there too);
-            #      async: the next step's rollouts are generated while this step trains, one weight version behind
-            step_rollouts, next_rollouts = next_rollouts.result(), None
+            #      async: the next `ahead` steps' rollouts are generated while this step trains
+            for upcoming in range(step, min(step + ahead, cfg.trainer.total_steps) + 1):
+                if upcoming not in generating:
+                    generating[upcoming] = rollouts.generate(upcoming)
+            step_rollouts = generating.pop(step).result()
             timing = {"rollout_wait": time.perf_counter() - started, **step_rollouts.timing}
-            if cfg.rollout.mode == "async" and step < cfg.trainer.total_steps:
-                next_rollouts = rollouts.generate(step + 1)
             scored, baselines, sampling_metrics = step_rollouts.scored, step_rollouts.baselines, step_rollouts.metrics
             batch, scores = scored.batch(tokenizer.pad_token_id or 0), scored.scores
 
@@ -126,11 +125,8 @@ def train(cfg: RunConfig) -> Path:
                 with _timer(timing, "update"):
                     update_metrics.update(_merge_rank_metrics(policy.shard_call("update", batch)))
 
-            # 6. weights into the engines, in HF names and bounded buckets (async: once the next step's
-            #    rollouts are done, so no response mixes two weight versions)
-            if next_rollouts is not None:
-                with _timer(timing, "rollout_wait"):
-                    concurrent.futures.wait([next_rollouts])
+            # 6. weights into the engines, in HF names and bounded buckets (async: requests in flight end
+            #    first, or with rollout.partial are aborted and continued under the new weights)
             with _timer(timing, "weight_sync"):
                 sync_metrics = rollouts.sync_weights(version=step)
 
@@ -139,7 +135,7 @@ def train(cfg: RunConfig) -> Path:
                 **_rollout_metrics(batch, scores),
                 **sampling_metrics,
                 **update_metrics,
-                **{k: v for k, v in sync_metrics.items() if not k.startswith("timing/")},
+                **sync_metrics,
                 **{f"timing/{k}_s": v for k, v in timing.items()},
                 "timing/step_s": time.perf_counter() - started,
             }

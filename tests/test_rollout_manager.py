@@ -93,6 +93,15 @@ def test_async_mode_trains_one_weight_version_behind(assets):
     assert all(m["timing/weight_sync_s"] > 0 and m["reward/calls"] == 32 for m in metrics)
 
 
+def test_partial_rollouts_two_steps_ahead_train_and_stay_within_the_staleness_bound(assets):
+    _, metrics = _train(assets, "partial", "rollout.mode=async", "rollout.max_staleness=2", "rollout.partial=true",
+                        "rollout.num_engines=2", "rollout.max_response_length=16")
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    assert all(m["reward/calls"] == 32 for m in metrics)  # every response scored once, cut by an update or not
+    assert all(m["rollout/staleness_max"] <= 2 for m in metrics) and metrics[0]["rollout/staleness_max"] == 0
+    assert all(m["rollout/resumed"] >= m["rollout/aborted"] for m in metrics)
+
+
 def test_an_engine_killed_at_a_random_moment_is_restarted_and_nothing_changes(assets, two_engines):
     _, unbroken = two_engines
     out = assets[0] / "killed"

@@ -12,7 +12,10 @@ What megatron-core 0.16 asks of CUDA on the paths rl360 uses, and the CPU answer
   `Stream`, `stream`: DDP with overlapped reduction) -> no-ops;
 - gradient clipping asserts `torch.cuda.FloatTensor` grads -> the same clipping without the assert;
 - tensors created with a literal `device="cuda"` or moved with `.cuda()` / `.to("cuda")` (pipeline
-  schedules, the optimizer's loss scale) -> created on / kept on the CPU, by a `TorchFunctionMode`.
+  schedules, the optimizer's loss scale) -> created on / kept on the CPU, by a `TorchFunctionMode`;
+- the mixed-precision and distributed optimizers sort parameters by `param.type()` and accept only CUDA type
+  names ("torch.cuda.BFloat16Tensor", ...) -> the same mode answers `Tensor.type()` (no arguments) with the
+  CUDA name of a CPU tensor's type, so bf16 parameters get their fp32 main copies as on a GPU.
 
 The mode is entered once and never exited, rather than wrapped around each megatron call, so every
 code path (schedules, optimizer, checkpointing) is covered without callers having to know. PyTorch keeps
@@ -128,6 +131,9 @@ class _CudaToCpu(TorchFunctionMode):
             kwargs["device"] = "cpu"
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:  # the type's name, as megatron reads it
+            name = func(*args)
+            return name.replace("torch.", "torch.cuda.", 1) if not name.startswith("torch.cuda.") else name
         if func is torch.Tensor.to:
             args = tuple("cpu" if _is_cuda(a) else a for a in args)
         return func(*args, **kwargs)

@@ -27,12 +27,27 @@ class Sample:
     response_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (a stop token was sampled), "length" (max_new_tokens) or "abort"
-    weight_version: int = 0  # the weights that sampled it (the trainer step they come from)
+    weight_version: int = 0  # the weights that sampled its first token (the trainer step they come from)
+    # per response token, when a partial rollout was continued under newer weights (None: all weight_version)
+    token_versions: list[int] | None = None
+    resumed: int = 0  # times it was continued after an abort
 
     @property
     def status(self) -> str:
         """completed (ended by a stop token), truncated (by the length limit) or aborted."""
         return {"stop": "completed", "length": "truncated"}.get(self.finish_reason, "aborted")
+
+    def versions(self) -> list[int]:
+        """The weight version that sampled each response token."""
+        return self.token_versions or [self.weight_version] * len(self.response_ids)
+
+    def continued(self, more: Sample) -> Sample:
+        """This aborted sample followed by `more`, sampled from `prompt_ids + response_ids` (maybe by newer
+        weights): tokens, log-probs and versions appended, `more`'s finish reason."""
+        versions = self.versions() + more.versions()
+        return Sample(self.prompt_ids, self.response_ids + more.response_ids, self.logprobs + more.logprobs,
+                      more.finish_reason, self.weight_version if self.response_ids else more.weight_version,
+                      versions if len(set(versions)) > 1 else None, self.resumed + 1)
 
 
 WeightBucket = list[tuple[str, torch.Tensor]]

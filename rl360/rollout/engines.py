@@ -108,9 +108,7 @@ class ProcessEngine:
             if err.status >= 500:
                 raise EngineDown(f"engine {self.index} ({self.url}): {err}") from err
             raise
-        if any(sample.finish_reason == "abort" for group in groups for sample in group):
-            raise EngineDown(f"engine {self.index} ({self.url}) aborted requests")
-        return groups
+        return groups  # aborted samples included (with the tokens drawn before the abort): the manager decides
 
     async def restart(self) -> None:
         self.stop()

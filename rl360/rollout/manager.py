@@ -7,8 +7,17 @@
     manager.close()
 
 It lives in the trainer's process on an event-loop thread of its own (engine requests are asyncio), so
-`generate` runs while the trainer trains: async training is `generate(step + 1)` issued before step's update.
-The prompt stream, the reward pool and the tokenizer are used by that thread only while a generate runs.
+`generate` runs while the trainer trains: async training is `generate(step + k)` issued before step's update
+(k <= rollout.max_staleness). Several steps may generate at once; they take turns at the prompt stream in the
+order `generate` was called (a step with dynamic sampling keeps its turn until its last batch is drawn), so the
+data order does not depend on timing. The stream, the reward pool and the tokenizer are used by that thread only.
+
+A weight update stops new generate requests until the engines serve the new weights. Requests in flight either
+finish under the weights they started with (the update waits for them) or, with `rollout.partial`, are aborted
+by `/pause_generation` and continued after the update from the tokens they had (prompt + tokens so far, the
+remaining token budget), their tokens tagged with the version that drew each (`Sample.token_versions`); the
+engine log-prob of every token is kept, so rollout correction (`actor.rollout_correction`) sees the policy that
+really sampled it. Counted: `rollout/aborted` (samples cut by an update, or by an engine) and `rollout/resumed`.
 
 Prompts of a step are split over the usable engines in contiguous parts (sample j of prompt i is seeded
 `seed + i * n + j` on server engines, so the samples do not depend on the number of engines or on which engine
@@ -27,7 +36,7 @@ import concurrent.futures
 import json
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +85,15 @@ class Scored:
 
 
 @dataclass
+class _Turn:
+    """A step's turn at the prompt stream: it draws once the previous step has drawn its last batch."""
+
+    previous: concurrent.futures.Future  # the previous step's `done`
+    start_state: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)  # before its prompts
+    done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)  # its last batch drawn
+
+
+@dataclass
 class StepRollouts:
     """What one step trains on: the scored groups, ReMax baselines (or None), metrics and phase times."""
 
@@ -93,9 +111,19 @@ class RolloutManager:
         self.version = 0  # the weights every usable engine serves
         self.restarts_total = 0
         self._restarts_reported = 0  # restarts_total at the last step's metrics
-        self._load: dict[int, int] = {}  # prompts sent to each engine in this step
+        self._load: dict[int, int] = {}  # prompts in flight at each engine
         self._batches = iter(stream)
-        self._data_states: dict[int, dict] = {}
+        self._turns: dict[int, _Turn] = {}
+        self._last_turn_done = concurrent.futures.Future()
+        self._last_turn_done.set_result(None)
+        self._in_flight = 0  # generate requests out at engines
+        self._drained = asyncio.Event()  # set while none is
+        self._drained.set()
+        self._weights_ready = asyncio.Event()  # cleared while a weight update runs: new requests wait
+        self._weights_ready.set()
+        self._pauses = 0  # weight updates that paused generation (rollout.partial)
+        self._sync_lock = asyncio.Lock()
+        self._scoring = asyncio.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rl360-rollout-manager", daemon=True)
         self._thread.start()
@@ -111,20 +139,29 @@ class RolloutManager:
 
     # ---- the trainer's side (any thread but the manager's) ----
     def generate(self, step: int) -> concurrent.futures.Future:
-        """A future of `step`'s StepRollouts; the work runs on the manager's thread. The previous generate must
-        have finished (the stream is read by one step at a time)."""
-        self._data_states = {s: state for s, state in self._data_states.items() if s >= step - 1}
-        self._data_states[step] = self.stream.state_dict()
-        return asyncio.run_coroutine_threadsafe(self._generate_step(step), self._loop)
+        """A future of `step`'s StepRollouts; the work runs on the manager's thread, its prompts drawn after those
+        of the steps generate was called for before."""
+        turn = _Turn(previous=self._last_turn_done)
+        self._last_turn_done = turn.done
+        self._turns = {s: t for s, t in self._turns.items() if s >= step - self.cfg.rollout.max_staleness - 2}
+        self._turns[step] = turn
+        return asyncio.run_coroutine_threadsafe(self._generate_step(step, turn), self._loop)
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """The policy's current weights into every engine as `version` (restarted engines included)."""
         return self._call(self._sync(version))
 
     def data_state(self, next_step: int) -> dict:
-        """The stream position before `next_step`'s prompts were drawn (the current one when not drawn yet)."""
-        state = self._data_states.get(next_step)
-        return state if state is not None else self.stream.state_dict()
+        """The stream position before `next_step`'s prompts were drawn (after the last step's, when generate
+        was not called for `next_step`)."""
+        turn = self._turns.get(next_step)
+        if turn is not None:
+            return turn.start_state.result()
+        return self._call(self._state_after(self._last_turn_done))
+
+    async def _state_after(self, done: concurrent.futures.Future) -> dict:
+        await asyncio.wrap_future(done)
+        return self.stream.state_dict()
 
     def load_data_state(self, state: dict) -> None:
         self.stream.load_state_dict(state)
@@ -153,8 +190,10 @@ class RolloutManager:
             from rl360.cluster import WorkerGroup
             from rl360.rollout.hf_engine import HFEngine
 
-            group = WorkerGroup(HFEngine, 1, self.cfg.model.path, use_gpu=use_gpu, name="rollout",
-                                distributed=False, num_threads=self.cfg.trainer.num_threads)
+            from rl360.actor.policy import DTYPES
+
+            group = WorkerGroup(HFEngine, 1, self.cfg.model.path, DTYPES[self.cfg.model.dtype], use_gpu=use_gpu,
+                                name="rollout", distributed=False, num_threads=self.cfg.trainer.num_threads)
             self.engines = [ActorEngine(group.actors[0])]
             return
         # the engines decode their shares of a step at the same time: trainer.num_threads is split between them
@@ -200,33 +239,65 @@ class RolloutManager:
         finally:
             self._restarting.pop(engine.index, None)
 
-    async def _usable_engine(self, load: dict[int, int]):
+    async def _usable_engine(self):
         """The usable engine with the least work in flight; with none, a restarted one given the current weights."""
         while True:
             usable = [engine for engine in self.engines if engine.usable]
             if usable:
-                return min(usable, key=lambda engine: load.get(engine.index, 0))
+                return min(usable, key=lambda engine: self._load.get(engine.index, 0))
             if not self._restarting:
                 raise RuntimeError("no rollout engine is usable and none is restarting")
             await self._restarts_done()
-            if not any(engine.usable for engine in self.engines):
-                await self._sync(self.version)
+            await self._sync(self.version, only_if_none_usable=True)
 
     # ---- weights ----
-    async def _sync(self, version: int) -> dict[str, float]:
-        started = time.perf_counter()
-        if isinstance(self.engines[0], ActorEngine):
-            await self._sync_actor(self.engines[0], version)
-            metrics: dict[str, float] = {}
-        else:
-            await self._memory("resume", ["weights"])  # colocated: back from training, weights first
-            await self._restarts_done()  # engines found dead on the way are back, with a new address
-            metrics = await self._sync_processes(version)
-            await self._memory("resume", ["kv_cache"])
-        self.version = version
-        for engine in self.engines:
-            engine.version, engine.usable = version, True
-        return {**metrics, "timing/weight_sync_s": time.perf_counter() - started}
+    async def _sync(self, version: int, only_if_none_usable: bool = False) -> dict[str, float]:
+        """Every engine onto `version`: new generate requests wait meanwhile; requests in flight end first, or
+        (rollout.partial) are aborted, to be continued under the new weights."""
+        async with self._sync_lock:
+            if only_if_none_usable and any(engine.usable for engine in self.engines):
+                return {}
+            started = time.perf_counter()
+            self._weights_ready.clear()
+            try:
+                if self.cfg.rollout.partial:
+                    self._pauses += 1
+                    paused = await self._each_engine("pause_generation", "abort")
+                else:
+                    await self._drained.wait()
+                metrics = {"timing/rollout_drain_s": time.perf_counter() - started}
+                if isinstance(self.engines[0], ActorEngine):
+                    await self._sync_actor(self.engines[0], version)
+                else:
+                    await self._memory("resume", ["weights"])  # colocated: back from training, weights first
+                    await self._restarts_done()  # engines found dead on the way are back, with a new address
+                    metrics.update(await self._sync_processes(version))
+                    await self._memory("resume", ["kv_cache"])
+                self.version = version
+                for engine in self.engines:
+                    engine.version, engine.usable = version, True
+                if self.cfg.rollout.partial:
+                    await self._each_engine("continue_generation", engines=paused)
+            finally:
+                self._weights_ready.set()
+            return metrics
+
+    async def _each_engine(self, call: str, *args, engines: list | None = None) -> list:
+        """`call` on every usable process engine (or on `engines`); returns those that answered, restarting the
+        others."""
+        engines = [engine for engine in (self.engines if engines is None else engines)
+                   if isinstance(engine, ProcessEngine) and engine.client is not None and engine.usable]
+        outcomes = await asyncio.gather(*(getattr(engine.client, call)(*args) for engine in engines),
+                                        return_exceptions=True)
+        answered = []
+        for engine, outcome in zip(engines, outcomes):
+            if isinstance(outcome, (httpx.TransportError, EngineTimeout, OSError)):
+                self._engine_down(engine, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                answered.append(engine)
+        return answered
 
     async def _restarts_done(self) -> None:
         while self._restarting:
@@ -257,28 +328,29 @@ class RolloutManager:
         raise AssertionError("unreachable")
 
     # ---- one step ----
-    async def _generate_step(self, step: int) -> StepRollouts:
-        skipped_before = self.stream.skipped()
-        self._load = {}
+    async def _generate_step(self, step: int, turn: _Turn) -> StepRollouts:
         timing: dict[str, float] = {}
-        scored, metrics = await self._collect_groups(step, timing)
+        metrics: dict[str, float] = {}
+        if len(self.engines) > 1:
+            metrics.update({f"rollout/engine{engine.index}_prompts": 0 for engine in self.engines})
+        scored = await self._collect_groups(step, turn, timing, metrics)
         baselines = None
         if self.cfg.algorithm.adv_estimator == "remax":  # ReMax: a greedy response's score per prompt
             baselines = await self._greedy_baselines(scored, timing, metrics)
-        versions = torch.tensor([sample.weight_version for sample in scored.samples], dtype=torch.float32)
-        statuses = [sample.status for sample in scored.samples]
+        samples = scored.samples
+        oldest = torch.tensor([sample.weight_version for sample in samples], dtype=torch.float32)
+        statuses = [sample.status for sample in samples]
         metrics.update({
-            "rollout/staleness_mean": (step - 1 - versions).mean().item(),
-            "rollout/staleness_max": (step - 1 - versions).max().item(),
+            "rollout/staleness_mean": (step - 1 - oldest).mean().item(),  # by each response's oldest token
+            "rollout/staleness_max": (step - 1 - oldest).max().item(),
             "rollout/truncated_frac": statuses.count("truncated") / len(statuses),
+            "rollout/aborted": sum(sample.resumed > 0 for sample in samples),
+            "rollout/resumed": sum(sample.resumed for sample in samples),
+            "rollout/mixed_version_frac": sum(sample.token_versions is not None for sample in samples) / len(samples),
             "rollout/engine_restarts": self.restarts_total - self._restarts_reported,
             "rollout/engine_restarts_total": self.restarts_total,
-            "data/epoch": self.stream.epoch,
-            **_skipped_metrics(self.stream.skipped(), skipped_before),
         })
         self._restarts_reported = self.restarts_total
-        if len(self.engines) > 1:
-            metrics.update({f"rollout/engine{index}_prompts": count for index, count in sorted(self._load.items())})
         if self.cfg.rollout.colocate:  # the engines' memory goes to training until the next weight update
             metrics["rollout/engines_released"] = await self._memory("release", ["weights", "kv_cache"])
         return StepRollouts(scored, baselines, metrics, timing)
@@ -301,8 +373,9 @@ class RolloutManager:
                 engine.released = engine.released | set(tags) if action == "release" else engine.released - set(tags)
         return sum(not isinstance(outcome, BaseException) for outcome in outcomes)
 
-    async def _collect_groups(self, step: int, timing: dict[str, float]) -> tuple[Scored, dict[str, float]]:
-        """`data.batch_size` scored prompt groups, and the step's sampling metrics.
+    async def _collect_groups(self, step: int, turn: _Turn, timing: dict[str, float],
+                              metrics: dict[str, float]) -> Scored:
+        """`data.batch_size` scored prompt groups; the step's sampling metrics go into `metrics`.
 
         Without dynamic sampling: one prompt batch. With it (DAPO): groups whose scores are all equal are set
         aside and more prompt batches are sampled; after `max_num_gen_batches` the step fills up with set-aside
@@ -311,28 +384,43 @@ class RolloutManager:
         kept: list[Scored] = []
         uniform: list[Scored] = []
         sampled: list[torch.Tensor] = []  # every score of the step, trained on or not
-        metrics: dict[str, float] = {}
         gen_batches = filled = 0
-        while sum(g.num_groups for g in kept) < cfg.data.batch_size:
-            if gen_batches and algo.max_num_gen_batches and gen_batches >= algo.max_num_gen_batches:
-                filled = cfg.data.batch_size - sum(g.num_groups for g in kept)
-                kept += uniform
-                break
-            gen_batches += 1
-            scored = await self._rollout_and_score(next(self._batches), cfg.rollout,
-                                                   cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
-                                                   timing, metrics)
-            sampled.append(scored.scores)
-            if algo.filter_groups:
-                metric = scored.accuracy if algo.filter_groups_metric == "acc" else scored.scores
-                varied = varied_groups(metric, cfg.rollout.n)
-                kept.append(scored.select_groups(varied))
-                uniform.append(scored.select_groups(~varied))
-            else:
-                kept.append(scored)
+        await asyncio.wrap_future(turn.previous)
+        skipped_before = self.stream.skipped()
+        turn.start_state.set_result(self.stream.state_dict())
+        try:
+            while sum(g.num_groups for g in kept) < cfg.data.batch_size:
+                if gen_batches and algo.max_num_gen_batches and gen_batches >= algo.max_num_gen_batches:
+                    filled = cfg.data.batch_size - sum(g.num_groups for g in kept)
+                    kept += uniform
+                    break
+                gen_batches += 1
+                rows = next(self._batches)
+                if not algo.filter_groups:  # one batch a step: the next step may draw now
+                    self._end_turn(turn, skipped_before, metrics)
+                scored = await self._rollout_and_score(rows, cfg.rollout,
+                                                       cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
+                                                       timing, metrics)
+                sampled.append(scored.scores)
+                if algo.filter_groups:
+                    metric = scored.accuracy if algo.filter_groups_metric == "acc" else scored.scores
+                    varied = varied_groups(metric, cfg.rollout.n)
+                    kept.append(scored.select_groups(varied))
+                    uniform.append(scored.select_groups(~varied))
+                else:
+                    kept.append(scored)
+        finally:
+            self._end_turn(turn, skipped_before, metrics)
         metrics.update({"reward/mean_sampled": torch.cat(sampled).mean().item(),
                         "dynamic_sampling/gen_batches": gen_batches, "dynamic_sampling/filled_groups": filled})
-        return Scored.concat(kept).first_groups(cfg.data.batch_size), metrics
+        return Scored.concat(kept).first_groups(cfg.data.batch_size)
+
+    def _end_turn(self, turn: _Turn, skipped_before: dict[str, int], metrics: dict[str, float]) -> None:
+        """The step has drawn its last prompt batch: the stream's counts for it, and the next step's turn."""
+        if turn.done.done():
+            return
+        metrics.update({"data/epoch": self.stream.epoch, **_skipped_metrics(self.stream.skipped(), skipped_before)})
+        turn.done.set_result(None)
 
     async def _rollout_and_score(self, rows: list[dict], rollout: Any, seed: int, timing: dict[str, float],
                                  metrics: dict[str, float]) -> Scored:
@@ -343,7 +431,7 @@ class RolloutManager:
         params = SamplingParams(n=n, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                                 max_new_tokens=rollout.max_response_length,
                                 stop_token_ids=sorted({self.tokenizer.eos_token_id} - {None}))
-        groups = await self._sample([self.renderer.render(row["prompt"]) for row in rows], params, seed)
+        groups = await self._sample([self.renderer.render(row["prompt"]) for row in rows], params, seed, metrics)
         _add(timing, "rollout", time.perf_counter() - started)
         samples = [sample for group in groups for sample in group]
         sample_rows = [row for row in rows for _ in range(n)]
@@ -351,7 +439,8 @@ class RolloutManager:
         texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
         items = [RewardItem(row["data_source"], text, row["reward_model"]["ground_truth"], row.get("extra_info"))
                  for row, text in zip(sample_rows, texts)]
-        results, counts = await asyncio.to_thread(self._score, items)
+        async with self._scoring:  # the pool scores one call at a time (steps may overlap)
+            results, counts = await asyncio.to_thread(self._score, items)
         _add(timing, "reward", time.perf_counter() - started)
         scores = torch.tensor([r.score for r in results], dtype=torch.float32)
         accuracy = torch.tensor([float(r.extras.get("acc", r.score)) for r in results], dtype=torch.float32)
@@ -378,24 +467,70 @@ class RolloutManager:
         metrics["reward/greedy_baseline_mean"] = greedy.scores.mean().item()
         return greedy.scores.repeat_interleave(scored.n)
 
-    async def _sample(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Sample]]:
+    async def _sample(self, prompts: list[list[int]], params: SamplingParams, seed: int,
+                      metrics: dict[str, float]) -> list[list[Sample]]:
         """`params.n` samples per prompt over the usable engines; a failed part goes to another engine."""
-        usable = [engine for engine in self.engines if engine.usable] or [await self._usable_engine(self._load)]
+        usable = [engine for engine in self.engines if engine.usable] or [await self._usable_engine()]
         bounds = [len(prompts) * i // len(usable) for i in range(len(usable) + 1)]
-        parts = await asyncio.gather(*(self._sample_part(prompts[a:b], params, seed + a * params.n, engine)
+        parts = await asyncio.gather(*(self._sample_part(prompts[a:b], params, seed + a * params.n, engine, metrics)
                                        for a, b, engine in zip(bounds, bounds[1:], usable) if b > a))
         return [group for part in parts for group in part]
 
-    async def _sample_part(self, prompts: list[list[int]], params: SamplingParams, seed: int,
-                           engine) -> list[list[Sample]]:
+    async def _sample_part(self, prompts: list[list[int]], params: SamplingParams, seed: int, engine,
+                           metrics: dict[str, float]) -> list[list[Sample]]:
+        """Sample j of prompt i is seeded `seed + i * n + j`; aborted samples are continued (`_resume`)."""
         while True:
-            self._load[engine.index] = self._load.get(engine.index, 0) + len(prompts)
             try:
-                return await engine.generate(prompts, params, seed)
+                groups, paused = await self._request(engine, prompts, params, seed)
+                break
             except EngineDown as err:
-                self._load[engine.index] -= len(prompts)
                 self._engine_down(engine, err)
-                engine = await self._usable_engine(self._load)
+                engine = await self._usable_engine()
+        if len(self.engines) > 1:
+            metrics[f"rollout/engine{engine.index}_prompts"] += len(prompts)
+        if not paused and any(sample.finish_reason == "abort" for group in groups for sample in group):
+            self._engine_down(engine, EngineDown(f"engine {engine.index} ({engine.url}) aborted requests"))
+        return [list(await asyncio.gather(*(self._resume(sample, params, seed + i * params.n + j)
+                                            for j, sample in enumerate(group))))
+                for i, group in enumerate(groups)]
+
+    async def _resume(self, sample: Sample, params: SamplingParams, seed: int) -> Sample:
+        """An aborted sample (cut by a weight update, or by an engine that failed) continued from the tokens it
+        has, with the token budget it has left, until it stops or reaches the length limit."""
+        while sample.finish_reason == "abort":
+            left = params.max_new_tokens - len(sample.response_ids)
+            if left <= 0:
+                return replace(sample, finish_reason="length")
+            engine = await self._usable_engine()
+            try:
+                [[more]], paused = await self._request(engine, [sample.prompt_ids + sample.response_ids],
+                                                       replace(params, n=1, max_new_tokens=left),
+                                                       seed + 104_729 * (sample.resumed + 1))
+            except EngineDown as err:
+                self._engine_down(engine, err)
+                continue
+            if more.finish_reason == "abort" and not paused:
+                self._engine_down(engine, EngineDown(f"engine {engine.index} ({engine.url}) aborted a request"))
+            sample = sample.continued(more)
+        return sample
+
+    async def _request(self, engine, prompts: list[list[int]], params: SamplingParams,
+                       seed: int) -> tuple[list[list[Sample]], bool]:
+        """One generate request, sent when no weight update is running; returns the samples and whether a
+        weight update paused generation while it was out (which explains aborted samples)."""
+        await self._weights_ready.wait()
+        pauses = self._pauses
+        self._in_flight += 1
+        self._drained.clear()
+        self._load[engine.index] = self._load.get(engine.index, 0) + len(prompts)
+        try:
+            groups = await engine.generate(prompts, params, seed)
+        finally:
+            self._load[engine.index] -= len(prompts)
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._drained.set()
+        return groups, self._pauses != pauses
 
 
 def _add(timing: dict[str, float], name: str, seconds: float) -> None:

@@ -1,0 +1,180 @@
+"""A weight update that meets generate requests in flight (rollout.mode=async), through the rollout manager and a
+real `rl360 serve rollout` engine process.
+
+With `rollout.partial=true` the update aborts the requests, and the manager continues every cut response from the
+tokens it had under the new weights: each token is tagged with the version that drew it, and the engine log-prob
+kept for it is the one of that version's policy (checked against both models' own log-probs). Without it the update
+waits for the requests, which end under the weights they started with.
+
+The weights come from a Hugging Face model through `WeightSender` (shared memory), standing in for the Megatron
+policy group, whose own sends are tested in tests/test_weight_sync.py and tests/test_rollout_manager.py.
+"""
+
+import asyncio
+import copy
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rl360.config import load_config
+from rl360.data import PromptRenderer, PromptStream
+from rl360.quickstart.assets import build_quickstart_model
+from rl360.rewards.pool import open_reward_pool
+from rl360.rollout.manager import RolloutManager
+from rl360.rollout.weight_sync import WeightSender
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 200  # long enough that responses are still being drawn when the update comes
+
+
+class HFPolicy:
+    """What the manager asks of the policy group for engine processes: `send_weights`."""
+
+    def __init__(self, model):
+        self.model, self.sender = model, None
+
+    async def send_weights(self, urls, strategy, version, api_key, scratch_dir):
+        if self.sender is None:
+            self.sender = WeightSender(urls, strategy, api_key=api_key, scratch_dir=scratch_dir)
+        return await asyncio.to_thread(self.sender.send, [list(self.model.state_dict().items())], version)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("partial")
+    model = build_quickstart_model(root / "model")
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{a}+{b}"}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": str(a + b)}, "extra_info": {"index": a * 10 + b}}
+            for a in range(5) for b in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows), root / "train.parquet")
+    return root, model
+
+
+def _update_during_generation(assets, name: str, partial: bool):
+    """Step 1's rollouts with version 1 of the weights sent while they are drawn; the old and new models."""
+    root, model_dir = assets
+    cfg = load_config("configs/quickstart.yaml", [
+        f"output_dir={root / name}", f"model.path={model_dir}", f"data.train_files=[{root / 'train.parquet'}]",
+        "data.batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4", f"rollout.max_response_length={MAX_TOKENS}", "rollout.engine=server",
+        "rollout.mode=async", f"rollout.partial={str(partial).lower()}", "rollout.weight_sync=tensor",
+        "trainer.num_threads=1", "reward.num_workers=1"])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    renderer = PromptRenderer(tokenizer, cfg.data.max_prompt_length)
+    stream = PromptStream(cfg.data.train_files, cfg.data.batch_size, seed=0, filter_fn=renderer.fits)
+    old = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    new = copy.deepcopy(old)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(0)
+        for parameter in new.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    rewards = open_reward_pool(cfg.reward, announce=lambda line: None)
+    manager = RolloutManager(cfg, tokenizer, stream, renderer, rewards, HFPolicy(new))
+    try:
+        future = manager.generate(1)
+        deadline = time.monotonic() + 60
+        while manager._in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.05)  # the engine is drawing tokens
+        assert not future.done(), "step 1's rollouts ended before the update came"
+        sync_metrics = manager.sync_weights(1)
+        result = future.result(timeout=300)
+    finally:
+        manager.close()
+        rewards.close()
+    return result, sync_metrics, old, new
+
+
+@pytest.fixture(scope="module")
+def partial_run(assets):
+    return _update_during_generation(assets, "partial", partial=True)
+
+
+def _token_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+def test_cut_responses_go_on_under_the_new_weights_each_token_tagged(partial_run):
+    result, _, old, new = partial_run
+    samples, metrics = result.scored.samples, result.metrics
+    assert len(samples) == 32 and metrics["reward/calls"] == 32  # each response scored once, continued or not
+    mixed = [sample for sample in samples if sample.token_versions is not None]
+    print(f"{len(mixed)} of 32 responses were cut by the update and continued")
+    assert mixed, "no response was cut by the update"
+    assert metrics["rollout/aborted"] >= len(mixed) and metrics["rollout/resumed"] >= len(mixed)
+    assert metrics["rollout/mixed_version_frac"] == len(mixed) / 32
+    for sample in samples:
+        versions = sample.versions()
+        assert len(versions) == len(sample.response_ids) == len(sample.logprobs) <= MAX_TOKENS
+        assert versions == sorted(versions) and set(versions) <= {0, 1}  # old tokens first, then new ones
+        assert sample.weight_version == (versions[0] if versions else sample.weight_version)
+        assert sample.finish_reason in ("stop", "length")
+        if sample.resumed == 0:
+            assert sample.token_versions is None
+    for sample in mixed:  # every token's log-prob is the one of the weights that drew it
+        cut = sample.token_versions.index(1)
+        engine = torch.tensor(sample.logprobs)
+        before = _token_logprobs(old, sample.prompt_ids, sample.response_ids)
+        after = _token_logprobs(new, sample.prompt_ids, sample.response_ids)
+        assert torch.allclose(engine[:cut], before[:cut], atol=1e-4), sample
+        assert torch.allclose(engine[cut:], after[cut:], atol=1e-4), sample
+        assert not torch.allclose(before[cut:], after[cut:], atol=1e-3)  # the two versions do differ there
+    assert metrics["rollout/staleness_max"] == 0  # step 1 trains on responses begun under version 0
+
+
+def test_without_partial_the_update_waits_for_requests_in_flight(assets):
+    result, sync_metrics, old, _ = _update_during_generation(assets, "whole", partial=False)
+    samples, metrics = result.scored.samples, result.metrics
+    assert len(samples) == 32 and metrics["reward/calls"] == 32
+    assert metrics["rollout/aborted"] == metrics["rollout/resumed"] == 0
+    assert all(sample.token_versions is None and sample.weight_version == 0 for sample in samples)
+    assert sync_metrics["timing/rollout_drain_s"] > 0
+    for sample in samples[:4]:  # drawn by the old weights from start to end
+        engine = torch.tensor(sample.logprobs)
+        assert torch.allclose(engine, _token_logprobs(old, sample.prompt_ids, sample.response_ids), atol=1e-4)
+
+
+def test_steps_take_turns_at_the_prompt_stream(assets):
+    """Steps generated at once draw their prompts in the order generate was called, and a checkpoint's data
+    position for a step is the stream's position before that step's prompts."""
+    root, model_dir = assets
+    cfg = load_config("configs/quickstart.yaml", [
+        f"output_dir={root / 'turns'}", f"model.path={model_dir}", f"data.train_files=[{root / 'train.parquet'}]",
+        "data.batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2", "rollout.max_response_length=4", "rollout.engine=server",
+        "rollout.num_engines=2", "rollout.mode=async", "rollout.max_staleness=3", "trainer.num_threads=1",
+        "reward.num_workers=1"])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    renderer = PromptRenderer(tokenizer, cfg.data.max_prompt_length)
+    expected = PromptStream(cfg.data.train_files, 4, seed=0, filter_fn=renderer.fits)
+    batches = iter(expected)
+    expected_rows, expected_states = [], []
+    for _ in range(4):
+        expected_states.append(expected.state_dict())
+        expected_rows.append([row["extra_info"]["index"] for row in next(batches)])
+    expected_states.append(expected.state_dict())  # after the fourth step's prompts
+    stream = PromptStream(cfg.data.train_files, 4, seed=0, filter_fn=renderer.fits)
+    rewards = open_reward_pool(cfg.reward, announce=lambda line: None)
+    manager = RolloutManager(cfg, tokenizer, stream, renderer, rewards, policy=None)
+    try:
+        states = {}
+        futures = [manager.generate(step) for step in range(1, 5)]  # four steps at once
+        reader = threading.Thread(target=lambda: states.update({s: manager.data_state(s) for s in range(1, 5)}))
+        reader.start()
+        results = [future.result(timeout=300) for future in futures]
+        reader.join(timeout=300)
+        after = manager.data_state(5)
+    finally:
+        manager.close()
+        rewards.close()
+    for step, result in enumerate(results):
+        rows = [row["extra_info"]["index"] for row in result.scored.rows[::2]]
+        assert rows == expected_rows[step], step
+        assert states[step + 1] == expected_states[step]
+    assert after == expected_states[4]
