@@ -62,9 +62,11 @@ class Bridge:
 
     # ---- Hugging Face -> megatron --------------------------------------------------------------------
 
-    def to_megatron_model(self, load_weights: bool = True, params_dtype: torch.dtype = torch.float32) -> list:
+    def to_megatron_model(self, load_weights: bool = True, params_dtype: torch.dtype = torch.float32,
+                          training: dict | None = None) -> list:
         """This rank's GPTModel chunks (one per rank: no virtual pipeline stages), built inside initialised
-        megatron parallel state for its TP x PP position, with the HF weights loaded when `load_weights`."""
+        megatron parallel state for its TP x PP position, with the HF weights loaded when `load_weights`;
+        `training`: TransformerConfig fields such as activation recomputation (see `to_megatron`)."""
         from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -72,7 +74,7 @@ class Bridge:
         config, kwargs = to_megatron(self.hf_config, self.arch, params_dtype,
                                      parallel_state.get_tensor_model_parallel_world_size(),
                                      parallel_state.get_pipeline_model_parallel_world_size(),
-                                     self.vocab_divisible_by)
+                                     self.vocab_divisible_by, training)
         spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.arch.qk_layernorm)
         model = GPTModel(config, spec, pre_process=parallel_state.is_pipeline_first_stage(),
                          post_process=parallel_state.is_pipeline_last_stage(), **kwargs)

@@ -107,9 +107,10 @@ def num_query_groups(hf: Mapping[str, Any]) -> int:
 
 def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture, params_dtype: torch.dtype = torch.float32,
                 tensor_parallel: int = 1, pipeline_parallel: int = 1,
-                vocab_divisible_by: int = 128) -> tuple[Any, dict[str, Any]]:
+                vocab_divisible_by: int = 128, training: Mapping[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     """(TransformerConfig, GPTModel keyword arguments) describing the HF model at TP x PP, with CPU-safe
-    settings: no fused kernels, no dropout, parameters created in `params_dtype`."""
+    settings: no fused kernels, no dropout, parameters created in `params_dtype`; `training` sets further
+    TransformerConfig fields that do not change the model (activation recomputation, ...)."""
     from megatron.core.transformer import TransformerConfig
 
     hf = as_dict(hf)
@@ -145,6 +146,7 @@ def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture, params_dtype: t
         persist_layer_norm=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
+        **(training or {}),
     )
     model_kwargs = dict(
         vocab_size=padded_vocab_size(hf["vocab_size"], tensor_parallel, vocab_divisible_by),

@@ -86,6 +86,10 @@ class ActorConfig:
     grad_clip: float = 1.0  # clip the global grad norm to this (0 disables)
     ppo_mini_batch_size: int = 16  # prompts per optimizer step (x rollout.n responses)
     micro_batch_size: int = 8  # responses per forward/backward pass
+    # > 0: micro-batches sized by tokens instead: rows longest first, as many as fit in this many padded tokens
+    # (rows x the longest row), each cut to its longest row; micro_batch_size is then unused
+    max_tokens_per_micro_batch: int = 0
+    recompute: str = "none"  # activation recomputation: none | selective (core attention) | full (every layer)
     ppo_epochs: int = 1  # passes over each step's rollouts
     clip_ratio_low: float | None = None  # clip: ratio >= 1 - this (None: the loss's default, 0.2; gspo: 3e-4)
     clip_ratio_high: float | None = None  # clip: ratio <= 1 + this (None: 0.2; gspo: 4e-4; DAPO clip-higher: 0.28)
@@ -215,6 +219,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "rollout.mode": ("sync", "async"),
     "actor.loss_agg_mode": AGG_MODES,
     "actor.rollout_correction": ("none", "tis", "mask"),
+    "actor.recompute": ("none", "selective", "full"),
     "actor.rollout_is_level": ROLLOUT_IS_LEVELS,
     "algorithm.filter_groups_metric": ("acc", "score"),
     "algorithm.kl_estimator": KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS),
@@ -244,6 +249,7 @@ NON_NEGATIVE = (
     "critic.grad_clip", "critic.cliprange_value", "critic.warmup_steps", "critic.micro_batch_size",
     "algorithm.gamma", "algorithm.lam",
     "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every", "rollout.max_engine_restarts",
+    "actor.max_tokens_per_micro_batch",
 )
 
 

@@ -60,7 +60,8 @@ def _update_during_generation(assets, name: str, partial: bool):
     root, model_dir = assets
     cfg = load_config("configs/quickstart.yaml", [
         f"output_dir={root / name}", f"model.path={model_dir}", f"data.train_files=[{root / 'train.parquet'}]",
-        "data.batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4", f"rollout.max_response_length={MAX_TOKENS}", "rollout.engine=server",
+        "data.batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4", f"rollout.max_response_length={MAX_TOKENS}",
+        "rollout.engine=server",
         "rollout.mode=async", f"rollout.partial={str(partial).lower()}", "rollout.weight_sync=tensor",
         "trainer.num_threads=1", "reward.num_workers=1"])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -147,7 +148,8 @@ def test_steps_take_turns_at_the_prompt_stream(assets):
     root, model_dir = assets
     cfg = load_config("configs/quickstart.yaml", [
         f"output_dir={root / 'turns'}", f"model.path={model_dir}", f"data.train_files=[{root / 'train.parquet'}]",
-        "data.batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2", "rollout.max_response_length=4", "rollout.engine=server",
+        "data.batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2", "rollout.max_response_length=4",
+        "rollout.engine=server",
         "rollout.num_engines=2", "rollout.mode=async", "rollout.max_staleness=3", "trainer.num_threads=1",
         "reward.num_workers=1"])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -194,5 +194,45 @@ def test_bf16_policy_keeps_fp32_main_weights_and_tracks_fp32_training(megatron_s
     cosine = torch.nn.functional.cosine_similarity((moved["float32"] * mask).flatten(),
                                                    (moved["bfloat16"] * mask).flatten(), dim=0)
     print(f"bf16 vs fp32: start {mean_abs(start['bfloat16'] - start['float32']):.4f}, after 3 updates "
-          f"{mean_abs(end['bfloat16'] - end['float32']):.4f} nats; moved {mean_abs(moved['float32']):.3f}, cosine {cosine:.3f}")
+          f"{mean_abs(end['bfloat16'] - end['float32']):.4f} nats; moved {mean_abs(moved['float32']):.3f}, "
+          f"cosine {cosine:.3f}")
     assert cosine >= 0.9, cosine
+
+
+@pytest.mark.parametrize("max_tokens", [12, 40, 1000])
+def test_token_budget_micro_batches_give_the_same_logprobs_and_gradients(megatron_single_rank, model_dir,
+                                                                         max_tokens):
+    """actor.max_tokens_per_micro_batch: rows longest first, each micro-batch within the budget and cut to its
+    longest row. Log-probs (1e-5) and the mini-batch gradient (1e-6) are those of one padded micro-batch."""
+    batch = None
+    results = []
+    for overrides in (["actor.micro_batch_size=16"], [f"actor.max_tokens_per_micro_batch={max_tokens}"]):
+        worker = PolicyWorker(_config(model_dir, *overrides, "actor.loss_agg_mode=seq-mean-token-mean"))
+        if batch is None:
+            batch = _rollouts(HFEngine(model_dir), seed=2)
+            batch.old_logprobs = worker.compute_logprobs(batch) - 0.05
+        logprobs = worker.compute_logprobs(batch)
+        micro = worker._micro_batches(batch)
+        worker.accumulate_gradients(batch)
+        grads = torch.cat([p.main_grad.flatten().cpu() for p in worker.models[0].parameters()])
+        results.append((logprobs, grads, micro))
+    (padded_lp, padded_grad, _), (budget_lp, budget_grad, micro) = results
+    lengths = [int(mb.sequence_lengths().max()) for mb in micro]
+    assert all(len(mb) * width <= max_tokens or len(mb) == 1 for mb, width in zip(micro, lengths))
+    assert all(mb.input_ids.shape[1] == width for mb, width in zip(micro, lengths))
+    assert sum(len(mb) for mb in micro) == len(batch) and (len(micro) > 1) == (max_tokens < 1000)
+    assert (budget_lp - padded_lp).abs().max().item() <= 1e-5
+    assert padded_grad.abs().sum() > 0 and (budget_grad - padded_grad).abs().max().item() <= 1e-6
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_activation_recomputation_gives_the_same_gradients(megatron_single_rank, model_dir, recompute):
+    batch = _rollouts(HFEngine(model_dir), seed=5)
+    grads = []
+    for mode in ("none", recompute):
+        worker = PolicyWorker(_config(model_dir, f"actor.recompute={mode}", "actor.micro_batch_size=4"))
+        assert worker.models[0].config.recompute_granularity == (None if mode == "none" else mode)
+        batch.old_logprobs = worker.compute_logprobs(batch) - 0.05
+        worker.accumulate_gradients(batch)
+        grads.append(torch.cat([p.main_grad.flatten().cpu() for p in worker.models[0].parameters()]))
+    assert grads[0].abs().sum() > 0 and (grads[1] - grads[0]).abs().max().item() <= 1e-6

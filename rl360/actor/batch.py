@@ -41,6 +41,19 @@ class RolloutBatch:
         return RolloutBatch(**{f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name))
                                for f in fields(self)})
 
+    def sequence_lengths(self) -> torch.Tensor:
+        """[B] tokens of each row up to its last trained response token, prompt included."""
+        slots = torch.arange(1, self.response_mask.shape[1] + 1, device=self.response_mask.device)
+        return self.response_start + ((self.response_mask > 0) * slots).amax(-1)
+
+    def cropped(self) -> RolloutBatch:
+        """The same rows with `input_ids` cut to the longest row's length (causal attention: the padding on
+        the right changes nothing before it)."""
+        width = max(int(self.sequence_lengths().max()), 1)
+        batch = self._map(lambda tensor: tensor)
+        batch.input_ids = self.input_ids[:, :width]
+        return batch
+
     def response_positions(self) -> torch.Tensor:
         """[B, R] positions of the logits that predict each response token (clamped inside the row)."""
         offsets = torch.arange(self.response_ids.shape[1], device=self.response_ids.device)
@@ -64,3 +77,19 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: 
         rollout_logprobs[row, :len(response)] = torch.tensor(lps, dtype=torch.float32)
     response_start = torch.tensor([len(p) for p in prompts], dtype=torch.long)
     return RolloutBatch(input_ids, response_start, response_ids, response_mask, rollout_logprobs)
+
+
+def micro_batch_rows(lengths: torch.Tensor, size: int, max_tokens: int = 0) -> list[torch.Tensor]:
+    """The rows of each micro-batch. `max_tokens` 0: `size` rows each, in order. Otherwise rows longest first,
+    each micro-batch as many as fit in `max_tokens` padded tokens (rows x its longest row); a row longer than
+    the budget is a micro-batch of its own."""
+    if not max_tokens:
+        return [torch.arange(start, min(start + size, len(lengths))) for start in range(0, len(lengths), size)]
+    order = torch.sort(lengths, descending=True, stable=True).indices
+    groups: list[list[int]] = []
+    for row in order.tolist():
+        if groups and (len(groups[-1]) + 1) * int(lengths[groups[-1][0]]) <= max_tokens:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return [torch.tensor(group) for group in groups]

@@ -15,7 +15,9 @@ What megatron-core 0.16 asks of CUDA on the paths rl360 uses, and the CPU answer
   schedules, the optimizer's loss scale) -> created on / kept on the CPU, by a `TorchFunctionMode`;
 - the mixed-precision and distributed optimizers sort parameters by `param.type()` and accept only CUDA type
   names ("torch.cuda.BFloat16Tensor", ...) -> the same mode answers `Tensor.type()` (no arguments) with the
-  CUDA name of a CPU tensor's type, so bf16 parameters get their fp32 main copies as on a GPU.
+  CUDA name of a CPU tensor's type, so bf16 parameters get their fp32 main copies as on a GPU;
+- activation recomputation re-runs layers (`device="cuda"` masks included) during the backward pass, where
+  the mode is off (megatron starts it through a call the mode handles) -> the recomputing backward enters it.
 
 The mode is entered once and never exited, rather than wrapped around each megatron call, so every
 code path (schedules, optimizer, checkpointing) is covered without callers having to know. PyTorch keeps
@@ -44,6 +46,7 @@ def activate_cpu_compat() -> None:
         _patch_cuda_module()
         _patch_megatron_rng()
         _patch_megatron_clip_grads()
+        _patch_megatron_recompute()
         _PATCHED = True
     if not getattr(_THREAD, "mode_entered", False):
         _CudaToCpu().__enter__()  # stays entered for the life of the thread
@@ -87,6 +90,21 @@ def _patch_megatron_clip_grads() -> None:
 
     clip_grads.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm
     optimizer.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm
+
+
+def _patch_megatron_recompute() -> None:
+    """Activation recomputation re-runs layers inside the backward pass, which megatron's schedule starts
+    through `torch.autograd.backward`: a call the mode handles, with the mode off while it runs. The
+    recomputing backward enters the mode again."""
+    from megatron.core.tensor_parallel import random as mp_random
+
+    original = mp_random.CheckpointFunction.backward
+
+    def backward(ctx, *args):
+        with _CudaToCpu():
+            return original(ctx, *args)
+
+    mp_random.CheckpointFunction.backward = staticmethod(backward)
 
 
 class _NullStream:

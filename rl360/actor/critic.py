@@ -65,7 +65,7 @@ class CriticWorker(PolicyWorker):
 
         with torch.no_grad():
             outputs = self._schedule(self.models, micro, collect, forward_only=True)
-        return torch.cat(outputs, dim=0).cpu() if self.last_stage else None
+        return self._in_batch_order(outputs).cpu() if self.last_stage else None
 
     def _loss(self, values: torch.Tensor, mb: RolloutBatch, normalizer: float, num_micro: int):
         """Clipped value loss of one micro-batch, scaled like the policy's (see `PolicyWorker._loss`)."""

@@ -14,13 +14,21 @@ from functools import partial
 import torch
 
 from megatron_bridge import Bridge
-from rl360.actor.batch import RolloutBatch
+from rl360.actor.batch import RolloutBatch, micro_batch_rows
 from rl360.actor.parallel import init_parallel
 from rl360.actor.vocab_parallel import logprobs_and_entropy, without_padding
 from rl360.algos.losses import agg_loss, agg_normalizer, get_policy_loss, kl_penalty, rollout_correction
 from rl360.config import RunConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# actor.recompute -> megatron's activation recomputation: none keeps every activation for the backward pass;
+# selective recomputes core attention (its softmax inputs are the largest activations of long sequences);
+# full keeps only each layer's input and recomputes the layer in the backward pass
+RECOMPUTE = {
+    "none": {},
+    "selective": {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
+    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+}
 
 
 class PolicyWorker:
@@ -63,7 +71,8 @@ class PolicyWorker:
         return self.cfg.algorithm.kl_coef > 0 or self.cfg.algorithm.kl_in_reward_coef > 0
 
     def _build_model(self, dtype: torch.dtype) -> list:
-        chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype)
+        chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype,
+                                               training=RECOMPUTE[self.cfg.actor.recompute])
         if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
             for chunk in chunks:                   # each activation's shape before the activation
                 chunk.config.variable_seq_lengths = True
@@ -94,7 +103,7 @@ class PolicyWorker:
 
         with torch.no_grad():
             outputs = self._schedule(models, micro, collect, forward_only=True)
-        return torch.cat(outputs, dim=0).cpu() if self.last_stage else None
+        return self._in_batch_order(outputs).cpu() if self.last_stage else None
 
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits of the current policy for right-padded `input_ids` (tests and eval at
@@ -198,8 +207,19 @@ class PolicyWorker:
         return self.cfg.actor.micro_batch_size
 
     def _micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
-        size = self.micro_batch_size
-        return [batch.select(slice(i, i + size)) for i in range(0, len(batch), size)]
+        """`batch` in micro-batches (by count, or by `actor.max_tokens_per_micro_batch`), each cut to its
+        longest row; `_in_batch_order` puts their per-row results back in `batch`'s order."""
+        rows = micro_batch_rows(batch.sequence_lengths(), self.micro_batch_size,
+                                self.cfg.actor.max_tokens_per_micro_batch)
+        self._micro_rows = torch.cat(rows)
+        return [batch.select(group).cropped() for group in rows]
+
+    def _in_batch_order(self, outputs: list[torch.Tensor]) -> torch.Tensor:
+        """Per-row results of the last `_micro_batches` split, concatenated in the batch's row order."""
+        joined = torch.cat(outputs, dim=0)
+        result = torch.empty_like(joined)
+        result[self._micro_rows.to(joined.device)] = joined
+        return result
 
     def _schedule(self, models, micro: list[RolloutBatch], on_logits, forward_only: bool) -> list:
         """Run megatron's forward-backward schedule; `on_logits(logits, mb)` is the loss (or collector)."""
@@ -222,7 +242,7 @@ class PolicyWorker:
             model=models,
             num_microbatches=len(micro),
             seq_length=width,
-            micro_batch_size=self.micro_batch_size,
+            micro_batch_size=max(len(mb) for mb in micro),
             forward_only=forward_only,
             collect_non_loss_data=forward_only,
         )

@@ -187,10 +187,9 @@ class RolloutManager:
     async def _start_engines(self, use_gpu: bool) -> None:
         rollout, kind = self.cfg.rollout, self.cfg.rollout.engine
         if kind == "hf":
+            from rl360.actor.policy import DTYPES
             from rl360.cluster import WorkerGroup
             from rl360.rollout.hf_engine import HFEngine
-
-            from rl360.actor.policy import DTYPES
 
             group = WorkerGroup(HFEngine, 1, self.cfg.model.path, DTYPES[self.cfg.model.dtype], use_gpu=use_gpu,
                                 name="rollout", distributed=False, num_threads=self.cfg.trainer.num_threads)
