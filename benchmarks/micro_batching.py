@@ -1,15 +1,21 @@
-"""Policy-update throughput with token-budget micro-batches beside fixed-size ones, from one run.
+"""Policy-update throughput: fixed micro-batches, token budgets and packed sequences, from one run.
 
     python benchmarks/micro_batching.py [--rows 64] [--micro 8] [--repeats 3] [--json FILE]
 
 One Megatron policy rank (this process, gloo, CPU or the GPU there is) with a Qwen2-shaped random model; a
 batch of `--rows` responses whose lengths spread as RL responses do (prompts 32-128 tokens, responses from a
 log-normal around 200 tokens, capped at 1,024). The same gradient is computed (`accumulate_gradients`: every
-micro-batch's forward and backward) with `actor.micro_batch_size=--micro` (rows in batch order, each
-micro-batch cut to its own longest row) and with `actor.max_tokens_per_micro_batch` set to `--micro` x the
-batch's longest row (the largest micro-batch the fixed split may meet: the same peak activation size). Printed:
-real (unpadded) tokens per second of each, their ratio, and the padded tokens each computed (before micro-batches
-were cut to their longest row, every one was as wide as the batch: `--rows` x the longest row).
+micro-batch's forward and backward) five ways:
+
+- `local_fixed`: megatron's unfused local attention, `actor.micro_batch_size=--micro` (the policy before this
+  work, except that each micro-batch is now cut to its own longest row);
+- `fixed`: the same split on `model.attention=torch` (SDPA kernels);
+- `token_budget`: `actor.max_tokens_per_micro_batch` = `--micro` x the batch's longest row (the largest
+  micro-batch the fixed split may meet: the same peak activation size), rows longest first;
+- `packed`: `actor.pack_sequences=true` with the same budget counted in real tokens (no padding at all).
+
+Printed: real (unpadded) tokens per second of each, the tokens each computed (padding included), and each
+run's throughput over `local_fixed`'s.
 """
 
 from __future__ import annotations
@@ -60,7 +66,11 @@ def timed(worker: PolicyWorker, batch, repeats: int) -> tuple[float, int]:
     for _ in range(repeats):
         worker.accumulate_gradients(batch)
     seconds = (time.perf_counter() - started) / repeats
-    padded = sum(len(mb) * mb.input_ids.shape[1] for mb in worker._micro_batches(batch))
+    micro = worker._micro_batches(batch)
+    if worker.cfg.actor.pack_sequences:
+        padded = sum(int(mb.sequence_lengths().sum()) for mb in micro)
+    else:
+        padded = sum(len(mb) * mb.input_ids.shape[1] for mb in micro)
     return seconds, padded
 
 
@@ -80,26 +90,29 @@ def main(argv: list[str] | None = None) -> None:
         common = [f"model.path={model}", "data.train_files=[unused.parquet]", "rollout.n=2", "algorithm.kl_coef=0",
                   f"data.batch_size={args.rows // 2}", f"actor.ppo_mini_batch_size={args.rows // 2}"]
         runs = {}
-        for name, extra in (("fixed", [f"actor.micro_batch_size={args.micro}"]),
-                            ("token_budget", [f"actor.max_tokens_per_micro_batch={budget}"])):
+        for name, extra in (("local_fixed", [f"actor.micro_batch_size={args.micro}", "model.attention=local"]),
+                            ("fixed", [f"actor.micro_batch_size={args.micro}"]),
+                            ("token_budget", [f"actor.max_tokens_per_micro_batch={budget}"]),
+                            ("packed", [f"actor.max_tokens_per_micro_batch={budget}", "actor.pack_sequences=true"])):
             worker = PolicyWorker(load_config(None, common + extra))
             batch.old_logprobs = torch.full_like(batch.response_mask, -1.0)
             seconds, padded = timed(worker, batch, args.repeats)
             runs[name] = {"seconds": seconds, "tokens_per_s": real_tokens / seconds, "padded_tokens": padded}
             del worker
-    ratio = runs["token_budget"]["tokens_per_s"] / runs["fixed"]["tokens_per_s"]
+    for run in runs.values():
+        run["over_local_fixed"] = run["tokens_per_s"] / runs["local_fixed"]["tokens_per_s"]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
     print(f"{args.rows} responses, {real_tokens} real tokens, longest row {int(batch.sequence_lengths().max())}; "
           f"{device}")
     for name, run in runs.items():
         print(f"{name:13} {run['tokens_per_s']:10.0f} tokens/s  {run['seconds']:7.2f} s  "
-              f"{run['padded_tokens']:7d} padded tokens")
-    print(f"token budget ({budget} tokens) / fixed ({args.micro} rows): {ratio:.2f}x tokens/s")
+              f"{run['padded_tokens']:7d} tokens computed  {run['over_local_fixed']:5.2f}x")
+    print(f"budget {budget} tokens, fixed {args.micro} rows a micro-batch")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "command": " ".join(["python benchmarks/micro_batching.py", *(sys.argv[1:] if argv is None else argv)]),
             "machine": f"{platform.machine()}, {device}", "rows": args.rows, "real_tokens": real_tokens,
-            "budget_tokens": budget, "runs": runs, "token_budget_over_fixed": ratio}, indent=1))
+            "budget_tokens": budget, "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":

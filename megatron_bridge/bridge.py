@@ -63,10 +63,12 @@ class Bridge:
     # ---- Hugging Face -> megatron --------------------------------------------------------------------
 
     def to_megatron_model(self, load_weights: bool = True, params_dtype: torch.dtype = torch.float32,
-                          training: dict | None = None) -> list:
+                          training: dict | None = None, attention: str = "torch") -> list:
         """This rank's GPTModel chunks (one per rank: no virtual pipeline stages), built inside initialised
         megatron parallel state for its TP x PP position, with the HF weights loaded when `load_weights`;
-        `training`: TransformerConfig fields such as activation recomputation (see `to_megatron`)."""
+        `training`: TransformerConfig fields such as activation recomputation (see `to_megatron`);
+        `attention`: "torch" (`TorchCoreAttention`: SDPA kernels, packed sequences) or "local" (megatron's
+        unfused attention)."""
         from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -76,6 +78,12 @@ class Bridge:
                                      parallel_state.get_pipeline_model_parallel_world_size(),
                                      self.vocab_divisible_by, training)
         spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.arch.qk_layernorm)
+        if attention == "torch":
+            from megatron_bridge.attention import TorchCoreAttention
+
+            spec.submodules.self_attention.submodules.core_attention = TorchCoreAttention
+        elif attention != "local":
+            raise ValueError(f"attention={attention!r}: choose 'torch' or 'local'")
         model = GPTModel(config, spec, pre_process=parallel_state.is_pipeline_first_stage(),
                          post_process=parallel_state.is_pipeline_last_stage(), **kwargs)
         model = model.to(params_dtype)  # modules that ignore params_dtype (the torch RMSNorm fallback) too, as

@@ -26,6 +26,9 @@ class ConfigError(ValueError):
 class ModelConfig:
     path: str = ""  # Hugging Face model directory (config.json, safetensors, tokenizer)
     dtype: str = "float32"  # trainer parameter dtype: float32 | bfloat16
+    # core attention of the Megatron model: torch (scaled_dot_product_attention kernels; packed sequences) or
+    # local (megatron's unfused attention, the whole score matrix in memory)
+    attention: str = "torch"
 
 
 @dataclass
@@ -90,6 +93,9 @@ class ActorConfig:
     # (rows x the longest row), each cut to its longest row; micro_batch_size is then unused
     max_tokens_per_micro_batch: int = 0
     recompute: str = "none"  # activation recomputation: none | selective (core attention) | full (every layer)
+    # micro-batches as one packed row (thd: sequences back to back, no padding; needs model.attention=torch),
+    # max_tokens_per_micro_batch then counts real tokens
+    pack_sequences: bool = False
     ppo_epochs: int = 1  # passes over each step's rollouts
     clip_ratio_low: float | None = None  # clip: ratio >= 1 - this (None: the loss's default, 0.2; gspo: 3e-4)
     clip_ratio_high: float | None = None  # clip: ratio <= 1 + this (None: 0.2; gspo: 4e-4; DAPO clip-higher: 0.28)
@@ -220,6 +226,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "actor.loss_agg_mode": AGG_MODES,
     "actor.rollout_correction": ("none", "tis", "mask"),
     "actor.recompute": ("none", "selective", "full"),
+    "model.attention": ("torch", "local"),
     "actor.rollout_is_level": ROLLOUT_IS_LEVELS,
     "algorithm.filter_groups_metric": ("acc", "score"),
     "algorithm.kl_estimator": KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS),
@@ -357,6 +364,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.rollout.colocate and (cfg.rollout.engine == "hf" or cfg.rollout.mode != "sync"):
         raise ConfigError("rollout.colocate=true needs rollout.engine=server or sglang and rollout.mode=sync "
                           f"(got engine={cfg.rollout.engine}, mode={cfg.rollout.mode})")
+    if cfg.actor.pack_sequences and cfg.model.attention != "torch":
+        raise ConfigError("actor.pack_sequences=true needs model.attention=torch (megatron's local attention "
+                          "refuses packed sequences)")
     if cfg.rollout.partial and (cfg.rollout.engine == "hf" or cfg.rollout.mode != "async"):
         raise ConfigError("rollout.partial=true needs rollout.engine=server or sglang and rollout.mode=async "
                           f"(got engine={cfg.rollout.engine}, mode={cfg.rollout.mode}): only then can a weight "

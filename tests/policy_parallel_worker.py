@@ -13,11 +13,11 @@ from rl360.config import load_config
 from tests.dp_worker import fixed_batch
 
 
-def config(model_dir: str, mode: str, tp: int, pp: int, micro: int):
+def config(model_dir: str, mode: str, tp: int, pp: int, micro: int, *extra: str):
     return load_config(None, [f"model.path={model_dir}", "data.train_files=[unused.parquet]", "rollout.n=4",
                               "data.batch_size=4", "actor.ppo_mini_batch_size=4", f"actor.micro_batch_size={micro}",
                               f"actor.loss_agg_mode={mode}", "actor.entropy_coeff=0.01", "algorithm.kl_coef=0.01",
-                              f"actor.parallel.tensor={tp}", f"actor.parallel.pipeline={pp}"])
+                              f"actor.parallel.tensor={tp}", f"actor.parallel.pipeline={pp}", *extra])
 
 
 def gradient_as_hf(worker: PolicyWorker) -> dict[str, torch.Tensor]:
@@ -41,9 +41,10 @@ def logprobs_and_gradient(worker: PolicyWorker) -> tuple[torch.Tensor | None, di
     return logprobs, gradient_as_hf(worker)
 
 
-def main(model_dir: str, out_dir: str, mode: str, tp: str, pp: str, micro: str) -> None:
-    worker = PolicyWorker(config(model_dir, mode, int(tp), int(pp), int(micro)), rank=int(os.environ["RANK"]),
-                          world_size=int(os.environ["WORLD_SIZE"]), master_port=int(os.environ["MASTER_PORT"]))
+def main(model_dir: str, out_dir: str, mode: str, tp: str, pp: str, micro: str, extra: str = "") -> None:
+    worker = PolicyWorker(config(model_dir, mode, int(tp), int(pp), int(micro), *filter(None, extra.split(" "))),
+                          rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                          master_port=int(os.environ["MASTER_PORT"]))
     logprobs, gradient = logprobs_and_gradient(worker)
     rank = dist.get_rank()
     save_file(gradient, f"{out_dir}/gradient_rank{rank}.safetensors")

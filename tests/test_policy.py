@@ -236,3 +236,27 @@ def test_activation_recomputation_gives_the_same_gradients(megatron_single_rank,
         worker.accumulate_gradients(batch)
         grads.append(torch.cat([p.main_grad.flatten().cpu() for p in worker.models[0].parameters()]))
     assert grads[0].abs().sum() > 0 and (grads[1] - grads[0]).abs().max().item() <= 1e-6
+
+
+def test_torch_attention_and_packed_sequences_match_megatrons_local_attention(megatron_single_rank, model_dir):
+    """model.attention=torch (SDPA kernels) gives megatron's local-attention numbers; actor.pack_sequences
+    (one packed row per micro-batch, attention within each sequence) gives them too, at any token budget."""
+    batch = _rollouts(HFEngine(model_dir), seed=6)
+    results = {}
+    for name, overrides in {"local": ["model.attention=local"], "torch": [], "packed": ["actor.pack_sequences=true"],
+                            "packed_budget": ["actor.pack_sequences=true", "actor.max_tokens_per_micro_batch=20"]
+                            }.items():
+        worker = PolicyWorker(_config(model_dir, *overrides, "actor.micro_batch_size=5"))
+        logprobs = worker.compute_logprobs(batch)
+        batch.old_logprobs = logprobs - 0.05
+        worker.accumulate_gradients(batch)
+        results[name] = logprobs, torch.cat([p.main_grad.flatten().cpu() for p in worker.models[0].parameters()])
+        if name == "packed_budget":
+            micro = worker._micro_batches(batch)
+            assert len(micro) > 2 and all(int(mb.sequence_lengths().sum()) <= 20 or len(mb) == 1 for mb in micro)
+    local_logprobs, local_grad = results["local"]
+    assert local_grad.abs().sum() > 0
+    for name in ("torch", "packed", "packed_budget"):
+        logprobs, grad = results[name]
+        assert (logprobs - local_logprobs).abs().max().item() <= 1e-5, name
+        assert (grad - local_grad).abs().max().item() <= 1e-6, name

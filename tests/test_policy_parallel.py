@@ -1,5 +1,5 @@
 """The Megatron policy at TP=2 and PP=2 (gloo processes) against the same policy in one process: the same
-log-probs and the same gradient, for each loss aggregation, with uneven micro-batches."""
+log-probs and the same gradient, for each loss aggregation, with uneven micro-batches, padded or packed."""
 
 import pytest
 import torch
@@ -19,13 +19,20 @@ def model_dir(tmp_path_factory):
     return make_tiny_qwen2(str(tmp_path_factory.mktemp("policy_tp")), tie_word_embeddings=True, seed=5)
 
 
-@pytest.mark.parametrize("tp, pp, mode", [(2, 1, "token-mean"), (1, 2, "seq-mean-token-sum-norm"),
-                                          (2, 1, "seq-mean-token-mean"), (1, 2, "token-mean")])
-def test_model_parallel_policy_matches_one_rank(megatron_single_rank, model_dir, tmp_path, tp, pp, mode):
+PACKED = "actor.pack_sequences=true"
+
+
+@pytest.mark.parametrize("tp, pp, mode, extra", [
+    (2, 1, "token-mean", ""), (1, 2, "seq-mean-token-sum-norm", ""), (2, 1, "seq-mean-token-mean", ""),
+    (1, 2, "token-mean", ""),
+    # packed sequences (one row per micro-batch, no padding) against the padded one-rank policy
+    (2, 1, "seq-mean-token-mean", PACKED), (1, 2, "token-mean", f"{PACKED} actor.max_tokens_per_micro_batch=24"),
+])
+def test_model_parallel_policy_matches_one_rank(megatron_single_rank, model_dir, tmp_path, tp, pp, mode, extra):
     micro = 3  # 16 samples in micro-batches of 3: the last one is smaller, and widths differ
     expected_logprobs, expected_gradient = logprobs_and_gradient(PolicyWorker(config(model_dir, mode, 1, 1, micro)))
     run_ranks("tests.policy_parallel_worker:main", tp * pp, [model_dir, str(tmp_path), mode, str(tp), str(pp),
-                                                             str(micro)], timeout_s=600)
+                                                             str(micro), extra], timeout_s=600)
     returning = [rank for rank in range(tp * pp) if (tmp_path / f"logprobs_rank{rank}.pt").exists()]
     assert returning == list(range(tp * pp - tp, tp * pp))  # the last stage's ranks hold the log-probs
     for rank in returning:

@@ -59,6 +59,23 @@ class RolloutBatch:
         offsets = torch.arange(self.response_ids.shape[1], device=self.response_ids.device)
         return (self.response_start[:, None] + offsets[None, :] - 1).clamp(max=self.input_ids.shape[1] - 1)
 
+    def packed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rows back to back in one row, each cut to its length (`sequence_lengths`): input_ids [1, T],
+        position_ids [1, T] (from 0 in each sequence) and cu_seqlens [B + 1] (int32: where each one starts)."""
+        lengths = self.sequence_lengths().tolist()
+        input_ids = torch.cat([self.input_ids[row, :length] for row, length in enumerate(lengths)])
+        positions = torch.cat([torch.arange(length, device=self.input_ids.device) for length in lengths])
+        starts = torch.tensor([0, *lengths], device=self.input_ids.device).cumsum(0).to(torch.int32)
+        return input_ids[None], positions[None], starts
+
+    def packed_response_positions(self) -> torch.Tensor:
+        """[B, R] positions in the packed row (`packed`) of the logits that predict each response token."""
+        lengths = self.sequence_lengths()
+        starts = torch.cumsum(lengths, 0) - lengths
+        offsets = torch.arange(self.response_ids.shape[1], device=self.response_ids.device)
+        positions = starts[:, None] + self.response_start[:, None] + offsets[None, :] - 1
+        return positions.clamp(max=int(lengths.sum()) - 1)
+
 
 def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],
                 pad_id: int = 0) -> RolloutBatch:
@@ -79,17 +96,21 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: 
     return RolloutBatch(input_ids, response_start, response_ids, response_mask, rollout_logprobs)
 
 
-def micro_batch_rows(lengths: torch.Tensor, size: int, max_tokens: int = 0) -> list[torch.Tensor]:
+def micro_batch_rows(lengths: torch.Tensor, size: int, max_tokens: int = 0,
+                     packed: bool = False) -> list[torch.Tensor]:
     """The rows of each micro-batch. `max_tokens` 0: `size` rows each, in order. Otherwise rows longest first,
-    each micro-batch as many as fit in `max_tokens` padded tokens (rows x its longest row); a row longer than
-    the budget is a micro-batch of its own."""
+    each micro-batch as many as fit in `max_tokens` tokens: padded (rows x its longest row), or `packed` (the
+    sum of their lengths); a row longer than the budget is a micro-batch of its own."""
     if not max_tokens:
         return [torch.arange(start, min(start + size, len(lengths))) for start in range(0, len(lengths), size)]
     order = torch.sort(lengths, descending=True, stable=True).indices
     groups: list[list[int]] = []
     for row in order.tolist():
-        if groups and (len(groups[-1]) + 1) * int(lengths[groups[-1][0]]) <= max_tokens:
-            groups[-1].append(row)
-        else:
-            groups.append([row])
+        if groups:
+            grown = groups[-1] + [row]
+            tokens = sum(int(lengths[r]) for r in grown) if packed else len(grown) * int(lengths[grown[0]])
+            if tokens <= max_tokens:
+                groups[-1] = grown
+                continue
+        groups.append([row])
     return [torch.tensor(group) for group in groups]

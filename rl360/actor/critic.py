@@ -61,7 +61,8 @@ class CriticWorker(PolicyWorker):
         micro = self._micro_batches(batch)
 
         def collect(values: torch.Tensor, mb: RolloutBatch, non_loss_data: bool = True):
-            return (values[_response_positions_rows(values, mb)] * mb.response_mask).detach()
+            positions = _response_positions_rows(values, mb, self.cfg.actor.pack_sequences)
+            return (values[positions] * mb.response_mask).detach()
 
         with torch.no_grad():
             outputs = self._schedule(self.models, micro, collect, forward_only=True)
@@ -70,7 +71,7 @@ class CriticWorker(PolicyWorker):
     def _loss(self, values: torch.Tensor, mb: RolloutBatch, normalizer: float, num_micro: int):
         """Clipped value loss of one micro-batch, scaled like the policy's (see `PolicyWorker._loss`)."""
         mask = mb.response_mask
-        predicted = values[_response_positions_rows(values, mb)]
+        predicted = values[_response_positions_rows(values, mb, self.cfg.actor.pack_sequences)]
         per_token, clipped = value_loss(predicted, mb.values, mb.returns, self.cfg.critic.cliprange_value)
         loss = agg_loss(per_token, mask, self.cfg.actor.loss_agg_mode, normalizer,
                         self.cfg.rollout.max_response_length)

@@ -72,7 +72,8 @@ class PolicyWorker:
 
     def _build_model(self, dtype: torch.dtype) -> list:
         chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype,
-                                               training=RECOMPUTE[self.cfg.actor.recompute])
+                                               training=RECOMPUTE[self.cfg.actor.recompute],
+                                               attention=self.cfg.model.attention)
         if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
             for chunk in chunks:                   # each activation's shape before the activation
                 chunk.config.variable_seq_lengths = True
@@ -210,7 +211,7 @@ class PolicyWorker:
         """`batch` in micro-batches (by count, or by `actor.max_tokens_per_micro_batch`), each cut to its
         longest row; `_in_batch_order` puts their per-row results back in `batch`'s order."""
         rows = micro_batch_rows(batch.sequence_lengths(), self.micro_batch_size,
-                                self.cfg.actor.max_tokens_per_micro_batch)
+                                self.cfg.actor.max_tokens_per_micro_batch, self.cfg.actor.pack_sequences)
         self._micro_rows = torch.cat(rows)
         return [batch.select(group).cropped() for group in rows]
 
@@ -223,12 +224,20 @@ class PolicyWorker:
 
     def _schedule(self, models, micro: list[RolloutBatch], on_logits, forward_only: bool) -> list:
         """Run megatron's forward-backward schedule; `on_logits(logits, mb)` is the loss (or collector)."""
+        from megatron.core.packed_seq_params import PackedSeqParams
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator).to(self.device)
-            positions = torch.arange(mb.input_ids.shape[1], device=self.device).expand_as(mb.input_ids)
-            logits = model(mb.input_ids, positions, None)  # earlier stages: hidden states for the next one
+            if self.cfg.actor.pack_sequences:  # one row, sequences back to back, attention within each
+                input_ids, positions, starts = mb.packed()
+                longest = int((starts[1:] - starts[:-1]).max())
+                packing = PackedSeqParams(qkv_format="thd", cu_seqlens_q=starts, cu_seqlens_kv=starts,
+                                          max_seqlen_q=longest, max_seqlen_kv=longest)
+                logits = model(input_ids, positions, None, packed_seq_params=packing)
+            else:
+                positions = torch.arange(mb.input_ids.shape[1], device=self.device).expand_as(mb.input_ids)
+                logits = model(mb.input_ids, positions, None)  # earlier stages: hidden states for the next one
             if self.last_stage:
                 logits = self._head_output(logits)
             if forward_only:
@@ -256,7 +265,7 @@ class PolicyWorker:
                               with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[B, R] log-probs of the response tokens under softmax(logits / temperature) (0 past each
         response) and the entropy of that distribution at each response position."""
-        rows, positions = _response_positions_rows(logits, mb)
+        rows, positions = _response_positions_rows(logits, mb, self.cfg.actor.pack_sequences)
         response_logits = logits[rows, positions].float() / self.cfg.rollout.temperature
         logprobs, entropy = logprobs_and_entropy(response_logits, mb.response_ids, self.vocab_start, with_entropy)
         return logprobs * (mb.response_mask > 0), entropy
@@ -323,8 +332,12 @@ class PolicyWorker:
         return {"model": model_state, "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=loading)}
 
 
-def _response_positions_rows(output: torch.Tensor, mb: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Index of `output` [B, T, ...] at the positions that predict each response token: [B, R, ...]."""
+def _response_positions_rows(output: torch.Tensor, mb: RolloutBatch,
+                             packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index of `output` ([B, T, ...], or [1, T, ...] when `packed`) at the positions that predict each
+    response token: [B, R, ...]."""
+    if packed:
+        return torch.zeros(len(mb), 1, dtype=torch.long, device=output.device), mb.packed_response_positions()
     rows = torch.arange(output.shape[0], device=output.device)[:, None]
     return rows, mb.response_positions()
 
