@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
 
     add_serve_parser(commands)
 
+    from rl360.plan import add_plan_parser
+
+    add_plan_parser(commands)
+
     args = parser.parse_args(argv)
     from rl360.config import ConfigError
 

@@ -192,6 +192,8 @@ class TrainerConfig:
     save_every: int = 0  # write a resumable checkpoint every this many steps, and at the end (0: never)
     keep_checkpoints: int = 2  # newest checkpoints kept under <output_dir>/checkpoints
     resume: bool = True  # continue from <output_dir>/checkpoints/latest when it exists
+    # on GPUs: refuse to start a layout whose estimated memory (`rl360 plan`) exceeds the GPU's
+    memory_check: bool = True
 
 
 @dataclass

@@ -19,8 +19,9 @@ from rl360.algos.kl_control import KLController
 from rl360.algos.losses import kl_penalty
 from rl360.checkpointing import ConvertInfo, load_checkpoint, open_checkpoints, save_checkpoint
 from rl360.cluster import WorkerGroup, start_ray
-from rl360.config import RunConfig, to_dict
+from rl360.config import ConfigError, RunConfig, to_dict
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream
+from rl360.plan import GIB, plan
 from rl360.rewards import register_reward_path
 from rl360.rewards.check import check_reward_data, judge_configured
 from rl360.rewards.pool import open_reward_pool
@@ -58,6 +59,11 @@ def train(cfg: RunConfig) -> Path:
         start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus or max(
             os.cpu_count() or 1, policy_ranks * (2 if use_critic else 1) + in_process_engines))
         use_gpu = torch.cuda.is_available()
+        if use_gpu and cfg.trainer.memory_check:  # a layout that cannot fit stops here, not at an OOM an hour in
+            problem = plan(cfg, torch.cuda.get_device_properties(0).total_memory / GIB).problem()
+            if problem is not None:
+                raise ConfigError(f"{problem}; `rl360 plan` prints every term (trainer.memory_check=false to "
+                                  "start anyway)")
         policy = PolicyGroup(WorkerGroup(PolicyWorker, policy_ranks, cfg, use_gpu=use_gpu, name="policy"))
         critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, use_gpu=use_gpu, name="critic")) \
             if use_critic else None

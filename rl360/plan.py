@@ -1,0 +1,200 @@
+"""`rl360 plan CONFIG`: the memory one GPU of a run's layout needs, term by term, and whether it fits.
+
+    rl360 plan configs/my_run.yaml [key=value ...] [--gpu-memory-gb 80] [--gpus-per-node 8]
+
+Counted for the fullest policy rank (the pipeline stage holding the most; tensor-parallel slices as megatron
+makes them, the vocabulary padded as the bridge pads it) from the model's `config.json` alone:
+
+- weights: parameters x `model.dtype` bytes; gradients: megatron's fp32 gradient buffer (4 bytes a parameter);
+  optimizer: Adam's two fp32 moments, plus the fp32 main copy of bf16 weights (megatron's mixed precision);
+  the reference model (weights only) when a KL term needs it; the critic (its own weights, gradients and
+  optimizer) for PPO.
+- activations of the micro-batches in flight (1F1B keeps up to PP of them on the first stage): per layer and
+  token, 34 x hidden bytes / TP at 2-byte activations (Korthikanti et al., 2022), doubled at fp32, plus the
+  attention score matrix with `model.attention=local` (5 x heads x sequence bytes per token / TP);
+  `actor.recompute=selective` keeps no scores, `full` keeps each layer's input (2 x hidden bytes) and one
+  layer's working set; the last stage adds the vocabulary logits (its slice) in the dtype and in fp32.
+  Tokens per micro-batch: `actor.max_tokens_per_micro_batch`, else micro_batch_size x (prompt + response).
+- rollout engines: `rollout.colocate` puts them on the trainer's GPUs, taking `rollout.mem_fraction` of each
+  while they generate (training keeps its weights, gradients and optimizer meanwhile); otherwise they have
+  GPUs of their own, holding the weights (in `model.dtype`, split over `rollout.engine_tensor_parallel`) and
+  a KV cache in the rest of `mem_fraction`, reported as the tokens it holds against one step's rollouts.
+
+It is an estimate from shapes (allocator fragmentation, CUDA context and NCCL buffers take a few GB more: 2 GiB
+is reserved for them). `tests/test_plan.py` checks the weights, gradients and optimizer terms against the
+tensors megatron allocates for small models on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megatron_bridge.arch import get_architecture
+from megatron_bridge.config_map import head_dim, num_query_groups, padded_vocab_size
+
+GIB = 1024 ** 3
+RESERVED_GIB = 2.0  # CUDA context, NCCL buffers, fragmentation
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+@dataclass
+class Term:
+    name: str
+    bytes: float
+    phase: str  # "train" (while the policy updates), "rollout" (while colocated engines generate) or "both"
+
+
+@dataclass
+class Plan:
+    terms: list[Term]
+    gpu_memory_gb: float
+    engine_lines: list[str]  # what the engines' own GPUs hold (disaggregated engines)
+
+    def total(self, phase: str) -> float:
+        return sum(term.bytes for term in self.terms if term.phase in (phase, "both")) + RESERVED_GIB * GIB
+
+    def largest(self, phase: str) -> Term:
+        return max((term for term in self.terms if term.phase in (phase, "both")), key=lambda term: term.bytes)
+
+    def fits(self) -> bool:
+        return all(self.total(phase) <= self.gpu_memory_gb * GIB for phase in ("train", "rollout"))
+
+    def problem(self) -> str | None:
+        """None when it fits; else which phase does not, by how much, and its largest term."""
+        for phase in ("train", "rollout"):
+            total = self.total(phase)
+            if total > self.gpu_memory_gb * GIB:
+                big = self.largest(phase)
+                return (f"the {phase} phase needs {total / GIB:.1f} GiB a GPU, more than {self.gpu_memory_gb:g} "
+                        f"GiB; the largest term is {big.name} ({big.bytes / GIB:.1f} GiB)")
+        return None
+
+    def report(self) -> str:
+        lines = [f"{'term':44} {'GiB':>8}  phase"]
+        lines += [f"{term.name:44} {term.bytes / GIB:8.2f}  {term.phase}" for term in self.terms]
+        lines.append(f"{'reserved (CUDA context, NCCL, fragmentation)':44} {RESERVED_GIB:8.2f}  both")
+        for phase in ("train", "rollout"):
+            lines.append(f"{'total while ' + ('training' if phase == 'train' else 'generating'):44} "
+                         f"{self.total(phase) / GIB:8.2f}  of {self.gpu_memory_gb:g}")
+        lines += self.engine_lines
+        problem = self.problem()
+        lines.append("fits" if problem is None else f"does not fit: {problem}")
+        return "\n".join(lines)
+
+
+def rank_parameters(hf: dict[str, Any], tensor: int = 1, pipeline: int = 1, stage: int = 0,
+                    vocab_divisible_by: int = 128) -> int:
+    """Parameters one tensor-parallel rank of pipeline `stage` holds in the bridge's megatron model."""
+    arch = get_architecture(hf)
+    hidden, ffn, layers = hf["hidden_size"], hf["intermediate_size"], hf["num_hidden_layers"]
+    heads, groups, width = hf["num_attention_heads"], num_query_groups(hf), head_dim(hf)
+    qkv_rows = (heads + 2 * groups) * width // tensor
+    per_layer = (qkv_rows * hidden + (qkv_rows if arch.qkv_bias else 0)  # linear_qkv
+                 + hidden * heads * width // tensor  # linear_proj
+                 + 2 * ffn // tensor * hidden + hidden * ffn // tensor  # gate/up and down
+                 + 2 * hidden  # input and pre-MLP norms
+                 + (2 * width if arch.qk_layernorm else 0))
+    count = per_layer * layers // pipeline
+    embedding = padded_vocab_size(hf["vocab_size"], tensor, vocab_divisible_by) // tensor * hidden
+    first, last = stage == 0, stage == pipeline - 1
+    if first:
+        count += embedding
+    if last:
+        count += hidden  # final norm
+        if not hf.get("tie_word_embeddings") or not first:  # an output layer of its own (tied: a copy at PP > 1)
+            count += embedding
+    return count
+
+
+def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
+    hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
+    parallel, actor, rollout = cfg.actor.parallel, cfg.actor, cfg.rollout
+    tp, pp = parallel.tensor, parallel.pipeline
+    dtype = DTYPE_BYTES[cfg.model.dtype]
+    params = max(rank_parameters(hf, tp, pp, stage) for stage in range(pp))
+    optimizer_bytes = 8 + (4 if dtype == 2 else 0)
+    terms = [Term("policy weights", params * dtype, "both"), Term("policy gradients (fp32 buffer)", params * 4, "both"),
+             Term(f"policy optimizer (Adam{' + fp32 main weights' if dtype == 2 else ''})",
+                  params * optimizer_bytes, "both")]
+    if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
+        terms.append(Term("reference model weights", params * dtype, "both"))
+    if cfg.algorithm.adv_estimator == "gae":
+        terms.append(Term("critic weights, gradients, optimizer", params * (dtype + 4 + optimizer_bytes), "both"))
+    terms.append(Term(f"activations (recompute={actor.recompute})", activation_bytes(cfg, hf), "train"))
+    engine_lines = []
+    if rollout.colocate:
+        terms.append(Term(f"colocated engine (mem_fraction {rollout.mem_fraction:g})",
+                          rollout.mem_fraction * gpu_memory_gb * GIB, "rollout"))
+    elif rollout.engine == "sglang":
+        engine_lines = engine_report(cfg, hf, gpu_memory_gb)
+    return Plan(terms, gpu_memory_gb, engine_lines)
+
+
+def activation_bytes(cfg: Any, hf: dict[str, Any]) -> float:
+    """Activations kept for the backward pass on the fullest rank (see the module docstring)."""
+    actor, parallel = cfg.actor, cfg.actor.parallel
+    tp, pp = parallel.tensor, parallel.pipeline
+    sequence = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    tokens = actor.max_tokens_per_micro_batch or actor.micro_batch_size * sequence
+    responses = cfg.actor.ppo_mini_batch_size * cfg.rollout.n // parallel.data
+    micro_batches = max(1, -(-responses * sequence // tokens))
+    in_flight = min(pp, micro_batches)
+    hidden, layers = hf["hidden_size"], hf["num_hidden_layers"] // pp
+    scale = DTYPE_BYTES[cfg.model.dtype] / 2
+    working = 34 * tokens * hidden / tp * scale  # one layer's activations per micro-batch
+    scores = 5 * hf["num_attention_heads"] * min(sequence, tokens) * tokens / tp if cfg.model.attention == "local" \
+        else 0.0
+    if actor.recompute == "full":
+        per_micro = layers * 2 * tokens * hidden * scale + working + scores
+    else:
+        per_micro = layers * (working + (scores if actor.recompute == "none" else 0.0))
+    vocab = padded_vocab_size(hf["vocab_size"], tp) / tp
+    logits = tokens * vocab * (DTYPE_BYTES[cfg.model.dtype] + 4)
+    return in_flight * per_micro + logits
+
+
+def engine_report(cfg: Any, hf: dict[str, Any], gpu_memory_gb: float) -> list[str]:
+    """What one disaggregated engine's GPUs hold: weights, and the KV cache room against a step's tokens."""
+    rollout = cfg.rollout
+    engine_tp = rollout.engine_tensor_parallel
+    dtype = DTYPE_BYTES[cfg.model.dtype]
+    weights = rank_parameters(hf, engine_tp, 1, 0) * dtype
+    room = rollout.mem_fraction * gpu_memory_gb * GIB - weights
+    kv_per_token = 2 * hf["num_hidden_layers"] * max(1, num_query_groups(hf) // engine_tp) * head_dim(hf) * dtype
+    step_tokens = cfg.data.batch_size * rollout.n * (cfg.data.max_prompt_length + rollout.max_response_length)
+    held = max(room, 0) / kv_per_token * rollout.num_engines
+    lines = [f"each engine GPU (tp {engine_tp}): weights {weights / GIB:.2f} GiB, KV cache "
+             f"{max(room, 0) / GIB:.2f} GiB = {held / rollout.num_engines:,.0f} tokens"]
+    lines.append(f"{rollout.num_engines} engine(s) hold {held:,.0f} tokens; one step's rollouts are at most "
+                 f"{step_tokens:,} ({min(held / step_tokens, 1.0):.0%} of them at once)")
+    if room <= 0:
+        lines.append(f"the engines do not fit: their weights take more than mem_fraction {rollout.mem_fraction:g} "
+                     f"of {gpu_memory_gb:g} GiB")
+    return lines
+
+
+def add_plan_parser(commands) -> None:
+    parser = commands.add_parser("plan", help="per-GPU memory of a config's layout, and whether it fits")
+    parser.add_argument("config", help="YAML config")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides")
+    parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU (H100: 80)")
+    parser.add_argument("--gpus-per-node", type=int, default=8,
+                        help="GPUs a node has (to say how many nodes the layout takes)")
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rl360.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    parallel = cfg.actor.parallel
+    ranks = parallel.tensor * parallel.pipeline * parallel.data
+    print(f"{cfg.model.path}: policy TP {parallel.tensor} x PP {parallel.pipeline} x DP {parallel.data} = {ranks} "
+          f"GPU(s) ({-(-ranks // args.gpus_per_node)} node(s) of {args.gpus_per_node}), dtype {cfg.model.dtype}")
+    result = plan(cfg, args.gpu_memory_gb)
+    print(result.report())
+    return 0 if result.fits() else 1

@@ -1,0 +1,88 @@
+"""`rl360 plan`: parameter counts against megatron's own tensors and published model sizes, the optimizer term
+against the state megatron's mixed-precision Adam allocates, and the fit verdict of the command."""
+
+import json
+
+import pytest
+import torch
+
+from rl360.actor.policy import PolicyWorker
+from rl360.cli import main
+from rl360.config import load_config
+from rl360.plan import GIB, plan, rank_parameters
+from tests.helpers import make_tiny_model
+
+QWEN2 = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+
+
+@pytest.mark.parametrize("shape, published", [  # parameter counts of the released checkpoints
+    (dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+          num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True), 1_543_714_304),  # Qwen2.5-1.5B
+    (dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+          num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False), 7_615_616_512),  # Qwen2.5-7B
+    (dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+          num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False), 32_763_876_352),  # Qwen2.5-32B
+])
+def test_parameter_count_of_released_models(shape, published):
+    assert rank_parameters({**QWEN2, **shape}) == published
+
+
+def _config(model_dir, *overrides):
+    return load_config(None, [f"model.path={model_dir}", "data.train_files=[unused.parquet]", "rollout.n=2",
+                              "data.batch_size=2", "actor.ppo_mini_batch_size=2", "algorithm.kl_coef=0",
+                              *overrides])
+
+
+@pytest.mark.parametrize("arch, tied", [("qwen2", True), ("qwen3", False), ("llama", False)])
+def test_weights_gradients_and_optimizer_terms_are_what_megatron_allocates(megatron_single_rank, tmp_path,
+                                                                            arch, tied):
+    model_dir = make_tiny_model(str(tmp_path / arch), arch, tie_word_embeddings=tied)
+    cfg = _config(model_dir, "model.dtype=bfloat16")
+    worker = PolicyWorker(cfg)
+    params = list(worker.models[0].parameters())
+    count = sum(p.numel() for p in params)
+    hf = json.loads((tmp_path / arch / "config.json").read_text())
+    assert rank_parameters(hf) == count
+    terms = {term.name: term.bytes for term in plan(cfg).terms}
+    assert terms["policy weights"] == sum(p.numel() * p.element_size() for p in params)
+    grad_buffer = sum(buffer.grad_data.numel() * buffer.grad_data.element_size()
+                      for buffer in worker.models[0].buffers)
+    assert terms["policy gradients (fp32 buffer)"] <= grad_buffer <= terms["policy gradients (fp32 buffer)"] * 1.01
+    for param in params:  # one optimizer step allocates Adam's moments
+        param.main_grad.normal_()
+    worker.optimizer.step()
+    state = 0
+    for inner in worker.optimizer.chained_optimizers:
+        for group in inner.fp32_from_float16_groups:
+            for main_param in group:
+                state += main_param.numel() * 4 + sum(t.numel() * t.element_size()
+                                                      for t in inner.optimizer.state[main_param].values()
+                                                      if torch.is_tensor(t) and t.dim() > 0)
+    assert terms["policy optimizer (Adam + fp32 main weights)"] == state
+
+
+def test_plan_command_says_whether_a_layout_fits(tmp_path, capsys):
+    model = tmp_path / "qwen2.5-32b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        **QWEN2, "hidden_size": 5120, "intermediate_size": 27648, "num_hidden_layers": 64,
+        "num_attention_heads": 40, "num_key_value_heads": 8, "vocab_size": 152064, "tie_word_embeddings": False}))
+    common = ["configs/quickstart.yaml", f"model.path={model}", "model.dtype=bfloat16", "data.max_prompt_length=1024",
+              "rollout.max_response_length=8192", "actor.ppo_mini_batch_size=16", "data.batch_size=32"]
+    code = main(["plan", *common, "actor.parallel.tensor=8", "actor.parallel.pipeline=4", "actor.parallel.data=1",
+                 "actor.max_tokens_per_micro_batch=16384", "actor.pack_sequences=true", "actor.recompute=full"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.strip().endswith("fits"), out
+    assert "TP 8 x PP 4 x DP 1 = 32 GPU(s) (4 node(s) of 8)" in out
+    code = main(["plan", *common, "actor.micro_batch_size=1", "actor.recompute=full"])  # one GPU for 32B
+    out = capsys.readouterr().out
+    assert code == 1 and "does not fit: the train phase needs" in out
+    assert "the largest term is policy optimizer (Adam + fp32 main weights) (366.2 GiB)" in out, out
+
+
+def test_colocated_engines_count_while_generating(tmp_path):
+    model_dir = make_tiny_model(str(tmp_path / "m"), "qwen2", tie_word_embeddings=True)
+    cfg = _config(model_dir, "rollout.engine=server", "rollout.colocate=true", "rollout.mem_fraction=0.5")
+    result = plan(cfg, gpu_memory_gb=80)
+    assert result.total("rollout") - result.total("train") == pytest.approx(
+        40 * GIB - dict((t.name, t.bytes) for t in result.terms)["activations (recompute=none)"])
