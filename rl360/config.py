@@ -72,6 +72,9 @@ class RolloutConfig:
     engine_tensor_parallel: int = 1  # sglang: --tp-size of each engine (GPUs per engine)
     mem_fraction: float = 0.8  # sglang: --mem-fraction-static
     engine_args: list[str] = field(default_factory=list)  # more command-line arguments for each engine process
+    # server/sglang: where engine processes run: local (the trainer's node, on 127.0.0.1) or ray (each in a Ray
+    # actor reserving engine_tensor_parallel GPUs on a node Ray picks, serving on that node's address)
+    engine_hosts: str = "local"
 
 
 @dataclass
@@ -225,6 +228,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "rollout.engine": ("hf", "server", "sglang"),
     "rollout.weight_sync": ("distributed", "tensor", "disk"),
     "rollout.mode": ("sync", "async"),
+    "rollout.engine_hosts": ("local", "ray"),
     "actor.loss_agg_mode": AGG_MODES,
     "actor.rollout_correction": ("none", "tis", "mask"),
     "actor.recompute": ("none", "selective", "full"),
@@ -366,6 +370,12 @@ def validate(cfg: RunConfig) -> None:
     if cfg.rollout.colocate and (cfg.rollout.engine == "hf" or cfg.rollout.mode != "sync"):
         raise ConfigError("rollout.colocate=true needs rollout.engine=server or sglang and rollout.mode=sync "
                           f"(got engine={cfg.rollout.engine}, mode={cfg.rollout.mode})")
+    if cfg.rollout.engine_hosts == "ray" and (cfg.rollout.engine == "hf" or cfg.rollout.colocate or
+                                              cfg.rollout.weight_sync == "tensor"):
+        raise ConfigError("rollout.engine_hosts=ray needs rollout.engine=server or sglang, rollout.colocate=false "
+                          "and rollout.weight_sync=distributed or disk (tensor sync and colocation need the "
+                          f"engines on the trainer's node; got engine={cfg.rollout.engine}, colocate="
+                          f"{cfg.rollout.colocate}, weight_sync={cfg.rollout.weight_sync})")
     if cfg.actor.pack_sequences and cfg.model.attention != "torch":
         raise ConfigError("actor.pack_sequences=true needs model.attention=torch (megatron's local attention "
                           "refuses packed sequences)")

@@ -93,6 +93,19 @@ def test_async_mode_trains_one_weight_version_behind(assets):
     assert all(m["timing/weight_sync_s"] > 0 and m["reward/calls"] == 32 for m in metrics)
 
 
+def test_engines_placed_by_ray_serve_on_their_nodes_address(assets):
+    """rollout.engine_hosts=ray: each engine process runs inside a Ray actor on the node Ray picks (here the one
+    local node, but through the same path as on a cluster), serving on that node's address, not loopback."""
+    out, metrics = _train(assets, "ray_hosts", "rollout.engine_hosts=ray", "rollout.num_engines=2",
+                          "rollout.weight_sync=distributed")
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    assert all(m["rollout/logprob_abs_diff"] <= 1e-6 and m["reward/calls"] == 32 for m in metrics)
+    engines = json.loads((out / "rollout" / "engines.json").read_text())
+    for engine in engines:
+        assert engine["node"] != "local" and engine["url"].startswith(f"http://{engine['node']}:")
+        assert not _alive(engine["pid"])  # the run stopped the process and its actor
+
+
 def test_partial_rollouts_two_steps_ahead_train_and_stay_within_the_staleness_bound(assets):
     _, metrics = _train(assets, "partial", "rollout.mode=async", "rollout.max_staleness=2", "rollout.partial=true",
                         "rollout.num_engines=2", "rollout.max_response_length=16")

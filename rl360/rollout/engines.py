@@ -4,10 +4,13 @@
 - `server`: `rl360 serve rollout` processes (the HF engine behind SGLang's native HTTP API).
 - `sglang`: `python -m sglang.launch_server` processes (GPU only; needs `pip install sglang`).
 
-Both process kinds are driven by the same `EngineClient`, started by the manager on 127.0.0.1 with a random
-API key (`rl360 serve rollout` reads it from the environment; SGLang only takes `--api-key`), their output in
-`<output_dir>/rollout/engine-<i>.log`. A process that dies or stops answering is restarted by
-`ProcessEngine.restart`; it serves the weights it was started with until the next weight update reaches it.
+Both process kinds are driven by the same `EngineClient`, started by the manager with a random API key
+(`rl360 serve rollout` reads it from the environment; SGLang only takes `--api-key`), their output in
+`<output_dir>/rollout/engine-<i>.log`: on 127.0.0.1 in the trainer's process (`rollout.engine_hosts=local`),
+or each inside an `EngineNode` Ray actor that reserves the engine's GPUs on whichever node Ray picks and serves
+on that node's address (`ray`: engines on other nodes than the trainer's). A process that dies or stops
+answering is restarted by `ProcessEngine.restart` (on the same node); it serves the weights it was started with
+until the next weight update reaches it.
 """
 
 from __future__ import annotations
@@ -53,25 +56,19 @@ class ActorEngine:
         return {"index": self.index, "kind": self.kind}
 
 
-class ProcessEngine:
-    """One engine process speaking SGLang's HTTP API: started, health-checked, restarted, stopped."""
+class EngineProcess:
+    """The process side of an engine: launched, health-checked, killed (its whole process group: SGLang starts
+    helpers). Runs in the trainer's process (`rollout.engine_hosts=local`) or inside an `EngineNode` actor on
+    the node Ray placed it on (`ray`)."""
 
-    def __init__(self, index: int, command: list[str], log_dir: Path, api_key: str, startup_timeout_s: float,
-                 request_timeout_s: float, env: dict[str, str] | None = None, kind: str = "server"):
-        self.index, self.command, self.kind = index, command, kind
-        self.log_path = log_dir / f"engine-{index}.log"
-        self.api_key, self.env = api_key, env or {}
-        self.startup_timeout_s, self.request_timeout_s = startup_timeout_s, request_timeout_s
+    def __init__(self, index: int, command: list[str], log_path: Path, api_key: str, startup_timeout_s: float,
+                 env: dict[str, str] | None = None):
+        self.index, self.command, self.log_path = index, command, Path(log_path)
+        self.api_key, self.env, self.startup_timeout_s = api_key, env or {}, startup_timeout_s
         self.process: subprocess.Popen | None = None
-        self.client: EngineClient | None = None
-        self.url = ""
-        self.version = 0  # the weights it serves (0: the checkpoint it was started from)
-        self.usable = False  # serving, with the weights the manager expects
-        self.restarts = 0
-        self.released: set[str] = set()  # memory tags released for training (rollout.colocate)
 
-    async def start(self) -> None:
-        """Launch the process and wait until it serves; RuntimeError (with its log's tail) if it does not."""
+    async def start(self) -> str:
+        """Launch the process and wait until it serves; its URL. RuntimeError (with its log's tail) if not."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         log.write(f"\n==== start {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(self.command)}\n".encode())
@@ -80,9 +77,7 @@ class ProcessEngine:
         self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
         log.close()
-        self.url = await self._wait_serving()
-        self.client = EngineClient(self.url, api_key=self.api_key, timeout_s=self.request_timeout_s)
-        self.version, self.released = 0, set()
+        return await self._wait_serving()
 
     async def _wait_serving(self) -> str:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -99,6 +94,103 @@ class ProcessEngine:
         raise RuntimeError(f"rollout engine {self.index} did not serve within {self.startup_timeout_s:g} s "
                            f"(rollout.startup_timeout_s); the end of {self.log_path}:\n{_tail(self.log_path)}")
 
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait()
+
+
+class EngineNode:
+    """A Ray actor holding one `EngineProcess` on the node Ray placed it on (with the GPUs it reserved); the
+    process serves on that node's address. Made by `ProcessEngine` with `rollout.engine_hosts=ray`."""
+
+    def __init__(self, *args, **kwargs):
+        import ray
+
+        self.node_ip = ray.util.get_node_ip_address()
+        self.process = EngineProcess(*args, **kwargs)
+        command = self.process.command  # serve on this node's address, where the trainer can reach it
+        command[command.index("--host") + 1] = self.node_ip
+        if command[command.index("--port") + 1] != "0":  # a port picked on the trainer's node: pick one here
+            command[command.index("--port") + 1] = str(free_port())
+
+    async def start(self) -> str:
+        return await self.process.start()
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+    def where(self) -> dict:
+        return {"node": self.node_ip, "pid": self.process.pid()}
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+class ProcessEngine:
+    """One engine process speaking SGLang's HTTP API, as the manager sees it: its client, the weights it
+    serves, restarts. The process runs here (`hosts="local"`) or on a node Ray picks (`hosts="ray"`: an
+    `EngineNode` actor reserving `num_gpus`)."""
+
+    def __init__(self, index: int, command: list[str], log_dir: Path, api_key: str, startup_timeout_s: float,
+                 request_timeout_s: float, env: dict[str, str] | None = None, kind: str = "server",
+                 hosts: str = "local", num_gpus: float = 0):
+        self.index, self.kind, self.hosts = index, kind, hosts
+        self.log_path = log_dir / f"engine-{index}.log"
+        self.api_key, self.request_timeout_s = api_key, request_timeout_s
+        self._process_args = (index, command, self.log_path, api_key, startup_timeout_s, env)
+        self._num_gpus = num_gpus
+        self.process: EngineProcess | None = None
+        self.node = None  # the EngineNode actor (hosts="ray")
+        self.where: dict = {}  # node address and pid of the running process
+        self.client: EngineClient | None = None
+        self.url = ""
+        self.version = 0  # the weights it serves (0: the checkpoint it was started from)
+        self.usable = False  # serving, with the weights the manager expects
+        self.restarts = 0
+        self.released: set[str] = set()  # memory tags released for training (rollout.colocate)
+
+    async def start(self) -> None:
+        """Launch the process and wait until it serves; RuntimeError (with its log's tail) if it does not."""
+        if self.hosts == "ray":
+            import ray
+
+            if self.node is None:
+                self.node = ray.remote(EngineNode).options(num_cpus=0, num_gpus=self._num_gpus).remote(
+                    *self._process_args)
+            try:
+                self.url = await self.node.start.remote()
+            except ray.exceptions.RayActorError:  # its node is gone: a new actor, wherever Ray places it
+                self.node = None
+                return await self.start()
+            self.where = await self.node.where.remote()
+        else:
+            self.process = EngineProcess(*self._process_args)
+            self.url = await self.process.start()
+            self.where = {"node": "local", "pid": self.process.pid()}
+        self.client = EngineClient(self.url, api_key=self.api_key, timeout_s=self.request_timeout_s)
+        self.version, self.released = 0, set()
+
+    async def alive(self) -> bool:
+        """Whether the process still runs (False as well when its node cannot be reached)."""
+        if self.node is not None:
+            import ray
+
+            try:
+                return await self.node.alive.remote()
+            except ray.exceptions.RayError:
+                return False
+        return self.process is not None and self.process.alive()
+
     async def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Sample]]:
         try:
             groups = await self.client.generate_samples(prompts, params, seed=seed)
@@ -111,30 +203,48 @@ class ProcessEngine:
         return groups  # aborted samples included (with the tokens drawn before the abort): the manager decides
 
     async def restart(self) -> None:
-        self.stop()
+        """Kill the process and start it again (on the same node, with the same GPUs, when Ray placed it)."""
+        self.usable = False
+        self._forget_client()
+        if self.node is not None:
+            import ray
+
+            try:
+                await self.node.stop.remote()
+            except ray.exceptions.RayActorError:
+                self.node = None
+        elif self.process is not None:
+            self.process.stop()
         self.restarts += 1
         await self.start()
 
     def stop(self) -> None:
-        """Kill the process group (SGLang starts helper processes) and forget the client."""
+        """Kill the process group (SGLang starts helper processes), end its node actor, forget the client."""
         self.usable = False
+        self._forget_client()
+        if self.node is not None:
+            import ray
+
+            try:
+                ray.get(self.node.stop.remote(), timeout=30)
+            except ray.exceptions.RayError:
+                pass
+            ray.kill(self.node)
+            self.node = None
+        elif self.process is not None:
+            self.process.stop()
+
+    def _forget_client(self) -> None:
         if self.client is not None:
             client, self.client = self.client, None
             try:
                 asyncio.get_running_loop().create_task(client.close())
             except RuntimeError:
                 pass
-        if self.process is not None and self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait()
 
     def describe(self) -> dict:
-        return {"index": self.index, "kind": self.kind, "url": self.url,
-                "pid": self.process.pid if self.process else None, "log": str(self.log_path),
-                "restarts": self.restarts}
+        return {"index": self.index, "kind": self.kind, "url": self.url, "node": self.where.get("node"),
+                "pid": self.where.get("pid"), "log": str(self.log_path), "restarts": self.restarts}
 
 
 def engine_command(kind: str, model_path: str, dtype: str, api_key: str, tensor_parallel: int = 1,

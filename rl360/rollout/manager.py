@@ -202,7 +202,8 @@ class RolloutManager:
             ProcessEngine(i, engine_command(kind, self.cfg.model.path, self.cfg.model.dtype, self.api_key,
                                             rollout.engine_tensor_parallel, rollout.mem_fraction, rollout.engine_args),
                           self.log_dir, self.api_key, rollout.startup_timeout_s, rollout.request_timeout_s,
-                          env=threads, kind=kind)
+                          env=threads, kind=kind, hosts=rollout.engine_hosts,
+                          num_gpus=rollout.engine_tensor_parallel if use_gpu else 0)
             for i in range(rollout.num_engines)
         ]
         await asyncio.gather(*(engine.start() for engine in self.engines))
@@ -318,7 +319,8 @@ class RolloutManager:
                 return await self.policy.send_weights(urls, self.cfg.rollout.weight_sync, version, self.api_key,
                                                       str(scratch))
             except ray.exceptions.RayTaskError as err:
-                dead = [engine for engine in self.engines if engine.process.poll() is not None]
+                alive = await asyncio.gather(*(engine.alive() for engine in self.engines))
+                dead = [engine for engine, running in zip(self.engines, alive) if not running]
                 if not dead or attempt == self.cfg.rollout.max_engine_restarts:
                     raise
                 for engine in dead:
