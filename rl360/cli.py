@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
 
     add_plan_parser(commands)
 
+    from rl360.launch import add_launch_parser
+
+    add_launch_parser(commands)
+
     args = parser.parse_args(argv)
     from rl360.config import ConfigError
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -202,7 +203,7 @@ class RolloutManager:
             ProcessEngine(i, engine_command(kind, self.cfg.model.path, self.cfg.model.dtype, self.api_key,
                                             rollout.engine_tensor_parallel, rollout.mem_fraction, rollout.engine_args),
                           self.log_dir, self.api_key, rollout.startup_timeout_s, rollout.request_timeout_s,
-                          env=threads, kind=kind, hosts=rollout.engine_hosts,
+                          env={**threads, **self._local_gpus(i, use_gpu)}, kind=kind, hosts=rollout.engine_hosts,
                           num_gpus=rollout.engine_tensor_parallel if use_gpu else 0)
             for i in range(rollout.num_engines)
         ]
@@ -210,6 +211,20 @@ class RolloutManager:
         for engine in self.engines:
             engine.usable = True
         self._write_engine_list()
+
+    def _local_gpus(self, index: int, use_gpu: bool) -> dict[str, str]:
+        """Engine `index`'s GPUs on the trainer's node (engine_hosts=local): the index-th run of
+        engine_tensor_parallel devices, so engines sit side by side (colocated: under the policy's ranks)."""
+        if not use_gpu or self.cfg.rollout.engine_hosts != "local":
+            return {}  # engine_hosts=ray: Ray gives each engine actor its own devices
+        width = self.cfg.rollout.engine_tensor_parallel
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # Slurm's list, when it set one
+        devices = visible.split(",") if visible else [str(d) for d in range(torch.cuda.device_count())]
+        if (index + 1) * width > len(devices):
+            raise RuntimeError(f"rollout engine {index} needs GPUs {index * width}-{(index + 1) * width - 1} of the "
+                               f"trainer's node, which has {len(devices)}: lower rollout.num_engines x "
+                               "engine_tensor_parallel or use rollout.engine_hosts=ray")
+        return {"CUDA_VISIBLE_DEVICES": ",".join(devices[index * width:(index + 1) * width])}
 
     def _write_engine_list(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
