@@ -214,17 +214,21 @@ class RolloutManager:
 
     def _local_gpus(self, index: int, use_gpu: bool) -> dict[str, str]:
         """Engine `index`'s GPUs on the trainer's node (engine_hosts=local): the index-th run of
-        engine_tensor_parallel devices, so engines sit side by side (colocated: under the policy's ranks)."""
+        engine_tensor_parallel devices, side by side, under the policy's ranks (colocated) or after them."""
         if not use_gpu or self.cfg.rollout.engine_hosts != "local":
             return {}  # engine_hosts=ray: Ray gives each engine actor its own devices
         width = self.cfg.rollout.engine_tensor_parallel
+        parallel = self.cfg.actor.parallel
+        policy = parallel.tensor * parallel.pipeline * parallel.data * (2 if self.cfg.algorithm.adv_estimator == "gae"
+                                                                        else 1)
+        first = (0 if self.cfg.rollout.colocate else policy) + index * width
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # Slurm's list, when it set one
         devices = visible.split(",") if visible else [str(d) for d in range(torch.cuda.device_count())]
-        if (index + 1) * width > len(devices):
-            raise RuntimeError(f"rollout engine {index} needs GPUs {index * width}-{(index + 1) * width - 1} of the "
-                               f"trainer's node, which has {len(devices)}: lower rollout.num_engines x "
-                               "engine_tensor_parallel or use rollout.engine_hosts=ray")
-        return {"CUDA_VISIBLE_DEVICES": ",".join(devices[index * width:(index + 1) * width])}
+        if first + width > len(devices):
+            raise RuntimeError(f"rollout engine {index} needs GPUs {first}-{first + width - 1} of the trainer's node, "
+                               f"which has {len(devices)}: lower rollout.num_engines x engine_tensor_parallel or use "
+                               "rollout.engine_hosts=ray")
+        return {"CUDA_VISIBLE_DEVICES": ",".join(devices[first:first + width])}
 
     def _write_engine_list(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
