@@ -111,7 +111,12 @@ def rank_parameters(hf: dict[str, Any], tensor: int = 1, pipeline: int = 1, stag
 
 
 def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
-    hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
+    from rl360.config import ConfigError
+
+    config_file = Path(cfg.model.path) / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"model.path={cfg.model.path}: no config.json there to plan from")
+    hf = json.loads(config_file.read_text())
     parallel, actor, rollout = cfg.actor.parallel, cfg.actor, cfg.rollout
     tp, pp = parallel.tensor, parallel.pipeline
     dtype = DTYPE_BYTES[cfg.model.dtype]

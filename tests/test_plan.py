@@ -86,3 +86,8 @@ def test_colocated_engines_count_while_generating(tmp_path):
     result = plan(cfg, gpu_memory_gb=80)
     assert result.total("rollout") - result.total("train") == pytest.approx(
         40 * GIB - dict((t.name, t.bytes) for t in result.terms)["activations (recompute=none)"])
+
+
+def test_a_model_path_without_config_json_is_named(tmp_path, capsys):
+    code = main(["plan", "configs/quickstart.yaml", f"model.path={tmp_path}"])
+    assert code == 2 and f"model.path={tmp_path}: no config.json there to plan from" in capsys.readouterr().err
