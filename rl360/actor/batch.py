@@ -105,12 +105,15 @@ def micro_batch_rows(lengths: torch.Tensor, size: int, max_tokens: int = 0,
         return [torch.arange(start, min(start + size, len(lengths))) for start in range(0, len(lengths), size)]
     order = torch.sort(lengths, descending=True, stable=True).indices
     groups: list[list[int]] = []
+    used = 0  # the last group's real tokens
     for row in order.tolist():
+        length = int(lengths[row])
         if groups:
-            grown = groups[-1] + [row]
-            tokens = sum(int(lengths[r]) for r in grown) if packed else len(grown) * int(lengths[grown[0]])
+            tokens = used + length if packed else (len(groups[-1]) + 1) * int(lengths[groups[-1][0]])
             if tokens <= max_tokens:
-                groups[-1] = grown
+                groups[-1].append(row)
+                used += length
                 continue
         groups.append([row])
+        used = length
     return [torch.tensor(group) for group in groups]

@@ -164,14 +164,17 @@ class ProcessEngine:
         if self.hosts == "ray":
             import ray
 
-            if self.node is None:
-                self.node = ray.remote(EngineNode).options(num_cpus=0, num_gpus=self._num_gpus).remote(
-                    *self._process_args)
-            try:
-                self.url = await self.node.start.remote()
-            except ray.exceptions.RayActorError:  # its node is gone: a new actor, wherever Ray places it
-                self.node = None
-                return await self.start()
+            for attempt in range(2):  # a node that is gone: once more with a new actor, wherever Ray places it
+                if self.node is None:
+                    self.node = ray.remote(EngineNode).options(num_cpus=0, num_gpus=self._num_gpus).remote(
+                        *self._process_args)
+                try:
+                    self.url = await self.node.start.remote()
+                    break
+                except ray.exceptions.RayActorError:
+                    self.node = None
+                    if attempt:
+                        raise
             self.where = await self.node.where.remote()
         else:
             self.process = EngineProcess(*self._process_args)
