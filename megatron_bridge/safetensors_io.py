@@ -9,6 +9,7 @@ outer index).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -131,13 +132,13 @@ class SafetensorsReader:
         """The range into `out`, a contiguous CPU tensor of its shape and the file's dtype: one contiguous run
         of bytes per index of the dimensions before `dim`."""
         if not info.shape:
-            _pread_into(self._fd(info.path), out.view(1).view(torch.uint8).numpy(), info.offset, info.path)
+            _pread_into(self._fd(info.path), _byte_view(out), info.offset, info.path)
             return
         stop = info.shape[dim] if stop is None else stop
         outer, inner = math.prod(info.shape[:dim]), math.prod(info.shape[dim + 1:])
         item = info.dtype.itemsize
         run = (stop - start) * inner * item
-        buffer = out.view(-1).view(torch.uint8).numpy()
+        buffer = _byte_view(out)
         fd = self._fd(info.path)
         for index in range(outer):
             position = info.offset + (index * info.shape[dim] + start) * inner * item
@@ -175,6 +176,12 @@ class SafetensorsReader:
 
 def _takes_bytes(dest: torch.Tensor, dtype: torch.dtype) -> bool:
     return dest.device.type == "cpu" and dest.is_contiguous() and dest.dtype == dtype and not dest.requires_grad
+
+
+def _byte_view(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor as a writable buffer. (`tensor.numpy()` would do, but it marks the
+    storage not resizable for good, and `actor.offload` frees parameters by resizing their storage.)"""
+    return memoryview((ctypes.c_char * (tensor.numel() * tensor.element_size())).from_address(tensor.data_ptr()))
 
 
 def _pread_into(fd: int, buffer, position: int, path: Path) -> None:

@@ -99,6 +99,12 @@ class ActorConfig:
     # micro-batches as one packed row (thd: sequences back to back, no padding; needs model.attention=torch),
     # max_tokens_per_micro_batch then counts real tokens
     pack_sequences: bool = False
+    # ZeRO-1 (megatron's distributed optimizer): the fp32 main weights and Adam moments are split over the
+    # data-parallel ranks; gradients are reduce-scattered and each rank's updated slice all-gathered after a step
+    distributed_optimizer: bool = False
+    # optimizer state, gradients and the reference model in host memory outside the calls that use them (an
+    # update; reference log-probs), and the weights too between calls when rollout.colocate (rl360/actor/offload.py)
+    offload: bool = False
     ppo_epochs: int = 1  # passes over each step's rollouts
     clip_ratio_low: float | None = None  # clip: ratio >= 1 - this (None: the loss's default, 0.2; gspo: 3e-4)
     clip_ratio_high: float | None = None  # clip: ratio <= 1 + this (None: 0.2; gspo: 4e-4; DAPO clip-higher: 0.28)

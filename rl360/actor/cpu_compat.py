@@ -16,6 +16,11 @@ What megatron-core 0.16 asks of CUDA on the paths rl360 uses, and the CPU answer
 - the mixed-precision and distributed optimizers sort parameters by `param.type()` and accept only CUDA type
   names ("torch.cuda.BFloat16Tensor", ...) -> the same mode answers `Tensor.type()` (no arguments) with the
   CUDA name of a CPU tensor's type, so bf16 parameters get their fp32 main copies as on a GPU;
+- without Apex or Transformer Engine megatron's optimizers are torch's Adam, whose state holds a per-parameter
+  `step`; the distributed optimizer's fully reshardable checkpoint loader copies every state key from the
+  checkpoint, which carries the step once, in its param groups (restored from there, as one tensor shared by
+  every parameter: torch's Adam increments each parameter's step in place) -> the loader gives each parameter
+  its own copy of the restored step and leaves it as it is;
 - activation recomputation re-runs layers (`device="cuda"` masks included) during the backward pass, where
   the mode is off (megatron starts it through a call the mode handles) -> the recomputing backward enters it.
 
@@ -47,6 +52,7 @@ def activate_cpu_compat() -> None:
         _patch_megatron_rng()
         _patch_megatron_clip_grads()
         _patch_megatron_recompute()
+        _patch_megatron_distributed_optimizer_step()
         _PATCHED = True
     if not getattr(_THREAD, "mode_entered", False):
         _CudaToCpu().__enter__()  # stays entered for the life of the thread
@@ -105,6 +111,24 @@ def _patch_megatron_recompute() -> None:
             return original(ctx, *args)
 
     mp_random.CheckpointFunction.backward = staticmethod(backward)
+
+
+def _patch_megatron_distributed_optimizer_step() -> None:
+    from megatron.core.optimizer import distrib_optimizer
+
+    if distrib_optimizer.HAVE_APEX_OR_TE:  # FusedAdam keeps no per-parameter step
+        return
+    original = distrib_optimizer.DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def set_states(self, model_param, tensors):
+        if "step" not in tensors:
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            state = self.optimizer.state[self.optimizer.param_groups[group_index]["params"][group_order]]
+            state["step"] = state["step"].clone()  # restored as one tensor shared by every parameter, which torch's
+            tensors = dict(tensors, step=state["step"])  # Adam would increment once per parameter; copied onto itself
+        return original(self, model_param, tensors)
+
+    distrib_optimizer.DistributedOptimizer._set_main_param_and_optimizer_states = set_states
 
 
 class _NullStream:

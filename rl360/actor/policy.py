@@ -7,6 +7,8 @@ DistributedDataParallel buffers and the optimizer is megatron's, so the same cod
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from collections.abc import Iterator
 from functools import partial
@@ -15,11 +17,13 @@ import torch
 
 from megatron_bridge import Bridge
 from rl360.actor.batch import RolloutBatch, micro_batch_rows
+from rl360.actor.offload import StateOffload
 from rl360.actor.parallel import init_parallel
 from rl360.actor.vocab_parallel import logprobs_and_entropy, without_padding
 from rl360.algos.losses import agg_loss, agg_normalizer, get_policy_loss, kl_penalty, rollout_correction
 from rl360.config import RunConfig
 
+OPTIMIZER_KIND_FILE = "rl360_optimizer.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # actor.recompute -> megatron's activation recomputation: none keeps every activation for the backward pass;
 # selective recomputes core attention (its softmax inputs are the largest activations of long sequences);
@@ -52,7 +56,7 @@ class PolicyWorker:
         self.last_stage = parallel_state.is_pipeline_last_stage()
         self.bridge = Bridge.from_hf_pretrained(cfg.model.path)
         dtype = DTYPES[cfg.model.dtype]
-        self.models = _wrap_ddp(self._build_model(dtype))
+        self.models = _wrap_ddp(self._build_model(dtype), cfg.actor.distributed_optimizer)
         # vocabulary id of this rank's first logit column (the output layer is split over TP, padding last)
         padded_vocab = _unwrap(self.models[-1]).vocab_size
         self.vocab_start = parallel_state.get_tensor_model_parallel_rank() * padded_vocab // parallel.tensor
@@ -62,6 +66,30 @@ class PolicyWorker:
             self.ref_models = self._build_model(dtype)
             for chunk in self.ref_models:
                 chunk.eval().requires_grad_(False)
+        self.offload = self._state_offload() if cfg.actor.offload else None
+        if self.offload is not None:
+            self.offload.park()
+
+    def _state_offload(self) -> StateOffload:
+        def parameters(models):
+            return lambda: [param for chunk in models for param in chunk.parameters()]
+
+        groups = {"weights": parameters(self.models),
+                  "grads": lambda: [buffer.grad_data for chunk in self.models
+                                    for buffer in chunk.buffers + chunk.expert_parallel_buffers],
+                  "optimizer": lambda: optimizer_tensors(self.optimizer)}
+        if self.ref_models is not None:
+            groups["reference"] = parameters(self.ref_models)
+        return StateOffload(groups, keep_values={"weights": True, "grads": False, "optimizer": True, "reference": True},
+                            resident_between_calls=() if self.cfg.rollout.colocate else ("weights",))
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of this rank's weights, gradients, optimizer state and reference model (offloaded or not)."""
+        return (self.offload or self._state_offload()).total_bytes()
+
+    def _resident(self, *groups: str):
+        """A context in which `groups` of this rank's state are in device memory (see rl360/actor/offload.py)."""
+        return self.offload.using(*groups) if self.offload is not None else contextlib.nullcontext()
 
     def _optimizer_settings(self):
         """lr, weight_decay, betas and grad_clip of this model's optimizer."""
@@ -102,7 +130,7 @@ class PolicyWorker:
             logprobs, _ = self._logprobs_and_entropy(logits, mb, with_entropy=False)
             return logprobs.detach()
 
-        with torch.no_grad():
+        with torch.no_grad(), self._resident("reference" if reference else "weights"):
             outputs = self._schedule(models, micro, collect, forward_only=True)
         return self._in_batch_order(outputs).cpu() if self.last_stage else None
 
@@ -113,7 +141,7 @@ class PolicyWorker:
             raise NotImplementedError("PolicyWorker.logits runs at TP = PP = 1 only")
         input_ids = input_ids.to(self.device)
         positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
-        with torch.no_grad():
+        with torch.no_grad(), self._resident("weights"):
             logits = _unwrap(self.models[0])(input_ids, positions, None)
         return logits[..., :self.bridge.vocab_size].float().cpu()
 
@@ -126,15 +154,16 @@ class PolicyWorker:
         generator = torch.Generator().manual_seed(self.cfg.seed)
         totals: dict[str, float] = {}
         steps = 0
-        for chunk in self.models:
-            chunk.train()
-        for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(len(batch), generator=generator)
-            for start in range(0, len(batch), mini_size):
-                mini = batch.select(order[start:start + mini_size])
-                for name, value in self._optimizer_step(mini).items():
-                    totals[name] = totals.get(name, 0.0) + value
-                steps += 1
+        with self._resident("weights", "grads", "optimizer"):
+            for chunk in self.models:
+                chunk.train()
+            for _ in range(cfg.ppo_epochs):
+                order = torch.randperm(len(batch), generator=generator)
+                for start in range(0, len(batch), mini_size):
+                    mini = batch.select(order[start:start + mini_size])
+                    for name, value in self._optimizer_step(mini).items():
+                        totals[name] = totals.get(name, 0.0) + value
+                    steps += 1
         return {name: value / steps for name, value in totals.items()}
 
     def _optimizer_step(self, mini: RolloutBatch) -> dict[str, float]:
@@ -157,11 +186,12 @@ class PolicyWorker:
         normalizer = max(counts[0].item(), 1.0)
         self._tokens_in_mini = max(counts[1].item(), 1.0)
         micro = self._micro_batches(mini)
-        for chunk in self.models:
-            chunk.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        loss_fn = partial(self._loss, normalizer=normalizer, num_micro=len(micro))
-        return self._schedule(self.models, micro, loss_fn, forward_only=False)
+        with self._resident("weights", "grads"):
+            for chunk in self.models:
+                chunk.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            loss_fn = partial(self._loss, normalizer=normalizer, num_micro=len(micro))
+            return self._schedule(self.models, micro, loss_fn, forward_only=False)
 
     def _loss(self, logits: torch.Tensor, mb: RolloutBatch, normalizer: float, num_micro: int):
         """Loss of one micro-batch, scaled so megatron's division by the micro-batch count cancels and
@@ -276,7 +306,8 @@ class PolicyWorker:
         """Buckets of `(hf_name, tensor)` of the current policy (a Ray streaming generator). Every rank of
         data-parallel replica 0 must export at the same time (the gathers are collectives)."""
         bucket_bytes = int(self.cfg.trainer.weight_bucket_mb * (1 << 20))
-        yield from self.bridge.export_hf_weights([_unwrap(m) for m in self.models], bucket_bytes=bucket_bytes)
+        with self._resident("weights"):
+            yield from self.bridge.export_hf_weights([_unwrap(m) for m in self.models], bucket_bytes=bucket_bytes)
 
     def export_weights_quietly(self) -> int:
         """Take part in an export whose buckets another rank streams; returns the bucket count."""
@@ -303,7 +334,8 @@ class PolicyWorker:
         return sender.send(self.export_weights(), version)
 
     def save_hf(self, out_dir: str) -> str:
-        self.bridge.save_hf_pretrained([_unwrap(m) for m in self.models], out_dir)
+        with self._resident("weights"):
+            self.bridge.save_hf_pretrained([_unwrap(m) for m in self.models], out_dir)
         return out_dir
 
     # ---- resumable checkpoints ------------------------------------------------------------------
@@ -315,21 +347,40 @@ class PolicyWorker:
         if torch.distributed.get_rank() == 0:
             os.makedirs(ckpt_dir, exist_ok=True)
         torch.distributed.barrier()
-        dist_checkpointing.save(self._checkpoint_state(), ckpt_dir)
+        with self._resident("weights", "optimizer"):
+            dist_checkpointing.save(self._checkpoint_state(), ckpt_dir)
+        if torch.distributed.get_rank() == 0:  # the optimizer's kind: the two keep their state in different forms
+            with open(os.path.join(ckpt_dir, OPTIMIZER_KIND_FILE), "w") as f:
+                json.dump({"distributed_optimizer": self.cfg.actor.distributed_optimizer}, f)
 
     def load_checkpoint(self, ckpt_dir: str) -> None:
         """Restore what `save_checkpoint` wrote (the same TP x PP layout or another)."""
         from megatron.core import dist_checkpointing
 
-        state = dist_checkpointing.load(self._checkpoint_state(loading=True), ckpt_dir)
-        _unwrap(self.models[0]).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        kind_file = os.path.join(ckpt_dir, OPTIMIZER_KIND_FILE)
+        saved = json.load(open(kind_file))["distributed_optimizer"] if os.path.exists(kind_file) else False
+        wanted = self.cfg.actor.distributed_optimizer
+        if saved != wanted:
+            raise ValueError(f"{ckpt_dir} holds the state of a {'distributed' if saved else 'non-distributed'} "
+                             f"optimizer; this run has actor.distributed_optimizer={str(wanted).lower()} (resume with "
+                             f"actor.distributed_optimizer={str(saved).lower()})")
+        with self._resident("weights", "optimizer"):
+            state = dist_checkpointing.load(self._checkpoint_state(loading=True), ckpt_dir)
+            _unwrap(self.models[0]).load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
 
     def _checkpoint_state(self, loading: bool = False) -> dict:
         """Sharded weights and optimizer state; when loading, the optimizer first creates its (lazily made)
         Adam moments so the checkpoint has somewhere to go."""
         model_state = _unwrap(self.models[0]).sharded_state_dict()
-        return {"model": model_state, "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=loading)}
+        if loading and self.cfg.actor.distributed_optimizer:  # its state dict needs Adam's step: one zero step makes
+            for part in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):  # it (overwritten by the load)
+                if not part.optimizer.state:
+                    part._init_optimizer_states_with_dummy_values()
+        # the distributed optimizer's state in the canonical per-parameter layout, loadable at any TP x PP x DP
+        metadata = {"distrib_optim_sharding_type": "fully_reshardable"}
+        return {"model": model_state,
+                "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=loading, metadata=metadata)}
 
 
 def _response_positions_rows(output: torch.Tensor, mb: RolloutBatch,
@@ -342,17 +393,31 @@ def _response_positions_rows(output: torch.Tensor, mb: RolloutBatch,
     return rows, mb.response_positions()
 
 
-def _wrap_ddp(chunks: list) -> list:
-    """Megatron DDP: gradients in contiguous buffers, all-reduced over data-parallel ranks by the
-    schedule's `finalize_model_grads` at the end of each mini-batch."""
+def _wrap_ddp(chunks: list, distributed_optimizer: bool) -> list:
+    """Megatron DDP: gradients in contiguous buffers, all-reduced (reduce-scattered for the distributed
+    optimizer) over data-parallel ranks by the schedule's `finalize_model_grads` at the end of each mini-batch."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                               use_distributed_optimizer=False)
+                                               use_distributed_optimizer=distributed_optimizer)
     wrapped = [DistributedDataParallel(chunk.config, ddp_config, chunk) for chunk in chunks]
     for chunk in wrapped:
         chunk.config.finalize_model_grads_func = finalize_model_grads
     return wrapped
+
+
+def optimizer_tensors(optimizer) -> list[torch.Tensor]:
+    """The tensors megatron's optimizer holds beyond the model: the parameters its torch optimizers step (fp32
+    main weights for bf16 models, shards of them for the distributed optimizer; fp32 models' own parameters
+    otherwise) and their Adam state."""
+    tensors = []
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = part.optimizer
+        for group in inner.param_groups:
+            for param in group["params"]:
+                tensors.append(param)
+                tensors += [value for value in inner.state.get(param, {}).values() if torch.is_tensor(value)]
+    return tensors
 
 
 def _unwrap(model):
@@ -366,6 +431,6 @@ def _build_optimizer(cfg: RunConfig, settings, models: list):
     config = OptimizerConfig(
         optimizer="adam", lr=settings.lr, weight_decay=settings.weight_decay, adam_beta1=settings.betas[0],
         adam_beta2=settings.betas[1], clip_grad=settings.grad_clip, bf16=cfg.model.dtype == "bfloat16",
-        params_dtype=DTYPES[cfg.model.dtype], use_distributed_optimizer=False,
+        params_dtype=DTYPES[cfg.model.dtype], use_distributed_optimizer=cfg.actor.distributed_optimizer,
     )
     return get_megatron_optimizer(config, models)
