@@ -6,9 +6,11 @@ Counted for the fullest policy rank (the pipeline stage holding the most; tensor
 makes them, the vocabulary padded as the bridge pads it) from the model's `config.json` alone:
 
 - weights: parameters x `model.dtype` bytes; gradients: megatron's fp32 gradient buffer (4 bytes a parameter);
-  optimizer: Adam's two fp32 moments, plus the fp32 main copy of bf16 weights (megatron's mixed precision);
-  the reference model (weights only) when a KL term needs it; the critic (its own weights, gradients and
-  optimizer) for PPO.
+  optimizer: Adam's two fp32 moments, plus the fp32 main copy of bf16 weights (megatron's mixed precision),
+  split over the data-parallel ranks with `actor.distributed_optimizer`; the reference model (weights only)
+  when a KL term needs it; the critic (its own weights, gradients and optimizer) for PPO. With `actor.offload`
+  the gradients, optimizer and reference are counted only while training (and the weights too, with
+  colocated engines).
 - activations of the micro-batches in flight (1F1B keeps up to PP of them on the first stage): per layer and
   token, 34 x hidden bytes / TP at 2-byte activations (Korthikanti et al., 2022), doubled at fp32, plus the
   attention score matrix with `model.attention=local` (5 x heads x sequence bytes per token / TP);
@@ -122,13 +124,21 @@ def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
     dtype = DTYPE_BYTES[cfg.model.dtype]
     params = max(rank_parameters(hf, tp, pp, stage) for stage in range(pp))
     optimizer_bytes = 8 + (4 if dtype == 2 else 0)
-    terms = [Term("policy weights", params * dtype, "both"), Term("policy gradients (fp32 buffer)", params * 4, "both"),
-             Term(f"policy optimizer (Adam{' + fp32 main weights' if dtype == 2 else ''})",
-                  params * optimizer_bytes, "both")]
+    shards = parallel.data if actor.distributed_optimizer else 1
+    # offload: optimizer, gradients and reference are on the GPU only while training (an update, reference
+    # log-probs); the weights leave too between calls when colocated engines take the memory
+    parked = "train" if actor.offload else "both"
+    weights_phase = "train" if actor.offload and rollout.colocate else "both"
+    sharded = f", 1/{shards} of it (distributed optimizer)" if shards > 1 else ""
+    terms = [Term("policy weights", params * dtype, weights_phase),
+             Term("policy gradients (fp32 buffer)", params * 4, parked),
+             Term(f"policy optimizer (Adam{' + fp32 main weights' if dtype == 2 else ''}{sharded})",
+                  params * optimizer_bytes / shards, parked)]
     if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
-        terms.append(Term("reference model weights", params * dtype, "both"))
+        terms.append(Term("reference model weights", params * dtype, parked))
     if cfg.algorithm.adv_estimator == "gae":
-        terms.append(Term("critic weights, gradients, optimizer", params * (dtype + 4 + optimizer_bytes), "both"))
+        terms.append(Term("critic weights, gradients, optimizer",
+                          params * (dtype + 4 + optimizer_bytes / shards), parked))
     terms.append(Term(f"activations (recompute={actor.recompute})", activation_bytes(cfg, hf), "train"))
     engine_lines = []
     if rollout.colocate:

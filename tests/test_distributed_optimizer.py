@@ -75,6 +75,16 @@ def test_each_rank_keeps_half_of_the_optimizer_state(runs):
         assert sum(halves) <= full * 1.01
 
 
+def test_plan_counts_each_ranks_share_of_the_optimizer(model_dir, runs):
+    from rl360.plan import plan
+
+    for name, dtype in (("distributed", "float32"), ("distributed_bf16_offload", "bfloat16")):
+        terms = {term.name.split(" (")[0]: term.bytes for term in plan(config(
+            model_dir, 2, "actor.distributed_optimizer=true", f"model.dtype={dtype}")).terms}
+        measured = runs[name]["report"][0]["optimizer_bytes"]
+        assert terms["policy optimizer"] == pytest.approx(measured, rel=0.01), (name, terms, measured)
+
+
 def test_a_two_rank_checkpoint_resumes_on_one_rank(megatron_single_rank, model_dir, runs):
     """The DP=2 run's checkpoint after 3 updates, loaded at DP=1: the 4th update on the whole batch lands where
     the DP=2 run's 4th update did (same global gradient, same restored Adam moments)."""

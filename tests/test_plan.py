@@ -9,7 +9,7 @@ import torch
 from rl360.actor.policy import PolicyWorker
 from rl360.cli import main
 from rl360.config import load_config
-from rl360.plan import GIB, plan, rank_parameters
+from rl360.plan import GIB, RESERVED_GIB, plan, rank_parameters
 from tests.helpers import make_tiny_model
 
 QWEN2 = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
@@ -91,3 +91,18 @@ def test_colocated_engines_count_while_generating(tmp_path):
 def test_a_model_path_without_config_json_is_named(tmp_path, capsys):
     code = main(["plan", "configs/quickstart.yaml", f"model.path={tmp_path}"])
     assert code == 2 and f"model.path={tmp_path}: no config.json there to plan from" in capsys.readouterr().err
+
+
+def test_offload_counts_optimizer_gradients_and_reference_only_while_training(tmp_path):
+    model_dir = make_tiny_model(str(tmp_path / "m"), "qwen2", tie_word_embeddings=True)
+    common = ["rollout.engine=server", "rollout.colocate=true", "algorithm.kl_coef=0.01"]
+    resident = {t.name: t.phase for t in plan(_config(model_dir, *common)).terms}
+    offloaded = plan(_config(model_dir, *common, "actor.offload=true"))
+    phases = {t.name: t.phase for t in offloaded.terms}
+    assert set(resident.values()) >= {"both"} and phases["policy weights"] == "train"
+    assert all(phases[name] == "train" for name in ("policy gradients (fp32 buffer)", "reference model weights",
+                                                    "policy optimizer (Adam)"))
+    # while colocated engines generate, only their share and the reserve are on the GPU
+    engine = next(t.bytes for t in offloaded.terms if t.name.startswith("colocated engine"))
+    assert offloaded.total("rollout") == pytest.approx(engine + RESERVED_GIB * GIB)
+    assert offloaded.total("train") == pytest.approx(plan(_config(model_dir, *common)).total("train"))
