@@ -5,22 +5,26 @@
 #
 # Every template in launchers/slurm/ ends with it. Steps, each logged to $RL360_LOG_DIR/<node>.log:
 #   1. the variables the template requires (RL360_REQUIRED_ENV) are checked, and the environment: a container
-#      image (RL360_CONTAINER_IMAGE, run through pyxis/enroot) or a conda environment (RL360_CONDA_ENV);
-#   2. stale Ray sessions are stopped on every node; the head starts on the first node and must answer
-#      `ray status` within RL360_READY_TIMEOUT_S;
-#   3. every other node starts a worker (each retries its join up to 5 times);
+#      image (RL360_CONTAINER_IMAGE, run through pyxis/enroot), a conda environment (RL360_CONDA_ENV) or a
+#      virtualenv (RL360_VENV, a directory every node sees);
+#   2. stale Ray sessions are stopped on every node; the head starts on the first node, on the address its name
+#      resolves to there (never a loopback one), and must answer `ray status` within RL360_READY_TIMEOUT_S;
+#   3. every other node starts a worker on its own address (each retries a failed join up to 5 times);
 #   4. `python -m rl360.cluster.ready` waits until every node has joined with its GPUs, or names those that have
 #      not and the job ends;
-#   5. the command runs on the head with RAY_ADDRESS set; its exit status is the job's;
+#   5. the command runs on the head with RAY_ADDRESS set; its exit status is the job's, unless a node's Ray
+#      exits first (the node died or lost its Ray): then the job ends at once with status 1, naming the node;
 #   6. on exit, failure or signal: `ray stop` on every node and the background steps are killed.
 #
 # Settings (environment): RL360_NODES (default: the allocation's nodes), RL360_GPUS_PER_NODE (default:
-# SLURM_GPUS_ON_NODE, else 8), RL360_RAY_PORT (6379), RL360_RAY_DASHBOARD_PORT (8265), RL360_READY_TIMEOUT_S
+# SLURM_GPUS_ON_NODE, else 8), RL360_CPUS_PER_NODE (the CPUs Ray may place work on; default SLURM_CPUS_ON_NODE,
+# else all it finds), RL360_RAY_PORT (6379), RL360_RAY_DASHBOARD_PORT (8265), RL360_READY_TIMEOUT_S
 # (600), RL360_LOG_DIR (logs/rl360-<job id>), RL360_ON_NODE (how to run a command on one node, "{node}" standing
 # for its name; default `srun --nodes=1 --ntasks=1 --overlap -w {node}` plus the container options),
-# RL360_CONTAINER_MOUNTS (pyxis mounts; default: the submit directory), RL360_CONDA_SH (conda's profile script,
-# default from `conda info --base`), RL360_DRY_RUN=1 (print every command instead of running it: what
-# `rl360 launch --print` shows).
+# RL360_CONTAINER_MOUNTS (pyxis mounts; default: the submit directory), RL360_VENV (a virtualenv every node
+# activates), RL360_CONDA_SH (conda's profile script, default from `conda info --base`), RL360_DRY_RUN=1 (print
+# every command instead of running it: what `rl360 launch --print` shows). tests/test_multihost.py runs it over
+# three network namespaces as nodes (RL360_ON_NODE: tests/netns_cluster.py's runner).
 set -euo pipefail
 
 if [[ "${1:-}" == "--" ]]; then shift; fi
@@ -42,8 +46,12 @@ done
 if [[ -n "${RL360_CONTAINER_IMAGE:-}" && -n "${RL360_CONDA_ENV:-}" ]]; then
   die "set RL360_CONTAINER_IMAGE or RL360_CONDA_ENV, not both"
 fi
-if [[ -z "${RL360_CONTAINER_IMAGE:-}" && -z "${RL360_CONDA_ENV:-}" && -z "${RL360_ON_NODE:-}" ]]; then
-  die "set RL360_CONTAINER_IMAGE (a pyxis/enroot image, see docker/README.md) or RL360_CONDA_ENV (see launchers/conda)"
+if [[ -n "${RL360_VENV:-}" && -n "${RL360_CONTAINER_IMAGE:-}${RL360_CONDA_ENV:-}" ]]; then
+  die "set one of RL360_CONTAINER_IMAGE, RL360_CONDA_ENV and RL360_VENV"
+fi
+if [[ -z "${RL360_CONTAINER_IMAGE:-}${RL360_CONDA_ENV:-}${RL360_VENV:-}${RL360_ON_NODE:-}" ]]; then
+  die "set RL360_CONTAINER_IMAGE (a pyxis/enroot image, see docker/README.md), RL360_CONDA_ENV (see" \
+    "launchers/conda) or RL360_VENV (a virtualenv every node sees)"
 fi
 
 if [[ -n "${RL360_NODES:-}" ]]; then
@@ -54,17 +62,31 @@ else
 fi
 head_node=${nodes[0]}
 gpus=${RL360_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
+cpus=${RL360_CPUS_PER_NODE:-${SLURM_CPUS_ON_NODE:-}}
 port=${RL360_RAY_PORT:-6379}
 dashboard_port=${RL360_RAY_DASHBOARD_PORT:-8265}
 timeout_s=${RL360_READY_TIMEOUT_S:-600}
 log_dir=${RL360_LOG_DIR:-logs/rl360-${SLURM_JOB_ID:-$$}}
 mkdir -p "$log_dir"
 
-# the shell prefix each node runs before a command: the conda environment, or nothing (the container has it)
+# Ray's token authentication (Ray 2.5x turns it on for a cluster whose head finds ~/.ray/auth_token; every `ray`
+# command and driver must then present the token, or `ray status` is refused): one token for the job, in the
+# environment that every node's commands inherit (srun passes it on), never on a command line or in a log.
+# RAY_AUTH_MODE=disabled turns it off; a RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH of your own is used as it is.
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
+if [[ "$RAY_AUTH_MODE" == token && -z "${RAY_AUTH_TOKEN:-}${RAY_AUTH_TOKEN_PATH:-}" ]]; then
+  RAY_AUTH_TOKEN=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+  export RAY_AUTH_TOKEN
+fi
+
+# the shell prefix each node runs before a command: the conda environment or virtualenv, or nothing (the
+# container has it)
 setup=""
 if [[ -n "${RL360_CONDA_ENV:-}" ]]; then
   conda_sh=${RL360_CONDA_SH:-$(conda info --base 2>/dev/null)/etc/profile.d/conda.sh}
   printf -v setup 'source %q && conda activate %q && ' "$conda_sh" "$RL360_CONDA_ENV"
+elif [[ -n "${RL360_VENV:-}" ]]; then
+  printf -v setup 'source %q/bin/activate && ' "$RL360_VENV"
 fi
 on_node=${RL360_ON_NODE:-"srun --nodes=1 --ntasks=1 --overlap -w {node}"}
 if [[ -n "${RL360_CONTAINER_IMAGE:-}" && -z "${RL360_ON_NODE:-}" ]]; then
@@ -87,10 +109,23 @@ run_on() {
 
 # spawn NODE COMMAND: run_on in the background, its output in the node's log (dry run: printed, in order)
 background=()
+declare -A node_of=()  # the node each background Ray process runs on, by its pid here
 spawn() {
   if [[ "$dry_run" == 1 ]]; then run_on "$1" "$2"; return 0; fi
   run_on "$1" "$2" >> "$log_dir/$1.log" 2>&1 &
   background+=($!)
+  node_of[$!]=$1
+}
+
+# address_of NODE: the address NODE's name resolves to on NODE, skipping loopback ones (Debian's hosts file
+# maps the host name to 127.0.1.1), else NODE's first address; the one Ray serves on and the others reach
+address_of() {
+  if [[ "$dry_run" == 1 ]]; then echo "<address of $1>"; return 0; fi
+  local word
+  for word in $(run_on "$1" "hostname --ip-address; hostname --all-ip-addresses"); do
+    if [[ "$word" != 127.* && "$word" != ::1 ]]; then echo "$word"; return 0; fi
+  done
+  die "could not read a non-loopback address of $1"
 }
 
 teardown() {
@@ -113,17 +148,13 @@ teardown() {
 trap teardown EXIT INT TERM
 
 # ---- 2. the head ---------------------------------------------------------------------------------------------
-if [[ "$dry_run" == 1 ]]; then
-  head_address="<address of $head_node>"
-else
-  head_address=$(run_on "$head_node" "hostname --ip-address" | awk '{print $1}')
-  [[ -n "$head_address" ]] || die "could not read the address of $head_node"
-fi
+head_address=$(address_of "$head_node")
 address="$head_address:$port"
 echo "rl360 launch: ${#nodes[@]} node(s) x $gpus GPU(s); ray head on $head_node ($address); logs in $log_dir" >&2
 
 start_head="ray stop --force >/dev/null 2>&1; ray start --head --node-ip-address=$head_address --port=$port"
-start_head+=" --dashboard-host=0.0.0.0 --dashboard-port=$dashboard_port --num-gpus=$gpus --block"
+start_head+=" --dashboard-host=0.0.0.0 --dashboard-port=$dashboard_port --num-gpus=$gpus${cpus:+ --num-cpus=$cpus}"
+start_head+=" --block"
 spawn "$head_node" "$start_head"
 
 deadline=$((SECONDS + timeout_s))
@@ -136,9 +167,12 @@ until [[ "$dry_run" == 1 ]] || run_on "$head_node" "ray status --address=$addres
 done
 
 # ---- 3. the workers ------------------------------------------------------------------------------------------
-join="ray stop --force >/dev/null 2>&1; for attempt in 1 2 3 4 5; do"
-join+=" ray start --address=$address --num-gpus=$gpus --block && exit 0; sleep 10; done; exit 1"
+# a join that failed is tried again; a worker that had joined and then stopped is a lost node, and ends (the job
+# ends with it, below), never joining again as a new node under the run's feet
 for node in "${nodes[@]:1}"; do
+  join="ray stop --force >/dev/null 2>&1; for attempt in 1 2 3 4 5; do joined=\$(ray start --address=$address"
+  join+=" --node-ip-address=$(address_of "$node") --num-gpus=$gpus${cpus:+ --num-cpus=$cpus} --block 2>&1"
+  join+=" | tee /dev/stderr | grep -c 'Ray runtime started'); (( joined )) && exit 1; sleep 10; done; exit 1"
   spawn "$node" "$join"
 done
 
@@ -150,4 +184,35 @@ run_on "$head_node" "python -m rl360.cluster.ready --address=$address --nodes=$n
 
 # ---- 5. the command ------------------------------------------------------------------------------------------
 printf -v command '%q ' "$@"
-run_on "$head_node" "RAY_ADDRESS=$address $command"
+
+# a node whose Ray exits (the node died, or its raylet did) ends the job at once, named: the run cannot go on
+# without it, and must not wait on it
+end_if_a_node_is_lost() {
+  local pid status
+  for pid in "${!node_of[@]}"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      wait "$pid" && status=0 || status=$?
+      die "the ray node on ${node_of[$pid]} exited (status $status) $1: node ${node_of[$pid]} is down or lost" \
+        "its Ray; see $log_dir/${node_of[$pid]}.log"
+    fi
+  done
+}
+
+# the command on the head; its exit status is the job's, unless a node is lost first
+run_command() {
+  if [[ "$dry_run" == 1 ]]; then run_on "$head_node" "RAY_ADDRESS=$address $command"; return 0; fi
+  run_on "$head_node" "RAY_ADDRESS=$address $command" &
+  local command_pid=$! status=0
+  background+=("$command_pid")
+  while kill -0 "$command_pid" 2>/dev/null; do
+    end_if_a_node_is_lost "while the job ran"
+    sleep 2
+  done
+  wait "$command_pid" || status=$?
+  if (( status != 0 )); then
+    sleep 5  # a failure from a lost node can reach the command before the node's `ray start --block` has ended
+    end_if_a_node_is_lost "and the job failed (status $status)"
+  fi
+  return "$status"
+}
+run_command

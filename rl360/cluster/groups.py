@@ -25,9 +25,15 @@ def start_ray(address: str = "", num_cpus: int = 0) -> None:
                  configure_logging=False)
 
 
+def _address_and_free_port() -> tuple[str, int]:
+    return ray.util.get_node_ip_address(), free_port()
+
+
 class WorkerGroup:
     """`world_size` actors of class `cls`, rank i on bundle i. With `distributed=True` each also gets
-    `rank`, `world_size`, `master_addr` and `master_port` to initialise torch.distributed with."""
+    `rank`, `world_size`, `master_addr` and `master_port` (rank 0's node and a port free there) to initialise
+    torch.distributed with. `nodes[i]` is rank i's node, "hostname (address)"; a rank that dies fails a call
+    with a RuntimeError naming its rank and node."""
 
     def __init__(self, cls: type, world_size: int, *args: Any, use_gpu: bool = False, cpus_per_rank: float = 1,
                  name: str = "workers", distributed: bool = True, **kwargs: Any):
@@ -35,8 +41,19 @@ class WorkerGroup:
         self.placement_group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK",
                                                name=name)
         ray.get(self.placement_group.ready())
+        self.name = name
+        on_node = {node["NodeID"]: f"{node['NodeManagerHostname']} ({node['NodeManagerAddress']})"
+                   for node in ray.nodes()}
+        bundle_nodes = ray.util.placement_group_table(self.placement_group)["bundles_to_node_id"]
+        self.nodes = [on_node.get(bundle_nodes[rank], bundle_nodes[rank]) for rank in range(world_size)]
+        if len(set(self.nodes)) > 1:
+            print(f"{name}: {world_size} ranks on {len(set(self.nodes))} nodes: "
+                  + ", ".join(f"rank {rank} on {node}" for rank, node in enumerate(self.nodes)), flush=True)
         remote_cls = ray.remote(cls)
-        master_addr, master_port = ray.util.get_node_ip_address(), free_port()
+        # torch.distributed's store lives with rank 0, which need not be on this (the driver's) node
+        master_addr, master_port = ray.get(ray.remote(_address_and_free_port).options(
+            num_cpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.placement_group, placement_group_bundle_index=0)).remote())
 
         def rank_kwargs(rank: int) -> dict[str, Any]:
             if not distributed:
@@ -56,11 +73,25 @@ class WorkerGroup:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call `method` on every rank and wait for all results (in rank order)."""
-        return ray.get([getattr(actor, method).remote(*args, **kwargs) for actor in self.actors])
+        return self.get([getattr(actor, method).remote(*args, **kwargs) for actor in self.actors])
 
     def call_each(self, method: str, per_rank_args: list[tuple]) -> list[Any]:
         """Call `method` on rank i with `per_rank_args[i]` and wait for all results (in rank order)."""
-        return ray.get([getattr(actor, method).remote(*args) for actor, args in zip(self.actors, per_rank_args)])
+        return self.get([getattr(actor, method).remote(*args) for actor, args in zip(self.actors, per_rank_args)])
+
+    def get(self, refs: list[ray.ObjectRef]) -> list[Any]:
+        """`ray.get(refs)`; a rank that died (its process, or its node) is named with its node."""
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as err:
+            raise RuntimeError(f"{self.describe_death(err)}: {err}") from err
+
+    def describe_death(self, err: ray.exceptions.RayActorError) -> str:
+        """The rank `err` is about, as `<name> rank <i> on node <hostname> (<address>) died`."""
+        for rank, actor in enumerate(self.actors):
+            if err.actor_id == actor._actor_id.hex():
+                return f"{self.name} rank {rank} on node {self.nodes[rank]} died"
+        return f"a {self.name} rank died"
 
     def shutdown(self) -> None:
         for actor in self.actors:
