@@ -40,6 +40,7 @@ def _require_namespaces() -> None:
     if os.geteuid() != 0:
         pytest.skip(f"network namespaces need root; this test runs as uid {os.geteuid()}")
     probe = "rl360-probe"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)  # an interrupted run's
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
         pytest.skip(f"`ip netns add` fails here: {made.stderr.strip()}")
