@@ -76,7 +76,8 @@ class Bridge:
         config, kwargs = to_megatron(self.hf_config, self.arch, params_dtype,
                                      parallel_state.get_tensor_model_parallel_world_size(),
                                      parallel_state.get_pipeline_model_parallel_world_size(),
-                                     self.vocab_divisible_by, training)
+                                     self.vocab_divisible_by, training,
+                                     parallel_state.get_context_parallel_world_size())
         spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.arch.qk_layernorm)
         if attention == "torch":
             from megatron_bridge.attention import TorchCoreAttention
@@ -84,6 +85,8 @@ class Bridge:
             spec.submodules.self_attention.submodules.core_attention = TorchCoreAttention
         elif attention != "local":
             raise ValueError(f"attention={attention!r}: choose 'torch' or 'local'")
+        elif config.context_parallel_size > 1:
+            raise ValueError("context parallelism needs attention='torch' (megatron's local attention refuses it)")
         model = GPTModel(config, spec, pre_process=parallel_state.is_pipeline_first_stage(),
                          post_process=parallel_state.is_pipeline_last_stage(), **kwargs)
         model = model.to(params_dtype)  # modules that ignore params_dtype (the torch RMSNorm fallback) too, as

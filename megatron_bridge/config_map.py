@@ -107,7 +107,8 @@ def num_query_groups(hf: Mapping[str, Any]) -> int:
 
 def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture, params_dtype: torch.dtype = torch.float32,
                 tensor_parallel: int = 1, pipeline_parallel: int = 1,
-                vocab_divisible_by: int = 128, training: Mapping[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+                vocab_divisible_by: int = 128, training: Mapping[str, Any] | None = None,
+                context_parallel: int = 1) -> tuple[Any, dict[str, Any]]:
     """(TransformerConfig, GPTModel keyword arguments) describing the HF model at TP x PP, with CPU-safe
     settings: no fused kernels, no dropout, parameters created in `params_dtype`; `training` sets further
     TransformerConfig fields that do not change the model (activation recomputation, ...)."""
@@ -120,6 +121,7 @@ def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture, params_dtype: t
     config = TransformerConfig(
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
+        context_parallel_size=context_parallel,
         sequence_parallel=False,
         num_layers=hf["num_hidden_layers"],
         hidden_size=hf["hidden_size"],

@@ -81,7 +81,14 @@ class RolloutConfig:
 class ParallelConfig:
     tensor: int = 1  # tensor-parallel size
     pipeline: int = 1  # pipeline-parallel size
-    data: int = 1  # data-parallel size (policy ranks = tensor * pipeline * data)
+    # context-parallel size: each sequence split over this many ranks (attention gathers keys and values),
+    # for responses too long for one rank's activations; needs model.attention=torch
+    context: int = 1
+    data: int = 1  # data-parallel size (policy ranks = tensor * pipeline * context * data)
+
+    @property
+    def ranks(self) -> int:
+        return self.tensor * self.pipeline * self.context * self.data
 
 
 @dataclass
@@ -252,7 +259,8 @@ POSITIVE = (
     "data.batch_size", "data.max_prompt_length", "rollout.n", "rollout.max_response_length",
     "rollout.num_engines", "rollout.temperature", "actor.ppo_mini_batch_size", "actor.micro_batch_size",
     "actor.ppo_epochs", "actor.parallel.tensor", "actor.parallel.pipeline", "actor.parallel.data",
-    "trainer.total_steps", "trainer.weight_bucket_mb", "reward.timeout_s", "tracking.log_every",
+    "actor.parallel.context", "trainer.total_steps", "trainer.weight_bucket_mb", "reward.timeout_s",
+    "tracking.log_every",
     "actor.rollout_is_threshold", "algorithm.kl_in_reward_horizon", "reward.judge.max_concurrency",
     "trainer.keep_checkpoints", "rollout.request_timeout_s", "rollout.startup_timeout_s",
     "rollout.engine_tensor_parallel", "rollout.mem_fraction", "rollout.max_staleness",
@@ -355,6 +363,9 @@ def validate(cfg: RunConfig) -> None:
             f"actor.ppo_mini_batch_size * rollout.n = {cfg.actor.ppo_mini_batch_size * cfg.rollout.n} must be a "
             f"multiple of actor.parallel.data={cfg.actor.parallel.data}"
         )
+    if cfg.actor.parallel.context > 1 and cfg.model.attention != "torch":
+        raise ConfigError(f"actor.parallel.context={cfg.actor.parallel.context} needs model.attention=torch "
+                          f"(got {cfg.model.attention}: megatron's local attention refuses context parallelism)")
     if cfg.data.batch_size % cfg.actor.ppo_mini_batch_size:
         raise ConfigError(
             f"data.batch_size={cfg.data.batch_size} must be a multiple of "

@@ -16,7 +16,8 @@ makes them, the vocabulary padded as the bridge pads it) from the model's `confi
   attention score matrix with `model.attention=local` (5 x heads x sequence bytes per token / TP);
   `actor.recompute=selective` keeps no scores, `full` keeps each layer's input (2 x hidden bytes) and one
   layer's working set; the last stage adds the vocabulary logits (its slice) in the dtype and in fp32.
-  Tokens per micro-batch: `actor.max_tokens_per_micro_batch`, else micro_batch_size x (prompt + response).
+  Tokens per micro-batch: `actor.max_tokens_per_micro_batch`, else micro_batch_size x (prompt + response),
+  divided over `actor.parallel.context` ranks.
 - rollout engines: `rollout.colocate` puts them on the trainer's GPUs, taking `rollout.mem_fraction` of each
   while they generate (training keeps its weights, gradients and optimizer meanwhile); otherwise they have
   GPUs of their own, holding the weights (in `model.dtype`, split over `rollout.engine_tensor_parallel`) and
@@ -158,6 +159,7 @@ def activation_bytes(cfg: Any, hf: dict[str, Any]) -> float:
     responses = cfg.actor.ppo_mini_batch_size * cfg.rollout.n // parallel.data
     micro_batches = max(1, -(-responses * sequence // tokens))
     in_flight = min(pp, micro_batches)
+    tokens = tokens / parallel.context  # context parallelism: each rank holds 1/cp of every sequence
     hidden, layers = hf["hidden_size"], hf["num_hidden_layers"] // pp
     scale = DTYPE_BYTES[cfg.model.dtype] / 2
     working = 34 * tokens * hidden / tp * scale  # one layer's activations per micro-batch
@@ -207,9 +209,11 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     parallel = cfg.actor.parallel
-    ranks = parallel.tensor * parallel.pipeline * parallel.data
-    print(f"{cfg.model.path}: policy TP {parallel.tensor} x PP {parallel.pipeline} x DP {parallel.data} = {ranks} "
-          f"GPU(s) ({-(-ranks // args.gpus_per_node)} node(s) of {args.gpus_per_node}), dtype {cfg.model.dtype}")
+    ranks = parallel.ranks
+    context = f" x CP {parallel.context}" if parallel.context > 1 else ""
+    nodes = -(-ranks // args.gpus_per_node)
+    print(f"{cfg.model.path}: policy TP {parallel.tensor}{context} x PP {parallel.pipeline} x DP {parallel.data} = "
+          f"{ranks} GPU(s) ({nodes} node(s) of {args.gpus_per_node}), dtype {cfg.model.dtype}")
     result = plan(cfg, args.gpu_memory_gb)
     print(result.report())
     return 0 if result.fits() else 1

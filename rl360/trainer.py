@@ -53,7 +53,7 @@ def train(cfg: RunConfig) -> Path:
             stream = PromptStream(cfg.data.train_files, cfg.data.batch_size, **stream_kwargs)
 
         parallel = cfg.actor.parallel
-        policy_ranks = parallel.tensor * parallel.pipeline * parallel.data
+        policy_ranks = parallel.ranks
         use_critic = cfg.algorithm.adv_estimator == "gae"
         in_process_engines = cfg.rollout.num_engines if cfg.rollout.engine == "hf" else 0
         start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus or max(

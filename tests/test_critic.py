@@ -68,26 +68,29 @@ def test_critic_updates_reduce_the_value_loss(megatron_single_rank, model_dir):
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
                     reason="two NCCL ranks need two GPUs (on CPU the ranks use gloo)")
-@pytest.mark.parametrize("tp, pp, mode", [(2, 1, "token-mean"), (1, 2, "seq-mean-token-mean")])
-def test_model_parallel_critic_matches_one_rank(megatron_single_rank, model_dir, tmp_path, tp, pp, mode):
-    """At TP=2 (value head replicated on both ranks) and PP=2 (tied embeddings untied from the head): the
-    same values and the same gradient, body and head, as the one-rank critic, with uneven micro-batches."""
+@pytest.mark.parametrize("tp, pp, cp, mode", [(2, 1, 1, "token-mean"), (1, 2, 1, "seq-mean-token-mean"),
+                                              (1, 1, 2, "seq-mean-token-sum")])
+def test_model_parallel_critic_matches_one_rank(megatron_single_rank, model_dir, tmp_path, tp, pp, cp, mode):
+    """At TP=2 (value head replicated on both ranks), PP=2 (tied embeddings untied from the head) and CP=2 (values
+    gathered from both halves of each sequence): the same values and the same gradient, body and head, as the
+    one-rank critic, with uneven micro-batches."""
     from safetensors.torch import load_file
 
     from rl360.cluster.launch import run_ranks
     from tests.critic_parallel_worker import config, values_and_gradient
 
     expected_values, expected_gradient = values_and_gradient(CriticWorker(config(model_dir, mode, 1, 1, 3)))
-    run_ranks("tests.critic_parallel_worker:main", tp * pp, [model_dir, str(tmp_path), mode, str(tp), str(pp), "3"],
-              timeout_s=600)
-    last_stage = list(range(tp * pp - tp, tp * pp))
-    assert [r for r in range(tp * pp) if (tmp_path / f"values_rank{r}.pt").exists()] == last_stage
+    world = tp * pp * cp
+    run_ranks("tests.critic_parallel_worker:main", world,
+              [model_dir, str(tmp_path), mode, str(tp), str(pp), "3", str(cp)], timeout_s=600)
+    last_stage = list(range(world - tp * cp, world))
+    assert [r for r in range(world) if (tmp_path / f"values_rank{r}.pt").exists()] == last_stage
     assert expected_values.abs().max() > 0
     for rank in last_stage:
         torch.testing.assert_close(torch.load(tmp_path / f"values_rank{rank}.pt"), expected_values, atol=1e-5, rtol=0)
     assert all(t.abs().sum() > 0 for name, t in expected_gradient.items() if name.startswith("value_head."))
     assert any(t.abs().sum() > 0 for name, t in expected_gradient.items() if not name.startswith("value_head."))
-    for rank in range(tp * pp):
+    for rank in range(world):
         gradient = load_file(tmp_path / f"gradient_rank{rank}.safetensors")
         head = {"value_head.weight", "value_head.bias"} if rank in last_stage else set()
         assert sorted(gradient) == sorted(name for name in expected_gradient

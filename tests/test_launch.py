@@ -62,7 +62,7 @@ def test_template_resources_match_its_config_and_fit_80gb(template, tmp_path, mo
     monkeypatch.setenv("RL360_DATA_DIR", str(tmp_path))
     cfg = load_config(config)
     parallel, rollout = cfg.actor.parallel, cfg.rollout
-    policy_gpus = parallel.tensor * parallel.pipeline * parallel.data
+    policy_gpus = parallel.ranks
     engine_gpus = 0 if rollout.colocate else rollout.num_engines * rollout.engine_tensor_parallel
     gpus = int(options["nodes"]) * int(options["gpus-per-node"])
     assert gpus == policy_gpus + engine_gpus, (gpus, policy_gpus, engine_gpus)

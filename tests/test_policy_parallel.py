@@ -44,3 +44,28 @@ def test_model_parallel_policy_matches_one_rank(megatron_single_rank, model_dir,
         assert sorted(gradient) == sorted(expected_gradient)
         for name, tensor in expected_gradient.items():
             assert (gradient[name] - tensor).abs().max().item() <= 1e-6, (rank, name)
+
+
+@pytest.mark.parametrize("tp, pp, cp, mode, extra", [
+    (1, 1, 2, "token-mean", ""),  # padded rows, each split in 4 chunks over 2 ranks
+    (1, 1, 2, "seq-mean-token-mean", PACKED),  # each packed sequence padded to a multiple of 4 and split
+    (2, 2, 2, "token-mean", f"{PACKED} actor.max_tokens_per_micro_batch=24"),
+])
+def test_context_parallel_policy_matches_one_rank(megatron_single_rank, model_dir, tmp_path, tp, pp, cp, mode, extra):
+    """Context parallelism (with TP and PP, padded or packed) against the padded one-rank policy."""
+    micro = 3
+    expected_logprobs, expected_gradient = logprobs_and_gradient(PolicyWorker(config(model_dir, mode, 1, 1, micro)))
+    world = tp * pp * cp
+    run_ranks("tests.policy_parallel_worker:main", world, [model_dir, str(tmp_path), mode, str(tp), str(pp),
+                                                           str(micro), f"actor.parallel.context={cp} {extra}"],
+              timeout_s=900)
+    last_stage = list(range(world - tp * cp, world))  # megatron orders ranks TP fastest, then CP, ..., PP last
+    assert [rank for rank in range(world) if (tmp_path / f"logprobs_rank{rank}.pt").exists()] == last_stage
+    for rank in last_stage:
+        torch.testing.assert_close(torch.load(tmp_path / f"logprobs_rank{rank}.pt"), expected_logprobs,
+                                   atol=1e-5, rtol=0)
+    for rank in range(world):
+        gradient = load_file(tmp_path / f"gradient_rank{rank}.safetensors")
+        assert sorted(gradient) == sorted(expected_gradient)
+        for name, tensor in expected_gradient.items():
+            assert (gradient[name] - tensor).abs().max().item() <= 1e-6, (rank, name)

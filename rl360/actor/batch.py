@@ -59,22 +59,29 @@ class RolloutBatch:
         offsets = torch.arange(self.response_ids.shape[1], device=self.response_ids.device)
         return (self.response_start[:, None] + offsets[None, :] - 1).clamp(max=self.input_ids.shape[1] - 1)
 
-    def packed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The rows back to back in one row, each cut to its length (`sequence_lengths`): input_ids [1, T],
-        position_ids [1, T] (from 0 in each sequence) and cu_seqlens [B + 1] (int32: where each one starts)."""
+    def packed(self, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rows back to back in one row, each cut to its length (`sequence_lengths`) rounded up to a
+        `multiple` (padded with 0): input_ids [1, T], position_ids [1, T] (from 0 in each sequence) and
+        cu_seqlens [B + 1] (int32: where each one starts)."""
         lengths = self.sequence_lengths().tolist()
-        input_ids = torch.cat([self.input_ids[row, :length] for row, length in enumerate(lengths)])
-        positions = torch.cat([torch.arange(length, device=self.input_ids.device) for length in lengths])
-        starts = torch.tensor([0, *lengths], device=self.input_ids.device).cumsum(0).to(torch.int32)
+        slots = self._packed_lengths(multiple).tolist()
+        input_ids = torch.cat([torch.nn.functional.pad(self.input_ids[row, :length], (0, slot - length))
+                               for row, (length, slot) in enumerate(zip(lengths, slots))])
+        positions = torch.cat([torch.arange(slot, device=self.input_ids.device) for slot in slots])
+        starts = torch.tensor([0, *slots], device=self.input_ids.device).cumsum(0).to(torch.int32)
         return input_ids[None], positions[None], starts
 
-    def packed_response_positions(self) -> torch.Tensor:
-        """[B, R] positions in the packed row (`packed`) of the logits that predict each response token."""
-        lengths = self.sequence_lengths()
-        starts = torch.cumsum(lengths, 0) - lengths
+    def packed_response_positions(self, multiple: int = 1) -> torch.Tensor:
+        """[B, R] positions in the packed row (`packed(multiple)`) of the logits that predict each response token."""
+        slots = self._packed_lengths(multiple)
+        starts = torch.cumsum(slots, 0) - slots
         offsets = torch.arange(self.response_ids.shape[1], device=self.response_ids.device)
         positions = starts[:, None] + self.response_start[:, None] + offsets[None, :] - 1
-        return positions.clamp(max=int(lengths.sum()) - 1)
+        return positions.clamp(max=int(slots.sum()) - 1)
+
+    def _packed_lengths(self, multiple: int) -> torch.Tensor:
+        lengths = self.sequence_lengths()
+        return lengths + (-lengths) % multiple
 
 
 def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],

@@ -12,7 +12,8 @@ What megatron-core 0.16 asks of CUDA on the paths rl360 uses, and the CPU answer
   `Stream`, `stream`: DDP with overlapped reduction) -> no-ops;
 - gradient clipping asserts `torch.cuda.FloatTensor` grads -> the same clipping without the assert;
 - tensors created with a literal `device="cuda"` or moved with `.cuda()` / `.to("cuda")` (pipeline
-  schedules, the optimizer's loss scale) -> created on / kept on the CPU, by a `TorchFunctionMode`;
+  schedules, the optimizer's loss scale) -> created on / kept on the CPU, by a `TorchFunctionMode`; the same
+  mode drops `pin_memory=True` (context parallelism's RoPE stages its chunk indices in pinned memory);
 - the mixed-precision and distributed optimizers sort parameters by `param.type()` and accept only CUDA type
   names ("torch.cuda.BFloat16Tensor", ...) -> the same mode answers `Tensor.type()` (no arguments) with the
   CUDA name of a CPU tensor's type, so bf16 parameters get their fp32 main copies as on a GPU;
@@ -171,6 +172,8 @@ class _CudaToCpu(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = "cpu"
+        if kwargs.get("pin_memory"):  # staging for a host-to-GPU copy that stays on the host here
+            kwargs["pin_memory"] = False
         if func is torch.Tensor.cuda:
             return args[0]
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:  # the type's name, as megatron reads it

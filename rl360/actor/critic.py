@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from rl360.actor.batch import RolloutBatch
-from rl360.actor.policy import PolicyWorker, _response_positions_rows
+from rl360.actor.policy import PolicyWorker
 from rl360.algos.losses import agg_loss, value_loss
 
 
@@ -56,13 +56,15 @@ class CriticWorker(PolicyWorker):
     def _head_output(self, output: torch.Tensor) -> torch.Tensor:
         return output[..., 0].float()  # [B, T] values
 
+    def _per_token(self, values: torch.Tensor, labels: torch.Tensor, with_entropy: bool) -> torch.Tensor:
+        return values  # a value per position already: gathered as they are
+
     def compute_values(self, batch: RolloutBatch) -> torch.Tensor | None:
         """[B, R] values of the response positions (zero past each response); None off the last stage."""
         micro = self._micro_batches(batch)
 
         def collect(values: torch.Tensor, mb: RolloutBatch, non_loss_data: bool = True):
-            positions = _response_positions_rows(values, mb, self.cfg.actor.pack_sequences)
-            return (values[positions] * mb.response_mask).detach()
+            return (values[self._response_index(values, mb)] * mb.response_mask).detach()
 
         with torch.no_grad():
             outputs = self._schedule(self.models, micro, collect, forward_only=True)
@@ -71,7 +73,7 @@ class CriticWorker(PolicyWorker):
     def _loss(self, values: torch.Tensor, mb: RolloutBatch, normalizer: float, num_micro: int):
         """Clipped value loss of one micro-batch, scaled like the policy's (see `PolicyWorker._loss`)."""
         mask = mb.response_mask
-        predicted = values[_response_positions_rows(values, mb, self.cfg.actor.pack_sequences)]
+        predicted = values[self._response_index(values, mb)]
         per_token, clipped = value_loss(predicted, mb.values, mb.returns, self.cfg.critic.cliprange_value)
         loss = agg_loss(per_token, mask, self.cfg.actor.loss_agg_mode, normalizer,
                         self.cfg.rollout.max_response_length)
@@ -79,4 +81,4 @@ class CriticWorker(PolicyWorker):
         report = {"critic/vf_loss": loss.item(),
                   "critic/vf_clipfrac": ((clipped * mask).sum() / share).item(),
                   "critic/vpred_mean": ((predicted.detach() * mask).sum() / share).item()}
-        return loss * num_micro * self.dp_size, report
+        return self._undo_megatron_scaling(loss, num_micro), report

@@ -12,8 +12,9 @@ from rl360.actor.cpu_compat import activate_cpu_compat
 from rl360.network import free_port
 
 
-def init_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0) -> None:
-    """Initialise torch.distributed (gloo on CPU, nccl on CUDA) and megatron's TP x PP x DP groups.
+def init_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0,
+                  context_parallel: int = 1) -> None:
+    """Initialise torch.distributed (gloo on CPU, nccl on CUDA) and megatron's TP x CP x PP x DP groups.
 
     Rank and world size come from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, defaulting to a single
     process. Calling it again with the same sizes does nothing.
@@ -24,9 +25,10 @@ def init_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: in
     activate_cpu_compat()
     if parallel_state.model_parallel_is_initialized():
         sizes = (parallel_state.get_tensor_model_parallel_world_size(),
-                 parallel_state.get_pipeline_model_parallel_world_size())
-        if sizes != (tensor_parallel, pipeline_parallel):
-            raise RuntimeError(f"megatron parallel state already initialised with TP x PP = {sizes}")
+                 parallel_state.get_pipeline_model_parallel_world_size(),
+                 parallel_state.get_context_parallel_world_size())
+        if sizes != (tensor_parallel, pipeline_parallel, context_parallel):
+            raise RuntimeError(f"megatron parallel state already initialised with TP x PP x CP = {sizes}")
         return
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -38,7 +40,8 @@ def init_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: in
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=rank, world_size=world,
                                 timeout=timedelta(minutes=30))
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel,
-                                             pipeline_model_parallel_size=pipeline_parallel)
+                                             pipeline_model_parallel_size=pipeline_parallel,
+                                             context_parallel_size=context_parallel)
     model_parallel_cuda_manual_seed(seed)
 
 

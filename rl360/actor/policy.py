@@ -16,6 +16,7 @@ from functools import partial
 import torch
 
 from megatron_bridge import Bridge
+from megatron_bridge.context_parallel import context_group, gather, local_part
 from rl360.actor.batch import RolloutBatch, micro_batch_rows
 from rl360.actor.offload import StateOffload
 from rl360.actor.parallel import init_parallel
@@ -48,8 +49,10 @@ class PolicyWorker:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
             torch.device("cpu")
         parallel = cfg.actor.parallel
-        init_parallel(parallel.tensor, parallel.pipeline, seed=cfg.seed)
+        init_parallel(parallel.tensor, parallel.pipeline, seed=cfg.seed, context_parallel=parallel.context)
         from megatron.core import parallel_state
+
+        self.context, self.context_group = parallel.context, context_group()
 
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_group = parallel_state.get_data_parallel_group()
@@ -109,12 +112,13 @@ class PolicyWorker:
 
     def layout(self) -> dict[str, int | bool]:
         """Where this rank sits: its data-parallel index, and whether it returns results (the first
-        tensor-parallel rank of the last pipeline stage) and takes part in weight export (replica 0)."""
+        tensor- and context-parallel rank of the last pipeline stage) and takes part in weight export (replica 0)."""
         from megatron.core import parallel_state
 
         dp_rank = parallel_state.get_data_parallel_rank()
         return {"dp_rank": dp_rank, "dp_size": self.dp_size, "exports": dp_rank == 0,
-                "returns": self.last_stage and parallel_state.get_tensor_model_parallel_rank() == 0}
+                "returns": self.last_stage and parallel_state.get_tensor_model_parallel_rank() == 0
+                and parallel_state.get_context_parallel_rank() == 0}
 
     # ---- forward passes -------------------------------------------------------------------------
 
@@ -226,9 +230,13 @@ class PolicyWorker:
         if cfg.rollout_correction != "none":
             report["rollout_correction/mean_weight"] = token_mean(is_weights)
             report["rollout_correction/zero_weight_frac"] = token_mean((is_weights == 0).float())
-        # megatron divides by the micro-batch count and averages gradients over data-parallel ranks;
-        # the loss is already normalised by the global counts, so undo both
-        return loss * num_micro * self.dp_size, report
+        return self._undo_megatron_scaling(loss, num_micro), report
+
+    def _undo_megatron_scaling(self, loss: torch.Tensor, num_micro: int) -> torch.Tensor:
+        """Megatron divides each micro-batch's loss by the micro-batch count, multiplies it by the context-parallel
+        size and averages gradients over the data- and context-parallel ranks. The loss here is already normalised
+        by the mini-batch's global counts and (gathered) the same on every context-parallel rank: undo all three."""
+        return loss * num_micro * self.dp_size / self.context
 
     # ---- megatron schedule ------------------------------------------------------------------------
 
@@ -259,20 +267,28 @@ class PolicyWorker:
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator).to(self.device)
+            packing = None
             if self.cfg.actor.pack_sequences:  # one row, sequences back to back, attention within each
-                input_ids, positions, starts = mb.packed()
-                longest = int((starts[1:] - starts[:-1]).max())
+                input_ids, positions, starts = mb.packed(multiple=2 * self.context)
+                lengths = (starts[1:] - starts[:-1]).tolist()
                 packing = PackedSeqParams(qkv_format="thd", cu_seqlens_q=starts, cu_seqlens_kv=starts,
-                                          max_seqlen_q=longest, max_seqlen_kv=longest)
-                logits = model(input_ids, positions, None, packed_seq_params=packing)
+                                          max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
             else:
-                positions = torch.arange(mb.input_ids.shape[1], device=self.device).expand_as(mb.input_ids)
-                logits = model(mb.input_ids, positions, None)  # earlier stages: hidden states for the next one
+                input_ids = _pad_to_multiple(mb.input_ids, 2 * self.context)
+                lengths = [input_ids.shape[1]]  # each row one sequence
+                positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
+            if self.context > 1:  # this rank's 1/cp of every sequence, and the token each position predicts
+                labels = local_part(torch.roll(input_ids, -1, dims=1), 1, lengths, self.context_group)
+                input_ids, positions = (local_part(x, 1, lengths, self.context_group) for x in (input_ids, positions))
+            output = model(input_ids, positions, None, packed_seq_params=packing)  # earlier stages: hidden states
             if self.last_stage:
-                logits = self._head_output(logits)
+                output = self._head_output(output)
+                if self.context > 1:
+                    output = gather(self._per_token(output, labels, with_entropy=not forward_only), 1, lengths,
+                                    self.context_group)
             if forward_only:
-                return logits, lambda out, non_loss_data=True: on_logits(out, mb)
-            return logits, lambda out: on_logits(out, mb)
+                return output, lambda out, non_loss_data=True: on_logits(out, mb)
+            return output, lambda out: on_logits(out, mb)
 
         width = max(mb.input_ids.shape[1] for mb in micro)
         return get_forward_backward_func()(
@@ -291,13 +307,33 @@ class PolicyWorker:
         columns; never gathered (see `rl360.actor.vocab_parallel`)."""
         return without_padding(logits, self.bridge.vocab_size, self.vocab_start)
 
+    def _per_token(self, logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool) -> torch.Tensor:
+        """Context parallelism: the log-prob of each position's next token and the entropy there ([..., 2]),
+        computed on this rank's positions before they are gathered (the logits themselves never are)."""
+        logprobs, entropy = logprobs_and_entropy(logits.float() / self.cfg.rollout.temperature, labels,
+                                                 self.vocab_start, with_entropy)
+        return torch.stack([logprobs, entropy if entropy is not None else torch.zeros_like(logprobs)], dim=-1)
+
+    def _response_index(self, output: torch.Tensor, mb: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Index of `output` ([B, T, ...], or [1, T, ...] packed) at the positions that predict each response
+        token: [B, R, ...]."""
+        if self.cfg.actor.pack_sequences:
+            positions = mb.packed_response_positions(multiple=2 * self.context)
+            return torch.zeros(len(mb), 1, dtype=torch.long, device=output.device), positions
+        return torch.arange(output.shape[0], device=output.device)[:, None], mb.response_positions()
+
     def _logprobs_and_entropy(self, logits: torch.Tensor, mb: RolloutBatch,
                               with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[B, R] log-probs of the response tokens under softmax(logits / temperature) (0 past each
         response) and the entropy of that distribution at each response position."""
-        rows, positions = _response_positions_rows(logits, mb, self.cfg.actor.pack_sequences)
-        response_logits = logits[rows, positions].float() / self.cfg.rollout.temperature
-        logprobs, entropy = logprobs_and_entropy(response_logits, mb.response_ids, self.vocab_start, with_entropy)
+        index = self._response_index(logits, mb)
+        if self.context > 1:  # already per token (`_per_token`), gathered over the context-parallel ranks
+            picked = logits[index]
+            logprobs, entropy = picked[..., 0], (picked[..., 1] if with_entropy else None)
+        else:
+            response_logits = logits[index].float() / self.cfg.rollout.temperature
+            logprobs, entropy = logprobs_and_entropy(response_logits, mb.response_ids, self.vocab_start,
+                                                     with_entropy)
         return logprobs * (mb.response_mask > 0), entropy
 
     # ---- weights out ------------------------------------------------------------------------------
@@ -383,14 +419,10 @@ class PolicyWorker:
                 "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=loading, metadata=metadata)}
 
 
-def _response_positions_rows(output: torch.Tensor, mb: RolloutBatch,
-                             packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Index of `output` ([B, T, ...], or [1, T, ...] when `packed`) at the positions that predict each
-    response token: [B, R, ...]."""
-    if packed:
-        return torch.zeros(len(mb), 1, dtype=torch.long, device=output.device), mb.packed_response_positions()
-    rows = torch.arange(output.shape[0], device=output.device)[:, None]
-    return rows, mb.response_positions()
+def _pad_to_multiple(input_ids: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Right-pad [B, S] ids with 0 to a width that is a multiple of `multiple`."""
+    extra = -input_ids.shape[1] % multiple
+    return torch.nn.functional.pad(input_ids, (0, extra)) if extra else input_ids
 
 
 def _wrap_ddp(chunks: list, distributed_optimizer: bool) -> list:

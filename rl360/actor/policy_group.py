@@ -1,7 +1,7 @@
 """The controller's handle on the policy's TP x PP x DP rank actors.
 
 Every rank of a data-parallel replica gets that replica's shard of a batch; results come back from the
-ranks that hold them (the first tensor-parallel rank of the last pipeline stage), one per replica, in
+ranks that hold them (the first tensor- and context-parallel rank of the last pipeline stage), one per replica, in
 data-parallel order. Weight export runs on every rank of replica 0 (its gathers are collectives) while
 rank 0 streams the buckets.
 """

@@ -219,8 +219,7 @@ class RolloutManager:
             return {}  # engine_hosts=ray: Ray gives each engine actor its own devices
         width = self.cfg.rollout.engine_tensor_parallel
         parallel = self.cfg.actor.parallel
-        policy = parallel.tensor * parallel.pipeline * parallel.data * (2 if self.cfg.algorithm.adv_estimator == "gae"
-                                                                        else 1)
+        policy = parallel.ranks * (2 if self.cfg.algorithm.adv_estimator == "gae" else 1)
         first = (0 if self.cfg.rollout.colocate else policy) + index * width
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # Slurm's list, when it set one
         devices = visible.split(",") if visible else [str(d) for d in range(torch.cuda.device_count())]
