@@ -130,7 +130,7 @@ def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
     # log-probs); the weights leave too between calls when colocated engines take the memory
     parked = "train" if actor.offload else "both"
     weights_phase = "train" if actor.offload and rollout.colocate else "both"
-    sharded = f", 1/{shards} of it (distributed optimizer)" if shards > 1 else ""
+    sharded = f", 1/{shards}" if shards > 1 else ""  # the distributed optimizer's share
     terms = [Term("policy weights", params * dtype, weights_phase),
              Term("policy gradients (fp32 buffer)", params * 4, parked),
              Term(f"policy optimizer (Adam{' + fp32 main weights' if dtype == 2 else ''}{sharded})",
