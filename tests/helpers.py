@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -51,3 +56,23 @@ def make_tiny_model(out_dir: str, arch: str, tie_word_embeddings: bool, seed: in
             param.copy_(0.1 * torch.randn_like(param) + (1.0 if "norm" in name else 0.0))
     model.save_pretrained(out_dir)
     return out_dir
+
+
+def sglang_wheel(version: str) -> Path:
+    """SGLang's release wheel `version` (metadata and sources only: it is not installed), from
+    ~/.cache/rl360/sglang, downloaded there if absent; skips the test when there is no network."""
+    cache = Path.home() / ".cache" / "rl360" / "sglang"
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(cache.glob(f"sglang-{version}-*.whl"))
+    if not wheels:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                               "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64",
+                               f"sglang=={version}", "-d", str(cache)], capture_output=True, text=True)
+        wheels = sorted(cache.glob(f"sglang-{version}-*.whl"))
+        if not wheels:
+            network = ("Network is unreachable", "Temporary failure in name resolution", "ConnectionError",
+                       "Max retries exceeded", "No route to host")
+            if any(sign in done.stdout + done.stderr for sign in network):
+                pytest.skip(f"cannot download sglang=={version}: no network")
+            raise AssertionError(f"pip download sglang=={version} failed:\n{done.stdout}\n{done.stderr}")
+    return wheels[0]

@@ -31,6 +31,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from tests.helpers import sglang_wheel
+
 REPO = Path(__file__).resolve().parent.parent
 
 # versions.env keys that pin a package (conda or pip name); the other keys (base image, CUDA, commits, archs) are
@@ -333,25 +335,6 @@ def test_sglang_pin_is_the_one_the_protocol_contract_checks():
                                 f"launchers/versions.env pins {pinned}")
 
 
-def _sglang_wheel(version: str) -> Path:
-    """The pinned SGLang wheel, from the cache test_sglang_contract.py fills (downloaded there if absent)."""
-    cache = Path.home() / ".cache" / "rl360" / "sglang"
-    cache.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(cache.glob(f"sglang-{version}-*.whl"))
-    if not wheels:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                               "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64",
-                               f"sglang=={version}", "-d", str(cache)], capture_output=True, text=True)
-        wheels = sorted(cache.glob(f"sglang-{version}-*.whl"))
-        if not wheels:
-            network = ("Network is unreachable", "Temporary failure in name resolution", "ConnectionError",
-                       "Max retries exceeded", "No route to host")
-            if any(sign in done.stdout + done.stderr for sign in network):
-                pytest.skip(f"cannot download sglang=={version}: no network")
-            raise AssertionError(f"pip download sglang=={version} failed:\n{done.stdout}\n{done.stderr}")
-    return wheels[0]
-
-
 def sglang_requirement_problems(requires: list[str], reference: dict[str, str], python: str) -> list[str]:
     """Pins that a package's Requires-Dist lines (Linux x86_64, the pinned Python, no extra or its `ray` extra)
     exclude."""
@@ -374,7 +357,7 @@ def sglang_requirement_problems(requires: list[str], reference: dict[str, str], 
 def test_sglang_wheel_accepts_the_pins_beside_it():
     versions = read_versions_env(Files.versions)
     reference = {canonicalize_name(PACKAGE_KEYS[key]): value for key, value in versions.items() if key in PACKAGE_KEYS}
-    with zipfile.ZipFile(_sglang_wheel(versions["SGLANG_VERSION"])) as wheel:
+    with zipfile.ZipFile(sglang_wheel(versions["SGLANG_VERSION"])) as wheel:
         metadata = next(name for name in wheel.namelist() if name.endswith(".dist-info/METADATA"))
         message = wheel.read(metadata).decode()
     requires = [line.split(":", 1)[1].strip() for line in message.splitlines() if line.startswith("Requires-Dist:")]

@@ -12,10 +12,7 @@ The wheel is fetched once with `pip download --no-deps` into ~/.cache/rl360/sgla
 import ast
 import asyncio
 import json
-import subprocess
-import sys
 import zipfile
-from pathlib import Path
 
 import httpx
 import pytest
@@ -25,9 +22,9 @@ from rl360.rollout.base import SamplingParams
 from rl360.rollout.client import EngineClient
 from rl360.rollout.server import MEMORY_TAGS
 from rl360.rollout.weight_sync import SHARED_MEMORY_LOAD_FORMAT, WEIGHT_DTYPES, dtype_name
+from tests.helpers import sglang_wheel
 
 SGLANG_PIN = "0.5.17"
-CACHE = Path.home() / ".cache" / "rl360" / "sglang"
 SOURCES = {"io_struct": "sglang/srt/managers/io_struct.py", "http": "sglang/srt/entrypoints/http_server.py",
            "tokenizer": "sglang/srt/managers/tokenizer_manager.py",
            "sampling": "sglang/srt/sampling/sampling_params.py", "common": "sglang/srt/utils/common.py",
@@ -37,20 +34,7 @@ SOURCES = {"io_struct": "sglang/srt/managers/io_struct.py", "http": "sglang/srt/
 
 @pytest.fixture(scope="module")
 def sglang():
-    CACHE.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(CACHE.glob(f"sglang-{SGLANG_PIN}-*.whl"))
-    if not wheels:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                               "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64",
-                               f"sglang=={SGLANG_PIN}", "-d", str(CACHE)], capture_output=True, text=True)
-        wheels = sorted(CACHE.glob(f"sglang-{SGLANG_PIN}-*.whl"))
-        if not wheels:
-            network = ("Network is unreachable", "Temporary failure in name resolution", "ConnectionError",
-                       "Max retries exceeded", "No route to host")
-            if any(sign in done.stdout + done.stderr for sign in network):
-                pytest.skip(f"cannot download sglang=={SGLANG_PIN}: no network")
-            raise AssertionError(f"pip download sglang=={SGLANG_PIN} failed:\n{done.stdout}\n{done.stderr}")
-    with zipfile.ZipFile(wheels[0]) as wheel:
+    with zipfile.ZipFile(sglang_wheel(SGLANG_PIN)) as wheel:
         return {key: ast.parse(wheel.read(path).decode()) for key, path in SOURCES.items()}
 
 
