@@ -72,6 +72,9 @@ class Bridge:
         from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+        from megatron_bridge.norm import RMSNorm
 
         config, kwargs = to_megatron(self.hf_config, self.arch, params_dtype,
                                      parallel_state.get_tensor_model_parallel_world_size(),
@@ -79,6 +82,10 @@ class Bridge:
                                      self.vocab_divisible_by, training,
                                      parallel_state.get_context_parallel_world_size())
         spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.arch.qk_layernorm)
+        layer = spec.submodules  # every norm ours (megatron's torch fallback refuses sequence parallelism)
+        layer.input_layernorm = layer.pre_mlp_layernorm = RMSNorm
+        if self.arch.qk_layernorm:
+            layer.self_attention.submodules.q_layernorm = layer.self_attention.submodules.k_layernorm = RMSNorm
         if attention == "torch":
             from megatron_bridge.attention import TorchCoreAttention
 
@@ -87,7 +94,8 @@ class Bridge:
             raise ValueError(f"attention={attention!r}: choose 'torch' or 'local'")
         elif config.context_parallel_size > 1:
             raise ValueError("context parallelism needs attention='torch' (megatron's local attention refuses it)")
-        model = GPTModel(config, spec, pre_process=parallel_state.is_pipeline_first_stage(),
+        block = TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config), layer_norm=RMSNorm)
+        model = GPTModel(config, block, pre_process=parallel_state.is_pipeline_first_stage(),
                          post_process=parallel_state.is_pipeline_last_stage(), **kwargs)
         model = model.to(params_dtype)  # modules that ignore params_dtype (the torch RMSNorm fallback) too, as
         if torch.cuda.is_available():    # megatron's Float16Module does: the optimizer keeps the fp32 copies

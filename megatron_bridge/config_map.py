@@ -122,7 +122,6 @@ def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture, params_dtype: t
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
         context_parallel_size=context_parallel,
-        sequence_parallel=False,
         num_layers=hf["num_hidden_layers"],
         hidden_size=hf["hidden_size"],
         ffn_hidden_size=hf["intermediate_size"],

@@ -84,6 +84,9 @@ class ParallelConfig:
     # context-parallel size: each sequence split over this many ranks (attention gathers keys and values),
     # for responses too long for one rank's activations; needs model.attention=torch
     context: int = 1
+    # sequence parallelism (with tensor > 1): norms and residuals on 1/tensor of the tokens each, all-gathered
+    # before and reduce-scattered after the tensor-parallel blocks instead of all-reduced
+    sequence: bool = False
     data: int = 1  # data-parallel size (policy ranks = tensor * pipeline * context * data)
 
     @property
@@ -363,6 +366,9 @@ def validate(cfg: RunConfig) -> None:
             f"actor.ppo_mini_batch_size * rollout.n = {cfg.actor.ppo_mini_batch_size * cfg.rollout.n} must be a "
             f"multiple of actor.parallel.data={cfg.actor.parallel.data}"
         )
+    if cfg.actor.parallel.sequence and cfg.actor.parallel.tensor == 1:
+        raise ConfigError("actor.parallel.sequence=true splits tokens over the tensor-parallel ranks: it needs "
+                          "actor.parallel.tensor > 1")
     if cfg.actor.parallel.context > 1 and cfg.model.attention != "torch":
         raise ConfigError(f"actor.parallel.context={cfg.actor.parallel.context} needs model.attention=torch "
                           f"(got {cfg.model.attention}: megatron's local attention refuses context parallelism)")

@@ -502,6 +502,7 @@ def test_policy_step_loss_adds_the_kl_and_subtracts_the_entropy_bonus(megatron_s
         cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high, cfg.actor.clip_ratio_c = 0.2, 0.28, 3.0
         cfg.algorithm.kl_coef, cfg.algorithm.kl_estimator = kl, "k3"
         worker.vocab_start, worker.dp_size, worker._tokens_in_mini = 0, 1, float(mb.response_mask.sum())
+        worker.context = worker.sequence_multiple = 1  # one rank: no context or sequence parallelism
         loss, report = worker._loss(logits, mb, agg_normalizer(mb.response_mask, agg_mode), num_micro=1)
         return loss, torch.autograd.grad(loss, logits)[0], report
 

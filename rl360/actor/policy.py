@@ -53,6 +53,10 @@ class PolicyWorker:
         from megatron.core import parallel_state
 
         self.context, self.context_group = parallel.context, context_group()
+        # every sequence's length a multiple of this: 2 x cp chunks for context parallelism, and the tensor-parallel
+        # size for sequence parallelism (megatron scatters the tokens over the tensor-parallel ranks)
+        self.sequence_multiple = (2 * parallel.context if parallel.context > 1 else 1) * \
+            (parallel.tensor if parallel.sequence else 1)
 
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_group = parallel_state.get_data_parallel_group()
@@ -103,7 +107,8 @@ class PolicyWorker:
 
     def _build_model(self, dtype: torch.dtype) -> list:
         chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype,
-                                               training=RECOMPUTE[self.cfg.actor.recompute],
+                                               training={**RECOMPUTE[self.cfg.actor.recompute],
+                                                         "sequence_parallel": self.cfg.actor.parallel.sequence},
                                                attention=self.cfg.model.attention)
         if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
             for chunk in chunks:                   # each activation's shape before the activation
@@ -269,12 +274,12 @@ class PolicyWorker:
             mb = next(data_iterator).to(self.device)
             packing = None
             if self.cfg.actor.pack_sequences:  # one row, sequences back to back, attention within each
-                input_ids, positions, starts = mb.packed(multiple=2 * self.context)
+                input_ids, positions, starts = mb.packed(multiple=self.sequence_multiple)
                 lengths = (starts[1:] - starts[:-1]).tolist()
                 packing = PackedSeqParams(qkv_format="thd", cu_seqlens_q=starts, cu_seqlens_kv=starts,
                                           max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
             else:
-                input_ids = _pad_to_multiple(mb.input_ids, 2 * self.context)
+                input_ids = _pad_to_multiple(mb.input_ids, self.sequence_multiple)
                 lengths = [input_ids.shape[1]]  # each row one sequence
                 positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
             if self.context > 1:  # this rank's 1/cp of every sequence, and the token each position predicts
@@ -318,7 +323,7 @@ class PolicyWorker:
         """Index of `output` ([B, T, ...], or [1, T, ...] packed) at the positions that predict each response
         token: [B, R, ...]."""
         if self.cfg.actor.pack_sequences:
-            positions = mb.packed_response_positions(multiple=2 * self.context)
+            positions = mb.packed_response_positions(multiple=self.sequence_multiple)
             return torch.zeros(len(mb), 1, dtype=torch.long, device=output.device), positions
         return torch.arange(output.shape[0], device=output.device)[:, None], mb.response_positions()
 
