@@ -12,9 +12,10 @@ makes them, the vocabulary padded as the bridge pads it) from the model's `confi
   the gradients, optimizer and reference are counted only while training (and the weights too, with
   colocated engines).
 - activations of the micro-batches in flight (1F1B keeps up to PP of them on the first stage): per layer and
-  token, 34 x hidden bytes / TP at 2-byte activations (Korthikanti et al., 2022), doubled at fp32, plus the
+  token, (10 + 24 / TP) x hidden bytes at 2-byte activations, 34 / TP x hidden with sequence parallelism
+  (Korthikanti et al., 2022), doubled at fp32, plus the
   attention score matrix with `model.attention=local` (5 x heads x sequence bytes per token / TP);
-  `actor.recompute=selective` keeps no scores, `full` keeps each layer's input (2 x hidden bytes) and one
+  `actor.recompute=selective` keeps no scores, `full` keeps each layer's input (2 x hidden bytes, / TP with sequence parallelism) and one
   layer's working set; the last stage adds the vocabulary logits (its slice) in the dtype and in fp32.
   Tokens per micro-batch: `actor.max_tokens_per_micro_batch`, else micro_batch_size x (prompt + response),
   divided over `actor.parallel.context` ranks.
@@ -162,11 +163,14 @@ def activation_bytes(cfg: Any, hf: dict[str, Any]) -> float:
     tokens = tokens / parallel.context  # context parallelism: each rank holds 1/cp of every sequence
     hidden, layers = hf["hidden_size"], hf["num_hidden_layers"] // pp
     scale = DTYPE_BYTES[cfg.model.dtype] / 2
-    working = 34 * tokens * hidden / tp * scale  # one layer's activations per micro-batch
+    sequence = parallel.sequence
+    # one layer's activations per micro-batch: with sequence parallelism all 34 bytes a token split over TP,
+    # without it the norms', residuals' and dropouts' 10 bytes kept whole on every rank
+    working = (34 / tp if sequence else 10 + 24 / tp) * tokens * hidden * scale
     scores = 5 * hf["num_attention_heads"] * min(sequence, tokens) * tokens / tp if cfg.model.attention == "local" \
         else 0.0
     if actor.recompute == "full":
-        per_micro = layers * 2 * tokens * hidden * scale + working + scores
+        per_micro = layers * 2 * tokens * hidden * scale / (tp if sequence else 1) + working + scores
     else:
         per_micro = layers * (working + (scores if actor.recompute == "none" else 0.0))
     vocab = padded_vocab_size(hf["vocab_size"], tp) / tp
