@@ -13,10 +13,10 @@ makes them, the vocabulary padded as the bridge pads it) from the model's `confi
   colocated engines).
 - activations of the micro-batches in flight (1F1B keeps up to PP of them on the first stage): per layer and
   token, (10 + 24 / TP) x hidden bytes at 2-byte activations, 34 / TP x hidden with sequence parallelism
-  (Korthikanti et al., 2022), doubled at fp32, plus the
-  attention score matrix with `model.attention=local` (5 x heads x sequence bytes per token / TP);
-  `actor.recompute=selective` keeps no scores, `full` keeps each layer's input (2 x hidden bytes, / TP with sequence parallelism) and one
-  layer's working set; the last stage adds the vocabulary logits (its slice) in the dtype and in fp32.
+  (Korthikanti et al., 2022), doubled at fp32, plus the attention score matrix with `model.attention=local`
+  (5 x heads x sequence bytes per token / TP); `actor.recompute=selective` keeps no scores, `full` keeps each
+  layer's input (2 x hidden bytes, / TP with sequence parallelism) and one layer's working set; the last stage
+  adds the vocabulary logits (its slice) in the dtype and in fp32.
   Tokens per micro-batch: `actor.max_tokens_per_micro_batch`, else micro_batch_size x (prompt + response),
   divided over `actor.parallel.context` ranks.
 - rollout engines: `rollout.colocate` puts them on the trainer's GPUs, taking `rollout.mem_fraction` of each
