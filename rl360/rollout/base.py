@@ -19,6 +19,33 @@ class SamplingParams:
     seed: int = 0  # seeds this call's sampling
 
 
+@dataclass(frozen=True)
+class ImagePrompt:
+    """A prompt with images. `ids`: its token ids with each image's placeholder already expanded to that
+    image's tokens (the model's image-pad token repeated once per merged patch, as the model's processor
+    renders it: what the trainer trains on); `images`: the prompt's images in order, still compressed
+    (PNG/JPEG bytes, decoded only where pixels are needed)."""
+
+    ids: list[int]
+    images: tuple[bytes, ...]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+Prompt = list[int] | ImagePrompt  # what engines sample from: token ids, or token ids with images
+
+
+def prompt_ids(prompt: Prompt) -> list[int]:
+    """The token ids of a prompt of either kind."""
+    return prompt.ids if isinstance(prompt, ImagePrompt) else prompt
+
+
+def prompt_images(prompt: Prompt) -> tuple[bytes, ...] | None:
+    """The compressed images of a prompt (None for a text prompt)."""
+    return prompt.images if isinstance(prompt, ImagePrompt) else None
+
+
 @dataclass
 class Sample:
     """One sampled response: its prompt, its tokens and the engine's log-prob of each token."""
@@ -31,6 +58,7 @@ class Sample:
     # per response token, when a partial rollout was continued under newer weights (None: all weight_version)
     token_versions: list[int] | None = None
     resumed: int = 0  # times it was continued after an abort
+    images: tuple[bytes, ...] | None = None  # the prompt's compressed images (None: a text prompt)
 
     @property
     def status(self) -> str:
@@ -47,15 +75,19 @@ class Sample:
         versions = self.versions() + more.versions()
         return Sample(self.prompt_ids, self.response_ids + more.response_ids, self.logprobs + more.logprobs,
                       more.finish_reason, self.weight_version if self.response_ids else more.weight_version,
-                      versions if len(set(versions)) > 1 else None, self.resumed + 1)
+                      versions if len(set(versions)) > 1 else None, self.resumed + 1, self.images)
+
+    def prompt(self) -> Prompt:
+        """What the engine sampled this from: the prompt ids, with the images when there are any."""
+        return ImagePrompt(self.prompt_ids, self.images) if self.images else self.prompt_ids
 
 
 WeightBucket = list[tuple[str, torch.Tensor]]
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
-        """`params.n` samples for each prompt, in prompt order."""
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[list[Sample]]:
+        """`params.n` samples for each prompt, in prompt order (an `ImagePrompt`'s samples carry its images)."""
 
     def update_weights(self, bucket: WeightBucket, version: int) -> None:
         """Load one bucket of `(hf_name, tensor)` into the engine's model, part of weight `version`."""
