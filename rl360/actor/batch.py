@@ -1,7 +1,8 @@
 """The tensor layout the actor trains on, built from sampled rollouts.
 
-Each row is one prompt+response sequence, right-padded to a common length. Response token j of row i sits
-at `input_ids[i, response_start[i] + j]`; the logits that predict it are at position
+Each row is one prompt+response sequence, right-padded to a common length (a vision-language row also
+carries its prompt's compressed images, decoded to pixels only on the ranks that run the vision tower).
+Response token j of row i sits at `input_ids[i, response_start[i] + j]`; the logits that predict it are at position
 `response_start[i] + j - 1`. Per-response quantities (log-probs, advantages, masks) are `[batch, R]` with
 R the longest response, zero past each response's end.
 """
@@ -25,21 +26,30 @@ class RolloutBatch:
     ref_logprobs: torch.Tensor | None = None  # [B, R] reference-model log-probs
     values: torch.Tensor | None = None  # [B, R] critic values before the update (PPO)
     returns: torch.Tensor | None = None  # [B, R] value targets (PPO)
+    images: list[tuple[bytes, ...]] | None = None  # [B] each row's prompt images, compressed (() for none)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, rows: torch.Tensor | slice) -> RolloutBatch:
-        """The rows `rows` of every tensor."""
-        return self._map(lambda tensor: tensor[rows])
+        """The rows `rows` of every tensor (and of `images`)."""
+        batch = self._map(lambda tensor: tensor[rows])
+        if self.images is not None:
+            batch.images = [self.images[row] for row in torch.arange(len(self))[rows].reshape(-1).tolist()]
+        return batch
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """Every tensor moved to `device`."""
         return self._map(lambda tensor: tensor.to(device))
 
+    @property
+    def has_images(self) -> bool:
+        return self.images is not None and any(self.images)
+
     def _map(self, fn) -> RolloutBatch:
-        return RolloutBatch(**{f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name))
-                               for f in fields(self)})
+        """`fn` applied to every tensor; `images` (not a tensor) carried as it is."""
+        return RolloutBatch(**{f.name: getattr(self, f.name) if f.name == "images" or getattr(self, f.name) is None
+                               else fn(getattr(self, f.name)) for f in fields(self)})
 
     def sequence_lengths(self) -> torch.Tensor:
         """[B] tokens of each row up to its last trained response token, prompt included."""
@@ -85,8 +95,9 @@ class RolloutBatch:
 
 
 def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],
-                pad_id: int = 0) -> RolloutBatch:
-    """Pack prompt/response token lists (one entry per sample) into a `RolloutBatch`."""
+                pad_id: int = 0, images: list[tuple[bytes, ...] | None] | None = None) -> RolloutBatch:
+    """Pack prompt/response token lists (one entry per sample) into a `RolloutBatch`; `images`: each sample's
+    prompt images (None or () for a text prompt), kept only when some sample has images."""
     count = len(prompts)
     width = max(len(p) + len(r) for p, r in zip(prompts, responses))
     resp_width = max(max(len(r) for r in responses), 1)
@@ -100,7 +111,8 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: 
         response_mask[row, :len(response)] = 1.0
         rollout_logprobs[row, :len(response)] = torch.tensor(lps, dtype=torch.float32)
     response_start = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    return RolloutBatch(input_ids, response_start, response_ids, response_mask, rollout_logprobs)
+    kept = [tuple(row or ()) for row in images] if images is not None and any(images) else None
+    return RolloutBatch(input_ids, response_start, response_ids, response_mask, rollout_logprobs, images=kept)
 
 
 def micro_batch_rows(lengths: torch.Tensor, size: int, max_tokens: int = 0,

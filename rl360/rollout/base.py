@@ -77,9 +77,10 @@ class Sample:
                       more.finish_reason, self.weight_version if self.response_ids else more.weight_version,
                       versions if len(set(versions)) > 1 else None, self.resumed + 1, self.images)
 
-    def prompt(self) -> Prompt:
-        """What the engine sampled this from: the prompt ids, with the images when there are any."""
-        return ImagePrompt(self.prompt_ids, self.images) if self.images else self.prompt_ids
+    def continuation(self) -> Prompt:
+        """The prompt that continues this sample: its prompt and response tokens, with the prompt's images."""
+        ids = self.prompt_ids + self.response_ids
+        return ImagePrompt(ids, self.images) if self.images else ids
 
 
 WeightBucket = list[tuple[str, torch.Tensor]]

@@ -82,7 +82,7 @@ class Scored:
 
     def batch(self, pad_id: int) -> RolloutBatch:
         return build_batch([s.prompt_ids for s in self.samples], [s.response_ids for s in self.samples],
-                           [s.logprobs for s in self.samples], pad_id=pad_id)
+                           [s.logprobs for s in self.samples], pad_id=pad_id, images=[s.images for s in self.samples])
 
 
 @dataclass
@@ -522,7 +522,7 @@ class RolloutManager:
                 return replace(sample, finish_reason="length")
             engine = await self._usable_engine()
             try:
-                [[more]], paused = await self._request(engine, [sample.prompt_ids + sample.response_ids],
+                [[more]], paused = await self._request(engine, [sample.continuation()],
                                                        replace(params, n=1, max_new_tokens=left),
                                                        seed + 104_729 * (sample.resumed + 1))
             except EngineDown as err:
