@@ -96,16 +96,30 @@ def test_bad_row_names_file_and_row_or_is_skipped_and_counted(tmp_path):
     assert stream.stats()["bad_rows_skipped"] == 1
 
 
-def test_rows_with_images_are_refused_until_vision_models_exist(tmp_path):
+def test_rows_with_images_stream_their_bytes_and_bad_items_are_named(tmp_path):
+    png = _png(30, 20)
     rows = [dict(r, images=[]) for r in _rows(0, 4)]
-    rows[1]["images"] = [{"bytes": b"\x89PNG fake", "path": None}]
+    rows[1]["images"] = [{"bytes": png, "path": None}, {"bytes": None, "path": "pics/a.png"}]
+    rows[2]["images"] = [{"bytes": None, "path": None}]
     path = tmp_path / "vision.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
-    with pytest.raises(DataError, match=r"vision\.parquet row 1: key 'images' holds 1 image\(s\).*text-only"):
+    with pytest.raises(DataError, match=r"vision\.parquet row 2: key 'images'\[0\] has neither bytes nor a path"):
         next(iter(PromptStream([str(path)], batch_size=4, shuffle=False)))
     stream = PromptStream([str(path)], batch_size=3, shuffle=False, on_bad_row="skip")
-    assert _ids(next(iter(stream))) == [0, 2, 3]  # empty image lists are text rows
-    assert stream.skipped() == {"bad_rows": 1, "filtered": 0}
+    batch = next(iter(stream))
+    assert _ids(batch) == [0, 1, 3] and stream.skipped() == {"bad_rows": 1, "filtered": 0}
+    assert batch[1]["images"] == [{"bytes": png, "path": None}, {"bytes": None, "path": "pics/a.png"}]
+    assert batch[0]["images"] == []  # empty image lists are text rows
+
+
+def _png(width, height):
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 10, 10)).save(out, format="PNG")
+    return out.getvalue()
 
 
 def test_prompt_that_is_a_string_names_the_file(tmp_path):
@@ -174,3 +188,104 @@ def test_resume_in_a_fresh_process_matches_an_uninterrupted_run(files, tmp_path)
         subprocess.run([sys.executable, "-c", script, json.dumps(files), str(rank), str(state_path), str(out)],
                        check=True, cwd=str(tmp_path))
         assert json.loads(out.read_text()) == uninterrupted[2:]  # 20 rows per rank per epoch: crosses it
+
+
+# ----- memory: a 1 GB file of image rows ---------------------------------------------------------------------
+
+STREAM_GB_BYTES = 1 << 30
+MEMORY_GROWTH_LIMIT = 300 << 20
+_STREAM_AND_MEASURE = """\
+import json, sys
+from rl360.data import PromptStream
+
+def status(key):
+    with open("/proc/self/status") as handle:
+        return next(int(line.split()[1]) * 1024 for line in handle if line.startswith(key + ":"))
+
+path, shuffle = sys.argv[1], sys.argv[2] == "1"
+stream = PromptStream([path], batch_size=32, seed=0, shuffle=shuffle, drop_last=False)  # default shuffle buffer
+base = status("VmRSS")
+seen, tagged, total = set(), 0, 0
+while len(seen) < stream.num_rows and stream.epoch == 0:
+    for row in next(stream):
+        index = int(row["reward_model"]["ground_truth"])
+        data = row["images"][0]["bytes"]
+        tagged += data.rfind(b"rl360\\0%d:" % index) > 0  # the row's own image came with it
+        seen.add(index)
+        total += len(data)
+print(json.dumps({"rows": len(seen), "num_rows": stream.num_rows, "tagged": tagged, "bytes": total,
+                  "growth": status("VmHWM") - base}))
+"""
+
+
+def _noise_png(rng, side):
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(out, format="PNG", compress_level=0)
+    return out.getvalue()
+
+
+def _tagged_png(png, text):
+    """`png` with a tEXt chunk holding `text` before its IEND chunk: still a valid image, and unique per row."""
+    import struct
+    import zlib
+
+    chunk = b"tEXt" + b"rl360\0" + text
+    return png[:-12] + struct.pack(">I", len(chunk) - 4) + chunk + struct.pack(">I", zlib.crc32(chunk)) + png[-12:]
+
+
+def _write_image_rows(path, total_bytes, rows_per_group=64):
+    """Rows of one ~95 KB random-noise PNG each (8 distinct noise images, each row's copy tagged with its own
+    index and random bytes) until the images hold `total_bytes`; no compression or dictionary, so the file is
+    as large as its images. Returns the number of rows."""
+    import os
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    noise = [_noise_png(rng, 180) for _ in range(8)]
+    schema = pa.schema([("data_source", pa.string()),
+                        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+                        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+                        ("images", pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())])))])
+    written = rows = 0
+    with pq.ParquetWriter(path, schema, compression="none", use_dictionary=False) as writer:
+        while written < total_bytes:
+            indices = range(rows, rows + rows_per_group)
+            images = [_tagged_png(noise[i % 8], f"{i}:{os.urandom(8).hex()}".encode()) for i in indices]
+            writer.write_table(pa.table({
+                "data_source": ["math__noise"] * rows_per_group,
+                "prompt": [[{"role": "user", "content": f"<image>What is shown in picture {i}?"}] for i in indices],
+                "reward_model": [{"style": "rule", "ground_truth": str(i)} for i in indices],
+                "images": [[{"bytes": data, "path": None}] for data in images]}, schema=schema))
+            written += sum(map(len, images))
+            rows += rows_per_group
+    return rows
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_streaming_a_1gb_file_of_image_rows_keeps_memory_bounded(tmp_path, shuffle):
+    """MEMORY (about 10 s): a 1 GB parquet file of image rows streams whole, every row with its own image, while
+    the streaming process grows by less than 300 MB (held: the shuffle buffer's rows and a row group, of
+    compressed images). Skipped only where the disk has no room for the file."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.disk_usage(tmp_path).free < 2 * STREAM_GB_BYTES:
+        pytest.skip(f"needs 2 GB free under {tmp_path} for the 1 GB file")
+    path = tmp_path / "images.parquet"
+    try:
+        rows = _write_image_rows(path, STREAM_GB_BYTES)
+        assert path.stat().st_size > STREAM_GB_BYTES
+        done = subprocess.run([sys.executable, "-c", _STREAM_AND_MEASURE, str(path), "1" if shuffle else "0"],
+                              capture_output=True, text=True, timeout=300, check=True)
+    finally:
+        path.unlink(missing_ok=True)
+    found = json.loads(done.stdout)
+    assert found["rows"] == found["num_rows"] == found["tagged"] == rows and found["bytes"] > STREAM_GB_BYTES
+    assert found["growth"] < MEMORY_GROWTH_LIMIT, f"grew {found['growth'] / 2**20:.0f} MB streaming 1 GB"

@@ -105,11 +105,32 @@ def validate_row(row: dict[str, Any], path: str, row_index: int) -> None:
     reward = row.get("reward_model")
     if not isinstance(reward, dict) or reward.get("ground_truth") is None:
         raise DataError(f"{where}: key 'reward_model.ground_truth' is missing (reward_model is {_short(reward)})")
-    images = row.get("images")
-    if images is not None and len(images) > 0:
-        raise DataError(f"{where}: key 'images' holds {len(images)} image(s), but rl360 trains text-only models so "
-                        "far (vision-language models are not built yet); drop the images column or these rows "
-                        "(data.on_bad_row=skip skips and counts them)")
+    validate_images(row.get("images"), where)
+
+
+def validate_images(images: Any, where: str) -> None:
+    """Check the types of a row's `images` (None or a list): each item raw bytes, a path, or a {bytes, path} dict
+    with bytes or a path. Only types: the bytes are read as an image where its header or pixels are needed."""
+    if images is None:
+        return
+    if not isinstance(images, list | tuple):
+        raise DataError(f"{where}: key 'images' must be a list of images, got {_short(images)}")
+    for index, item in enumerate(images):
+        key = f"key 'images'[{index}]"
+        if isinstance(item, bytes | bytearray | memoryview):
+            if len(item) == 0:
+                raise DataError(f"{where}: {key} is empty (0 bytes)")
+        elif isinstance(item, str):
+            if not item:
+                raise DataError(f"{where}: {key} is an empty path")
+        elif isinstance(item, dict):
+            data, path = item.get("bytes"), item.get("path")
+            if data is not None and not (isinstance(data, bytes | bytearray | memoryview) and len(data) > 0):
+                raise DataError(f"{where}: {key}.bytes must be non-empty bytes, got {_short(data)}")
+            if data is None and not (isinstance(path, str) and path):
+                raise DataError(f"{where}: {key} has neither bytes nor a path ({_short(item)})")
+        else:
+            raise DataError(f"{where}: {key} must be bytes, a path or a {{bytes, path}} dict, got {_short(item)}")
 
 
 def extra_info_dict(value: Any) -> Any:

@@ -8,6 +8,11 @@ of that order. Row groups are read only when one of their rows is due on this ra
 all their rows have passed, so a row group is read at most once per epoch and memory holds the shuffle
 buffer's row groups, never a whole file. Resuming replays the order (integers only) and reads nothing
 that was consumed before the checkpoint.
+
+Images stay as they are stored (compressed bytes, or paths) until a rank renders or decodes them, so a stream of
+image rows holds about `shuffle_buffer` rows plus one row group of compressed images, whatever the file's size
+(tests/test_data_stream.py streams a 1 GB file of image rows within 300 MB): with large images, size the shuffle
+buffer in bytes (1024 rows of 1 MB images hold 1 GB).
 """
 
 from __future__ import annotations

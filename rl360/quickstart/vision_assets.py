@@ -1,0 +1,132 @@
+"""Build a tiny Qwen2.5-VL model directory locally (nothing is downloaded): config, random weights, tokenizer,
+image processor and chat template, laid out as a Hugging Face checkpoint of Qwen2.5-VL is.
+
+The tokenizer is word-level like the text quickstart's (`rl360.quickstart.assets`): ChatML and vision special
+tokens, role names, digits, punctuation, one token per answer `\\boxed{N}`, the words of the default system
+prompt, and every word of the `texts` it is built for. The model: vision tower of hidden size 32 and depth 2,
+language model of hidden size 64 with 2 layers and grouped-query attention (4 query heads, 2 key/value heads of
+dimension 16, multimodal rotary sections 2 + 3 + 3 = 16 / 2). Patches of 14 pixels merged 2 x 2, and images
+bounded to 28 x 28 ... 112 x 112 pixels of area, so a 56 x 56 image is 4 image tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from rl360.quickstart.assets import PIECE_PATTERN, SPECIAL_TOKENS
+
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+DEFAULT_SYSTEM = "You are a helpful assistant."
+# Qwen2-VL's chat template, written for this tokenizer: a default system message, images as
+# <|vision_start|><|image_pad|><|vision_end|> in place within a message's content list.
+VISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or 'image' in part %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'video' or 'video' in part %}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{% elif 'text' in part %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH_SIZE = 14, 2, 2
+MIN_PIXELS, MAX_PIXELS = 28 * 28, 112 * 112  # 1 to 16 image tokens per image
+
+
+def words_of(texts: Iterable[str]) -> list[str]:
+    """The distinct pieces (words, digits, single characters) of `texts`, as the tokenizer splits them, in order."""
+    seen: dict[str, None] = {}
+    for text in texts:
+        for piece in re.findall(PIECE_PATTERN, text):
+            seen.setdefault(piece)
+    return list(seen)
+
+
+def build_vision_tokenizer(out_dir: str | Path, texts: Iterable[str] = (), max_answer: int = 18
+                           ) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer with ChatML and vision special tokens that spells `texts` without `<unk>`."""
+    words = ["user", "assistant", "system", "\n", " ", "+", "-", "=", "?", ".", ",", ":", "{", "}", "\\"]
+    words += [str(d) for d in range(10)] + [f"\\boxed{{{n}}}" for n in range(max_answer + 1)]
+    words += [word for word in words_of([DEFAULT_SYSTEM, *texts]) if word not in words]
+    specials = SPECIAL_TOKENS + VISION_TOKENS
+    vocab = {token: i for i, token in enumerate(specials + words + ["<unk>"])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(pattern=Regex(PIECE_PATTERN), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(specials)
+    # every word is an added token too, matched before any pre-tokenizer (see rl360.quickstart.assets)
+    core.add_tokens([AddedToken(word, normalized=False, special=False) for word in words])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token=None, eos_token="<|im_end|>",
+                                        pad_token="<|endoftext|>", unk_token="<unk>",
+                                        chat_template=VISION_CHAT_TEMPLATE)
+    tokenizer.save_pretrained(str(out_dir))
+    return tokenizer
+
+
+def build_image_processor(out_dir: str | Path, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS) -> None:
+    """Qwen2-VL's image processor settings (preprocessor_config.json) and the processor's chat template
+    (chat_template.jinja), as `AutoProcessor.save_pretrained` of Qwen2.5-VL writes them."""
+    out_dir = Path(out_dir)
+    config = {
+        "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
+        "do_convert_rgb": True, "do_resize": True, "do_rescale": True, "do_normalize": True,
+        "rescale_factor": 1 / 255, "resample": 3,  # bicubic
+        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "patch_size": PATCH_SIZE, "merge_size": MERGE_SIZE, "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels},
+        "min_pixels": min_pixels, "max_pixels": max_pixels,
+    }
+    (out_dir / "preprocessor_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out_dir / "chat_template.jinja").write_text(VISION_CHAT_TEMPLATE)
+
+
+def build_vision_model(out_dir: str | Path, tokenizer: PreTrainedTokenizerFast, seed: int = 0,
+                       initializer_range: float = 0.1) -> None:
+    """A tiny Qwen2.5-VL with random weights, its special token ids taken from `tokenizer`."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
+    text = {
+        "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        "initializer_range": initializer_range, "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None,
+    }
+    vision = {
+        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+        "patch_size": PATCH_SIZE, "spatial_merge_size": MERGE_SIZE, "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "window_size": 56, "fullatt_block_indexes": [1], "initializer_range": initializer_range,
+    }
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True,
+                              image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                              vision_start_token_id=ids["<|vision_start|>"],
+                              vision_end_token_id=ids["<|vision_end|>"])
+    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(str(out_dir))
+
+
+def build_vision_quickstart_model(out_dir: str | Path, texts: Iterable[str] = (), seed: int = 0,
+                                  min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS) -> Path:
+    """Tokenizer (spelling `texts`), image processor, chat template and model in one Hugging Face directory;
+    returns it."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_vision_tokenizer(out_dir, texts)
+    build_image_processor(out_dir, min_pixels, max_pixels)
+    build_vision_model(out_dir, tokenizer, seed=seed)
+    (out_dir / "rl360_quickstart.json").write_text(json.dumps({"seed": seed, "vision": True}) + "\n")
+    return out_dir
