@@ -43,7 +43,8 @@ def train(cfg: RunConfig) -> Path:
     rewards = open_reward_pool(cfg.reward, routes)
     tracker = rollouts = None
     try:
-        renderer = PromptRenderer(tokenizer, cfg.data.max_prompt_length)
+        # a Qwen2-VL / Qwen2.5-VL model (config.json model_type) renders image rows as ImagePrompts
+        renderer = PromptRenderer.for_model(cfg.model.path, tokenizer, cfg.data.max_prompt_length)
         stream_kwargs = dict(seed=cfg.seed, shuffle=cfg.data.shuffle, shuffle_buffer=cfg.data.shuffle_buffer,
                              on_bad_row=cfg.data.on_bad_row, filter_fn=renderer.fits)
         if cfg.data.mix_weights:  # sample data_source prefixes in these proportions
