@@ -1,15 +1,18 @@
 """`rl360 data inspect FILE...`: what a set of prompt parquet files holds.
 
-It prints the rows, the rows per data_source (with their ability), prompt-length percentiles and the first
-row of each data_source (up to --samples) rendered, with its ground truth. Lengths are in tokens of the chat
-template with the generation prompt when --tokenizer is given (exactly what PromptRenderer feeds the
-length filter in training), and otherwise in characters of the message contents, which the output says.
-Files are read one row group at a time and only the columns needed, so files larger than memory work.
+It prints the rows, the rows per data_source (with their ability), prompt-length percentiles, the images (rows
+with images, images per row, their sizes in bytes and pixels, read from the image headers) and the first row of
+each data_source (up to --samples) rendered, with its ground truth. Lengths are in tokens of the chat template
+with the generation prompt when --tokenizer is given (exactly what PromptRenderer feeds the length filter in
+training: for a Qwen2-VL / Qwen2.5-VL model directory, with every image expanded to its tokens), and otherwise
+in characters of the message contents, which the output says. Files are read one row group at a time and only
+the columns needed, so files larger than memory work.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 from collections import Counter
@@ -18,12 +21,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from rl360.data.images import VisionProcessor, header_size, is_vision_model, row_images
 from rl360.data.render import PromptRenderer
 from rl360.data.schema import DataError, validate_row
 from rl360.data.stream import expand_paths, open_parquet
 
 PERCENTILES = (50, 90, 95, 99)
-_COLUMNS = ("data_source", "prompt", "reward_model", "ability")
+_COLUMNS = ("data_source", "prompt", "reward_model", "ability", "images")
 
 
 @dataclass
@@ -49,16 +53,24 @@ class Inspection:
     bad_rows: int = 0
     first_bad: str | None = None
     samples: list[Sample] = field(default_factory=list)
+    images_per_row: list[int] = field(default_factory=list)  # one per valid row with images
+    image_bytes: list[int] = field(default_factory=list)  # one per image: compressed size
+    image_widths: list[int] = field(default_factory=list)  # one per image, from its header
+    image_heights: list[int] = field(default_factory=list)
+    images_expanded: bool = False  # token lengths count each image's tokens (a vision-language model)
 
     @property
     def rows(self) -> int:
         return sum(self.files.values())
 
 
-def inspect_files(paths: str | list[str], tokenizer: Any = None, samples: int = 3) -> Inspection:
-    """Read the files (paths, directories or globs) row group by row group and gather an `Inspection`."""
-    renderer = PromptRenderer(tokenizer, max_prompt_length=sys.maxsize) if tokenizer is not None else None
-    found = Inspection(files={}, unit="tokens" if renderer else "characters")
+def inspect_files(paths: str | list[str], tokenizer: Any = None, samples: int = 3,
+                  vision: VisionProcessor | None = None) -> Inspection:
+    """Read the files (paths, directories or globs) row group by row group and gather an `Inspection`; with a
+    `vision` processor, token lengths count each image's tokens."""
+    renderer = PromptRenderer(tokenizer, max_prompt_length=sys.maxsize, vision=vision) \
+        if tokenizer is not None else None
+    found = Inspection(files={}, unit="tokens" if renderer else "characters", images_expanded=vision is not None)
     for path in expand_paths(paths):
         handle = open_parquet(path)
         try:
@@ -87,21 +99,41 @@ def _add_row(found: Inspection, row: dict[str, Any], path: str, index: int, rend
     source = row.get("data_source") if isinstance(row.get("data_source"), str) else "<missing>"
     found.per_source[source] += 1
     found.abilities.setdefault(source, Counter())[str(row.get("ability") or "-")] += 1
+    row["_source"] = {"file": path, "row": index}
     try:
         validate_row(row, path, index)
+        images = row_images(row)
+        sizes = [header_size(data, f"{path} row {index}: key 'images'[{number}]") for number, data in enumerate(images)]
+        ids = _token_ids(renderer, row, images) if renderer is not None else None
     except DataError as err:
         found.bad_rows += 1
         found.first_bad = found.first_bad or str(err)
         return
+    if images:
+        found.images_per_row.append(len(images))
+        found.image_bytes += [len(data) for data in images]
+        found.image_widths += [width for width, _ in sizes]
+        found.image_heights += [height for _, height in sizes]
     messages = row["prompt"]
-    if renderer is not None:
-        ids = renderer.render(messages)
-        found.lengths.append(len(ids))
-    else:
-        found.lengths.append(sum(len(message["content"]) for message in messages))
+    found.lengths.append(len(ids) if ids is not None else sum(len(message["content"]) for message in messages))
     if len(found.samples) < samples and all(sample.data_source != source for sample in found.samples):
-        rendered = renderer.tokenizer.decode(ids) if renderer is not None else _plain(messages)
+        rendered = _decoded(renderer, ids) if renderer is not None else _plain(messages)
         found.samples.append(Sample(path, index, source, rendered, str(row["reward_model"]["ground_truth"])))
+
+
+def _token_ids(renderer: PromptRenderer, row: dict[str, Any], images: tuple[bytes, ...]) -> list[int]:
+    """The row's prompt ids: with its images' tokens for a vision model, the text's alone otherwise."""
+    return renderer.prompt(row).ids if images and renderer.vision is not None else renderer.render(row["prompt"])
+
+
+def _decoded(renderer: PromptRenderer, ids: list[int]) -> str:
+    """The ids as text, each run of image tokens shown once with its length ("<|image_pad|>x16")."""
+    if renderer.vision is None:
+        return renderer.tokenizer.decode(ids)
+    pad = renderer.vision.image_token_id
+    runs = itertools.groupby(ids, key=lambda token: token == pad)
+    return "".join(f"{renderer.vision.image_token}x{len(list(run))}" if is_pad else renderer.tokenizer.decode(list(run))
+                   for is_pad, run in runs)
 
 
 def _plain(messages: list[dict[str, Any]]) -> str:
@@ -140,7 +172,8 @@ def format_report(found: Inspection, tokenizer_name: str | None = None, max_char
             lines.append(f"  longer than {max_prompt_length} {found.unit}: {over} rows ({share:.1f}%)")
     else:
         lines.append("  (no row with a valid prompt)")
-    lines.append(f"bad rows (failing validate_row): {found.bad_rows}"
+    lines += _image_lines(found)
+    lines.append(f"bad rows (failing validate_row or with an unreadable image): {found.bad_rows}"
                  + (f"; the first: {found.first_bad}" if found.first_bad else ""))
     if found.samples:
         how = "rendered with the chat template" if found.unit == "tokens" else "messages as stored"
@@ -149,6 +182,33 @@ def format_report(found: Inspection, tokenizer_name: str | None = None, max_char
         lines += [f"--- sample {number}: {sample.data_source}, {sample.path} row {sample.row}",
                   _clip(sample.rendered, max_chars), f"--- ground truth: {_clip(sample.ground_truth, max_chars)}"]
     return "\n".join(lines)
+
+
+def _image_lines(found: Inspection) -> list[str]:
+    """Rows with images, images per such row, and the images' sizes (bytes; pixels from the headers)."""
+    if not found.images_per_row:
+        return ["images: none"]
+    per_row, valid = found.images_per_row, len(found.lengths)
+    lines = [f"images: {len(per_row)} of {valid} valid rows have images ({100 * len(per_row) / valid:.1f}%), "
+             f"{len(found.image_bytes)} images; per such row min {min(per_row)}  "
+             f"mean {sum(per_row) / len(per_row):.2f}  max {max(per_row)}"]
+    for name, values, show in (("bytes", found.image_bytes, _size), ("width (px)", found.image_widths, str),
+                               ("height (px)", found.image_heights, str)):
+        ordered = sorted(values)
+        lines.append(f"  {name}: min {show(ordered[0])}  median {show(percentile(ordered, 50))}  "
+                     f"max {show(ordered[-1])}")
+    if found.unit == "tokens":
+        lines.append("  (prompt lengths above count each image's tokens)" if found.images_expanded else
+                     "  (prompt lengths above count text tokens only: the tokenizer is not a vision-language model)")
+    return lines
+
+
+def _size(count: int) -> str:
+    """A byte count in B, KiB, MiB or GiB."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
 
 
 def _clip(text: str, limit: int) -> str:
@@ -164,7 +224,8 @@ def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", help="parquet files, directories or globs")
     parser.add_argument("--tokenizer", default=None,
-                        help="tokenizer (or model) directory: prompt lengths in tokens of its chat template")
+                        help="tokenizer (or model) directory: prompt lengths in tokens of its chat template (a "
+                             "Qwen2-VL / Qwen2.5-VL model directory counts each image's tokens too)")
     parser.add_argument("--samples", type=int, default=3, help="data_sources to show a sample row of")
     parser.add_argument("--max-chars", type=int, default=1500, help="characters of each sample shown")
     parser.add_argument("--max-prompt-length", type=int, default=None,
@@ -175,13 +236,15 @@ def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 
 def run_inspect(args: argparse.Namespace) -> int:
     """Run `rl360 data inspect` with parsed arguments; prints the report and returns the exit status."""
-    tokenizer = None
-    if args.tokenizer is not None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    tokenizer = vision = None
     try:
-        found = inspect_files(args.files, tokenizer, samples=args.samples)
+        if args.tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+            if is_vision_model(args.tokenizer):
+                vision = VisionProcessor.from_pretrained(args.tokenizer, tokenizer)
+        found = inspect_files(args.files, tokenizer, samples=args.samples, vision=vision)
     except DataError as err:
         print(f"rl360: data error: {err}", file=sys.stderr)
         return 2
