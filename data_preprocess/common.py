@@ -50,12 +50,14 @@ class RecordError(ValueError):
 
 @dataclass
 class Example:
-    """One converted record: the chat prompt, the ground truth (a string; a list or dict is JSON-encoded)
-    and the dataset-specific extra_info fields (keep each field's type the same across records)."""
+    """One converted record: the chat prompt, the ground truth (a string; a list or dict is JSON-encoded),
+    the dataset-specific extra_info fields (keep each field's type the same across records) and, for a
+    vision-language prompt, its images as compressed bytes in the order of the prompt's <image> placeholders."""
 
     prompt: list[dict[str, str]]
     ground_truth: Any
     extra: dict[str, Any] = field(default_factory=dict)
+    images: list[bytes] = field(default_factory=list)
 
 
 def user_prompt(text: str, system: str | None = None) -> list[dict[str, str]]:
@@ -156,14 +158,18 @@ def _read_file(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def make_row(data_source: str, example: Example, split: str, index: int) -> dict[str, Any]:
-    """A row of the standard schema from a converted example."""
-    return {
+    """A row of the standard schema from a converted example (with an `images` column of {bytes, path}
+    items when the example has images)."""
+    row = {
         "data_source": data_source,
         "prompt": example.prompt,
         "ability": data_source.split("__", 1)[0],
         "reward_model": {"style": "rule", "ground_truth": to_text(example.ground_truth)},
         "extra_info": {"split": split, "index": index, **example.extra},
     }
+    if example.images:
+        row["images"] = [{"bytes": data, "path": None} for data in example.images]
+    return row
 
 
 def write_rows(rows: list[dict[str, Any]], path: Path, row_group_size: int = 256) -> None:

@@ -2,6 +2,7 @@
 ground truth its reward expects; code ground truths are run against the reference solution."""
 
 import importlib
+import io
 import json
 import re
 import subprocess
@@ -35,6 +36,9 @@ SCRIPTS = {
     "table.finqa": ("finqa.json", [], "train", "table__finqa", 2),
     "stem.webinstruct": ("webinstruct.jsonl", [], "train", "stem__webinstruct", 2),
     "stem.gpqa": ("gpqa.csv", ["--split", "test"], "test", "stem__gpqa", 2),
+    "vision.deepvision": ("deepvision.parquet", [], "train", "math__deepvision", 3),
+    "vision.geometry3k": ("geometry3k.parquet", [], "train", "math__geometry3k", 3),
+    "vision.deepeyes": ("deepeyes.parquet", [], "train", "stem_web__deepeyes", 3),
 }
 
 
@@ -72,15 +76,16 @@ def test_script_writes_the_standard_schema(module, tmp_path):
         assert row["extra_info"]["split"] == split and isinstance(row["extra_info"]["index"], int)
         assert row["prompt"][-1]["role"] == "user"
     instruction = {"math": r"\boxed{}", "table": r"\boxed{}", "stem": r"\boxed{}", "codegen": "```python",
-                   "logic": "<answer>", "simulation": "<answer>" if "cruxeval" in module else '{"output"'}
+                   "logic": "<answer>", "simulation": "<answer>" if "cruxeval" in module else '{"output"',
+                   "vision": r"\boxed{}"}
     assert all(instruction[module.split(".")[0]] in _user(row) for row in rows)
 
 
 def test_all_outputs_stream_together_mixed_by_domain(tmp_path):
     for module in SCRIPTS:
         _run_script(module, tmp_path)
-    weights = dict.fromkeys(["math", "codegen", "logic", "simulation", "table", "stem"], 1.0)
-    stream = MixedPromptStream.by_data_source(str(tmp_path), weights, batch_size=12, seed=0)
+    weights = dict.fromkeys(["math", "codegen", "logic", "simulation", "table", "stem", "stem_web"], 1.0)
+    stream = MixedPromptStream.by_data_source(str(tmp_path), weights, batch_size=14, seed=0)
     batch = next(stream)
     assert sorted(row["ability"] for row in batch) == sorted(list(weights) * 2)
 
@@ -214,6 +219,108 @@ def test_stem_ground_truths(tmp_path):
     other = _rows(_run_script("stem.gpqa", tmp_path, "--seed", "5"))
     prompts = [_user(r) for r in gpqa]
     assert [_user(r) for r in again] == prompts and [_user(r) for r in other] != prompts
+
+
+# ----- vision: images travel with their rows ------------------------------------------------------------------
+
+def _source_images(fixture):
+    return [[item["bytes"] for item in record["images"]] for record in pq.read_table(FIXTURES / fixture).to_pylist()]
+
+
+@pytest.mark.parametrize("module", ["vision.deepvision", "vision.geometry3k", "vision.deepeyes"])
+def test_vision_rows_carry_the_source_images_one_placeholder_each(module, tmp_path):
+    rows = _rows(_run_script(module, tmp_path))
+    assert [[item["bytes"] for item in row["images"]] for row in rows] == _source_images(SCRIPTS[module][0])
+    assert all(_user(row).count("<image>") == len(row["images"]) and not row["images"][0]["path"] for row in rows)
+
+
+def test_geometry3k_and_deepvision_ground_truths(tmp_path):
+    geometry = _rows(_run_script("vision.geometry3k", tmp_path))
+    assert _truths(geometry) == ["3", "8 \\sqrt { 3 }", "34"]
+    assert _user(geometry[0]) == "<image>Find x. Please output the final answer within \\boxed{}."
+    vision = _rows(_run_script("vision.deepvision", tmp_path))
+    assert _truths(vision) == ["4\\sqrt{3}", "50", "C"]
+    assert [row["extra_info"]["subset"] for row in vision] == ["math-77k", "math-77k", "visual_logic-26k"]
+    assert _user(vision[1]).startswith("<image>The bar chart shows sales.")  # no placeholder: one in front
+    assert _user(vision[2]).startswith("<image>Which shape comes next? <image>Choose")
+
+
+def test_deepvision_question_answer_layout_reads_image_paths(tmp_path):
+    rows = _rows(_run_script("vision.deepvision", tmp_path, fixture="deepvision_eval.jsonl"))
+    assert _truths(rows) == ["60", "2"]
+    assert [row["images"][0]["bytes"] for row in rows] == [
+        (FIXTURES / "deepvision_images" / name).read_bytes() for name in ("q1.png", "q2.png")]
+    assert _user(rows[1]) == ("<image>Which bar is the tallest? Answer with its position. "
+                              "Please output the final answer within \\boxed{}.")
+
+
+def test_deepeyes_questions_without_tool_instructions_for_the_judge(tmp_path):
+    rows = _rows(_run_script("vision.deepeyes", tmp_path))
+    assert _truths(rows) == ["A", "2019", "1"]
+    assert [row["extra_info"]["question"] for row in rows] == [
+        "What is the color of the umbrella?\n(A) red\n(B) blue\nAnswer with the option's letter from the given "
+        "choices directly.", "In which year were sales highest?", "How many triangles are in the figure?"]
+    assert _user(rows[2]) == ("<image>How many triangles are in the figure?\n"
+                              "Please output the final answer within \\boxed{}.")
+    assert all("image_zoom_in_tool" not in _user(row) and "<answer>" not in _user(row) for row in rows)
+    assert {row["extra_info"]["judge_template"] for row in rows} == {"verifier"}
+    kept = _rows(_run_script("vision.deepeyes", tmp_path, "--skip-sources", "chart"))
+    assert [row["extra_info"]["subset"] for row in kept] == ["vstar", "thinklite_eureka"]
+
+
+def test_vision_data_sources_route_to_existing_rewards(tmp_path, monkeypatch):
+    from rl360.rewards import get_reward_fn, judged
+    from rl360.rewards.registry import reward_ref
+
+    assert reward_ref("math__deepvision") == reward_ref("math__geometry3k") == "rl360.rewards.math:math_score"
+    assert get_reward_fn("math__geometry3k")("so \\boxed{8\\sqrt{3}}", "8 \\sqrt { 3 }")["score"] == 1.0
+    row = _rows(_run_script("vision.deepeyes", tmp_path))[0]
+    assert reward_ref(row["data_source"], row["extra_info"]) == "rl360.rewards.judged:stem_web_score"
+    asked = []
+    monkeypatch.setattr(judged, "judge_score", lambda response, truth, info: asked.append((truth, info)) or
+                        {"score": 1.0})
+    score = get_reward_fn(row["data_source"])("<think>red</think> \\boxed{A}", "A", row["extra_info"])
+    assert score == {"score": 1.0} and asked[0][0] == "A"
+    assert asked[0][1]["judge_template"] == "verifier" and asked[0][1]["question"].startswith("What is the color")
+
+
+def test_bad_vision_records_are_named(tmp_path):
+    from PIL import Image
+
+    image = io.BytesIO()
+    Image.new("RGB", (30, 30)).save(image, format="PNG")
+    records = [{"problem": "<image>Compare <image>.", "answer": "1", "images": [{"bytes": image.getvalue()}]},
+               {"problem": "<image>Find x.", "answer": "2", "images": [{"bytes": b"not an image"}]}]
+    for number, record in enumerate(records):
+        source = tmp_path / f"bad{number}.parquet"
+        pq.write_table(pa.Table.from_pylist([record]), source)
+        message = [r"bad0\.parquet record 0: RecordError: the text holds 2 <image> placeholder\(s\) for 1 image",
+                   r"bad1\.parquet record 0: DataError: field 'images'\[0\]: not a readable image"][number]
+        with pytest.raises(RecordError, match=message):
+            importlib.import_module("data_preprocess.vision.geometry3k").main(
+                ["--input", str(source), "--out", str(tmp_path / "out")])
+
+
+def test_vision_outputs_render_as_image_prompts(tmp_path):
+    """The written rows stream and render for a Qwen2.5-VL model: each image expanded to its tokens."""
+    from transformers import AutoTokenizer
+
+    from rl360.data import PromptRenderer, PromptStream
+    from rl360.quickstart.vision_assets import build_vision_quickstart_model
+    from rl360.rollout.base import ImagePrompt
+
+    for module in ("vision.deepvision", "vision.geometry3k", "vision.deepeyes"):
+        _run_script(module, tmp_path / "data")
+    model = build_vision_quickstart_model(tmp_path / "model")
+    renderer = PromptRenderer.for_model(model, AutoTokenizer.from_pretrained(model), max_prompt_length=4096)
+    rows = next(PromptStream(str(tmp_path / "data"), batch_size=9, shuffle=False, filter_fn=renderer.fits))
+    prompts = [renderer.prompt(row) for row in rows]
+    assert all(isinstance(prompt, ImagePrompt) for prompt in prompts) and len(prompts) == 9
+    pad = renderer.vision.image_token_id
+    for prompt in prompts:
+        assert prompt.ids.count(pad) == sum(renderer.vision.image_tokens(image) for image in prompt.images)
+    thinklite = next(p for p, row in zip(prompts, rows) if row["extra_info"].get("subset") == "thinklite_eureka")
+    assert thinklite.ids.count(pad) == 2  # its 20x12 image is scaled up to 47x28: 2x4 patches, 2 tokens
 
 
 # ----- shared behaviour ---------------------------------------------------------------------------------
