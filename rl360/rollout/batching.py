@@ -1,5 +1,7 @@
 """The batched decoder of `rl360 serve rollout`: queued rows decoded together as one left-padded batch, each
-row with its own sampling settings and random generator, so a response does not depend on its batch mates."""
+row with its own sampling settings and random generator, so a response does not depend on its batch mates.
+Text and image rows mix in a batch: the engine's `prefill` builds the batch, its positions and its images'
+features."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from typing import Any
 
 import torch
 
+from rl360.rollout.base import ImagePrompt
 from rl360.rollout.generate_request import Row
-from rl360.rollout.hf_engine import _filtered_probs
+from rl360.rollout.hf_engine import _filtered_probs, next_positions
 from rl360.serve.metrics import MetricsRegistry
 from rl360.serve.service import ServiceError
 
@@ -33,14 +36,7 @@ class BatchDecoder:
     @torch.no_grad()
     def decode(self, rows: list[Row]) -> None:
         device, pad = self.engine.device, self.engine.pad_id
-        width = max(len(row.prompt) for row in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row.prompt):] = torch.tensor(row.prompt)
-            mask[i, width - len(row.prompt):] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        prompts = [ImagePrompt(row.prompt, row.images) if row.images else row.prompt for row in rows]
         generators = [torch.Generator(device=device).manual_seed(
             row.seed if row.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1) for row in rows]
         stops = [set(row.params.stop_token_ids) | (set() if row.ignore_eos else set(self.eos_ids)) for row in rows]
@@ -48,18 +44,21 @@ class BatchDecoder:
         for i, row in enumerate(rows):
             if not running[i]:
                 self._finish(row, {"type": "length", "length": 0})
-        cache, step_ids, step = None, ids, 0
+        cache, step = None, 0
         while any(running):
             self.resume.wait()
             with self.model_lock:
                 problem = self.unready()
                 if problem is not None:
                     raise ServiceError(503, problem)
+                if step == 0:  # under the lock: the vision tower runs on the weights being served
+                    batch = self.engine.prefill(prompts, [row.pixels for row in rows])
+                    step_ids, mask, positions, extra = batch.ids, batch.mask, batch.positions, batch.inputs
                 output = self.engine.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                                           past_key_values=cache, use_cache=True)
-            cache = output.past_key_values
+                                           past_key_values=cache, use_cache=True, **extra)
+            cache, extra = output.past_key_values, {}
             if step == 0:
-                self._input_logprobs(rows, output.logits, width)
+                self._input_logprobs(rows, output.logits, batch.ids.shape[1])
             logits = output.logits[:, -1, :].float()
             next_tokens = torch.full((len(rows),), pad, dtype=torch.long)
             for i, row in enumerate(rows):
@@ -87,7 +86,7 @@ class BatchDecoder:
             alive = torch.tensor(running, dtype=torch.long, device=device)
             step_ids = next_tokens.to(device)[:, None]
             mask = torch.cat([mask, alive[:, None]], dim=-1)
-            positions = positions[:, -1:] + 1
+            positions = next_positions(positions)
 
     def _finish(self, row: Row, reason: dict) -> None:
         row.finish_reason = reason

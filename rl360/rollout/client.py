@@ -6,6 +6,17 @@
     await client.update_weights_from_tensor(bucket, weight_version=3, last_bucket=False)  # ... then last=True
     await client.pause_generation("in_place"); await client.continue_generation()
 
+Image prompts (`rl360.rollout.base.ImagePrompt`: ids with every image expanded, compressed images) go out as
+SGLang 0.5.17 takes them: each prompt's ids with every image's run of image tokens collapsed to one image token
+(SGLang expands `<|vision_start|><|image_pad|><|vision_end|>` itself: `_expand_input_ids` in
+`srt/multimodal/processors/base_processor.py` refuses ids with more image tokens than images), `image_data` with
+one list per prompt of the images as data URLs (`data:image/png;base64,...`; [] for a text prompt in the same
+batch; a bare base64 JPEG, which starts with "/", would be opened as a file path by SGLang's `get_image_bytes`)
+and `return_prompt_token_ids: true`. Each reply's `prompt_token_ids` (the engine's expansion) must equal the
+prompt's own ids, so the samples' `prompt_ids` are the ids the trainer trains on; a difference (the engine's
+processor resizes the images differently) is an `EngineError`. The image token's id is the client's
+`image_token_id`, or else read once from `config.json` in the engine's `/model_info` `model_path`.
+
 Every call is bounded as a whole by `timeout_s` (connecting, sending, waiting and reading together; a call
 may pass its own shorter or longer `timeout_s`): past it, `EngineTimeout`. A reply other than 2xx, or a
 weight update answered `success: false`, raises `EngineError` with the engine's URL, the route, the status
@@ -26,13 +37,16 @@ the first `truncate_size` rows), as SGLang does.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
 
-from rl360.rollout.base import Sample, SamplingParams
+from rl360.rollout.base import ImagePrompt, Prompt, Sample, SamplingParams, prompt_ids
 
 
 class EngineError(RuntimeError):
@@ -53,10 +67,11 @@ class EngineTimeout(EngineError):
 
 class EngineClient:
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0,
-                 max_connections: int = 256):
+                 max_connections: int = 256, image_token_id: int | None = None):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
+        self.image_token_id = image_token_id  # None: read from the served checkpoint's config at the first image
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=None,
                                        limits=httpx.Limits(max_connections=max_connections))
@@ -73,21 +88,38 @@ class EngineClient:
     # ---- generation ----
     async def generate(self, input_ids: list[list[int]], sampling_params: dict | list[dict],
                        return_logprob: bool = True, logprob_start_len: int | None = None,
-                       rid: str | list[str] | None = None, timeout_s: float | None = None) -> list[dict]:
-        """SGLang's `/generate` for a batch of prompts; its replies as a list (prompt-major when n > 1)."""
+                       rid: str | list[str] | None = None, timeout_s: float | None = None,
+                       image_data: list[list[str]] | None = None,
+                       return_prompt_token_ids: bool = False) -> list[dict]:
+        """SGLang's `/generate` for a batch of prompts; its replies as a list (prompt-major when n > 1).
+        `image_data`: one list of images (base64 strings or data URLs) per prompt."""
         body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params,
                                 "return_logprob": return_logprob}
         if logprob_start_len is not None:
             body["logprob_start_len"] = logprob_start_len
         if rid is not None:
             body["rid"] = rid
+        if image_data is not None:
+            body["image_data"] = image_data
+        if return_prompt_token_ids:
+            body["return_prompt_token_ids"] = True
         reply = await self._call("POST", "/generate", body, timeout_s)
         return reply if isinstance(reply, list) else [reply]
 
-    async def generate_samples(self, prompts: list[list[int]], params: SamplingParams, seed: int | None = None,
+    async def generate_samples(self, prompts: list[Prompt], params: SamplingParams, seed: int | None = None,
                                rid: str | None = None, timeout_s: float | None = None) -> list[list[Sample]]:
-        """`params.n` samples for each prompt, in prompt order, as the engine interface's `Sample`s. With `seed`,
-        prompt i's samples draw from `seed + i * n + j` (on `rl360 serve rollout`: reproducible)."""
+        """`params.n` samples for each prompt (token ids or `ImagePrompt`s, mixed), in prompt order, as the engine
+        interface's `Sample`s (an image prompt's carry its expanded ids and its images). With `seed`, prompt i's
+        samples draw from `seed + i * n + j` (on `rl360 serve rollout`: reproducible)."""
+        input_ids: list[list[int]] = [list(prompt_ids(prompt)) for prompt in prompts]
+        image_data = None
+        if any(isinstance(prompt, ImagePrompt) for prompt in prompts):
+            image_token = await self._image_token()
+            input_ids = [collapse_image_tokens(prompt.ids, image_token, len(prompt.images), i)
+                         if isinstance(prompt, ImagePrompt) else ids for i, (prompt, ids) in
+                         enumerate(zip(prompts, input_ids))]
+            image_data = [[image_data_url(data) for data in prompt.images] if isinstance(prompt, ImagePrompt) else []
+                          for prompt in prompts]
         settings = []
         for i in range(len(prompts)):
             options = sampling_options(params)
@@ -95,12 +127,51 @@ class EngineClient:
                 options["sampling_seed"] = seed + i * params.n
             settings.append(options)
         rids = None if rid is None else [f"{rid}-{i}" for i in range(len(prompts))]
-        replies = await self.generate(prompts, settings, True, rid=rids, timeout_s=timeout_s)
+        replies = await self.generate(input_ids, settings, True, rid=rids, timeout_s=timeout_s, image_data=image_data,
+                                      return_prompt_token_ids=image_data is not None)
         if len(replies) != len(prompts) * params.n:
             raise EngineError("/generate", 200, f"{len(replies)} replies for {len(prompts)} prompts x n={params.n}",
                               url=self.url)
-        samples = [reply_sample(prompts[k // params.n], reply) for k, reply in enumerate(replies)]
+        samples = []
+        for k, reply in enumerate(replies):
+            prompt = prompts[k // params.n]
+            if isinstance(prompt, ImagePrompt):
+                self._check_expansion(prompt, reply, k // params.n)
+            samples.append(reply_sample(prompt, reply))
         return [samples[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
+
+    def _check_expansion(self, prompt: ImagePrompt, reply: dict, index: int) -> None:
+        """The engine's expanded prompt (`prompt_token_ids`) must be the image prompt's own ids."""
+        engine_ids = reply.get("prompt_token_ids")
+        if engine_ids is None:
+            raise EngineError("/generate", 200, f"prompt {index}: the reply has no 'prompt_token_ids' (the engine "
+                                                "ignored return_prompt_token_ids)", url=self.url)
+        if list(engine_ids) != list(prompt.ids):
+            at = next((i for i, (a, b) in enumerate(zip(engine_ids, prompt.ids)) if a != b),
+                      min(len(engine_ids), len(prompt.ids)))
+            raise EngineError("/generate", 200, f"prompt {index}: the engine expanded its {len(prompt.images)} "
+                                                f"image(s) to {len(engine_ids)} prompt tokens, the prompt has "
+                                                f"{len(prompt.ids)} (first difference at token {at}): the engine's "
+                                                "image processor (min/max pixels) differs from the trainer's",
+                              url=self.url)
+
+    async def _image_token(self) -> int:
+        """The image token's id: the client's `image_token_id`, else `image_token_id` of config.json in the
+        directory the engine serves (`/model_info` `model_path`), read once."""
+        if self.image_token_id is None:
+            path = str((await self.model_info()).get("model_path") or "")
+            config = Path(path) / "config.json"
+            try:
+                token = json.loads(config.read_text(encoding="utf-8")).get("image_token_id")
+            except (OSError, ValueError) as err:
+                raise EngineError("/model_info", 200, f"image prompts need the image token's id: {config} cannot be "
+                                                      f"read here ({err}); pass EngineClient(image_token_id=...)",
+                                  url=self.url) from None
+            if not isinstance(token, int):
+                raise EngineError("/model_info", 200, f"image prompts need the image token's id, and {config} has "
+                                                      f"no integer 'image_token_id' (a text model?)", url=self.url)
+            self.image_token_id = token
+        return self.image_token_id
 
     # ---- weights ----
     async def update_weights_from_tensor(self, named_tensors: Sequence[tuple[str, torch.Tensor]],
@@ -236,8 +307,37 @@ def sampling_options(params: SamplingParams) -> dict:
             "max_new_tokens": params.max_new_tokens, "stop_token_ids": list(params.stop_token_ids)}
 
 
-def reply_sample(prompt: list[int], reply: dict) -> Sample:
-    """A `Sample` from one `/generate` reply (with `return_logprob`)."""
+def collapse_image_tokens(ids: list[int], image_token_id: int, images: int, index: int = 0) -> list[int]:
+    """An image prompt's ids as SGLang takes them: every run of image tokens (one expanded image) collapsed to one
+    image token. ValueError naming the prompt when the runs are not one per image."""
+    collapsed: list[int] = []
+    runs = 0
+    for token in ids:
+        if token == image_token_id:
+            if collapsed and collapsed[-1] == image_token_id:
+                continue
+            runs += 1
+        collapsed.append(token)
+    if runs != images:
+        raise ValueError(f"prompt {index} has {runs} run(s) of the image token {image_token_id} for {images} "
+                         "image(s): each image must be one run (the processor's expansion)")
+    return collapsed
+
+
+_MEDIA_TYPES = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"),
+                (b"BM", "image/bmp"))
+
+
+def image_data_url(data: bytes) -> str:
+    """Compressed image bytes as a base64 data URL, its media type from the file's signature."""
+    media = next((kind for magic, kind in _MEDIA_TYPES if data.startswith(magic)), None)
+    if media is None:
+        media = "image/webp" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else "application/octet-stream"
+    return f"data:{media};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def reply_sample(prompt: Prompt, reply: dict) -> Sample:
+    """A `Sample` from one `/generate` reply (with `return_logprob`); an image prompt's carries its images."""
     meta = reply["meta_info"]
     logprobs = [entry[0] for entry in meta["output_token_logprobs"]]
     tokens = list(reply["output_ids"])
@@ -245,8 +345,9 @@ def reply_sample(prompt: list[int], reply: dict) -> Sample:
         raise EngineError("/generate", 200, f"{len(tokens)} output ids but {len(logprobs)} log-probs")
     reason = meta["finish_reason"]["type"] if meta.get("finish_reason") else "abort"
     version = str(meta.get("weight_version", ""))  # SGLang's is "default" until a trainer sets one
-    return Sample(prompt_ids=list(prompt), response_ids=tokens, logprobs=logprobs, finish_reason=reason,
-                  weight_version=int(version) if version.isdigit() else 0)
+    return Sample(prompt_ids=list(prompt_ids(prompt)), response_ids=tokens, logprobs=logprobs, finish_reason=reason,
+                  weight_version=int(version) if version.isdigit() else 0,
+                  images=prompt.images if isinstance(prompt, ImagePrompt) else None)
 
 
 def _succeeded(url: str, route: str, reply: Any) -> str:

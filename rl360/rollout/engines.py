@@ -11,6 +11,9 @@ or each inside an `EngineNode` Ray actor that reserves the engine's GPUs on whic
 on that node's address (`ray`: engines on other nodes than the trainer's). A process that dies or stops
 answering is restarted by `ProcessEngine.restart` (on the same node); it serves the weights it was started with
 until the next weight update reaches it.
+
+Prompts are token ids or `ImagePrompt`s (vision-language models), mixed: the Ray actor takes them as they are,
+the processes as `EngineClient.generate_samples` sends them (SGLang's `image_data`); samples carry their images.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 import httpx
 
 from rl360.network import free_port
-from rl360.rollout.base import Sample, SamplingParams
+from rl360.rollout.base import Prompt, Sample, SamplingParams
 from rl360.rollout.client import EngineClient, EngineError, EngineTimeout
 
 KEY_ENV = "RL360_ROLLOUT_API_KEY"
@@ -48,7 +51,7 @@ class ActorEngine:
         self.actor, self.index = actor, index
         self.version, self.usable = 0, True
 
-    async def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Sample]]:
+    async def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int) -> list[list[Sample]]:
         params = SamplingParams(**{**params.__dict__, "seed": seed})
         return await self.actor.generate.remote(prompts, params)
 
@@ -194,7 +197,7 @@ class ProcessEngine:
                 return False
         return self.process is not None and self.process.alive()
 
-    async def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> list[list[Sample]]:
+    async def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int) -> list[list[Sample]]:
         try:
             groups = await self.client.generate_samples(prompts, params, seed=seed)
         except (EngineTimeout, httpx.TransportError, OSError) as err:

@@ -1,10 +1,25 @@
-"""Parsing SGLang's `/generate` request for `rl360 serve rollout`: prompts, per-prompt sampling settings and
-request ids into `Row`s (one per sample), each bad field a `ServiceError(400)` naming it. The accepted fields
-and their meaning are listed in `rl360.rollout.server`'s docstring."""
+"""Parsing SGLang's `/generate` request for `rl360 serve rollout`: prompts, their images, per-prompt sampling
+settings and request ids into `Row`s (one per sample), each bad field a `ServiceError(400)` naming it. The
+accepted fields and their meaning are listed in `rl360.rollout.server`'s docstring.
+
+Images (`image_data`) follow SGLang 0.5.17 (`GenerateReqInput.image_data` and `_normalize_image_data` in
+`srt/managers/io_struct.py`; `load_image` / `get_image_bytes` in `srt/utils/common.py`): one image or a list of
+them for a single prompt; for a batch, a list with one entry per prompt, each an image, a list of images, or
+null / [] for a text prompt (one bare image is every prompt's). An image is a base64 string or a data URL
+(`data:<type>;base64,<base64>`); URLs, file paths and SGLang's dict forms (processor output, precomputed
+embeddings) are refused with 400 naming the entry: this server fetches nothing and reads no file a request
+names. As in SGLang, a prompt's ids hold ONE image token per image (the collapsed `<|vision_start|><|image_pad|>
+<|vision_end|>` the chat template renders) and the server expands each to its image's tokens
+(`srt/multimodal/processors/base_processor.py`, `_expand_input_ids`); `return_prompt_token_ids` returns the
+expanded ids.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +29,8 @@ from rl360.serve.service import ServiceError, json_object, number_field
 TOP_K_ALL = 1 << 30  # SGLang's "no top-k"
 MAX_N = 64
 GENERATE_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len", "rid",
-                             "stream", "top_logprobs_num", "return_text_in_logprobs", "log_metrics"})
+                             "stream", "top_logprobs_num", "return_text_in_logprobs", "log_metrics", "image_data",
+                             "return_prompt_token_ids"})
 SAMPLING_FIELDS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "ignore_eos", "n",
                              "sampling_seed", "skip_special_tokens", "spaces_between_special_tokens",
                              "no_stop_trim", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
@@ -28,12 +44,15 @@ NEUTRAL_SAMPLING: dict[str, tuple] = {"min_p": (0,), "frequency_penalty": (0,), 
 class Row:
     """One response to decode: its prompt, its sampling settings and, once decoded, its result."""
 
-    prompt: list[int]
+    prompt: list[int]  # an image prompt's with every image expanded to its tokens (once `expand_images` ran)
     params: SamplingParams  # n is 1: a row is one sample
     seed: int | None
     rid: str
     logprob_start_len: int = -1
     ignore_eos: bool = False
+    index: int = 0  # the prompt's index in its request
+    images: tuple[bytes, ...] | None = None  # the prompt's compressed images (shared by its rows)
+    pixels: dict | None = None  # the images' pixel inputs (shared by the prompt's rows)
     aborted: str | None = None  # why it was aborted, set from any thread
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -48,10 +67,16 @@ class GenerateCall:
     single: bool  # one prompt with n = 1: answered with an object, not a list
     return_logprob: bool
     text_in_logprobs: bool
+    prompt_fields: list[str] = field(default_factory=list)  # where each prompt came from ("input_ids[1]", "text")
+    return_prompt_token_ids: bool = False
+
+    def has_images(self) -> bool:
+        return any(row.images for row in self.rows)
 
 
-def parse_generate(body: bytes, tokenizer: Any = None) -> GenerateCall:
-    """The rows of a `/generate` body; `ServiceError(400)` naming the field at fault."""
+def parse_generate(body: bytes, tokenizer: Any = None, vision: bool = False) -> GenerateCall:
+    """The rows of a `/generate` body; `ServiceError(400)` naming the field at fault. `vision`: whether the model
+    takes images (`image_data` is refused otherwise)."""
     data = json_object(body, GENERATE_FIELDS)
     if data.get("stream"):
         raise ServiceError(400, "'stream' is not supported by rl360 serve rollout", "stream")
@@ -59,6 +84,9 @@ def parse_generate(body: bytes, tokenizer: Any = None) -> GenerateCall:
         raise ServiceError(400, "'top_logprobs_num' is not supported by rl360 serve rollout (only 0)",
                            "top_logprobs_num")
     prompts, single = _prompts(data, tokenizer)
+    images = parse_image_data(data.get("image_data"), len(prompts), single)
+    if not vision and any(images):
+        raise ServiceError(400, "'image_data': the served model is a text model (it takes no images)", "image_data")
     settings = data.get("sampling_params") or {}
     if isinstance(settings, list):
         if len(settings) != len(prompts):
@@ -79,9 +107,95 @@ def parse_generate(body: bytes, tokenizer: Any = None) -> GenerateCall:
             one = SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
                                  max_new_tokens=params.max_new_tokens, stop_token_ids=params.stop_token_ids)
             rows.append(Row(prompt, one, None if seed is None else seed + j, rid,
-                            start if return_logprob else -1, ignore_eos))
+                            start if return_logprob else -1, ignore_eos, index, images[index]))
+    field_name = "text" if data.get("text") is not None else "input_ids"
+    fields = [field_name if single else f"{field_name}[{i}]" for i in range(len(prompts))]
     single = single and len(rows) == 1
-    return GenerateCall(rows, single, return_logprob, bool_field(data, "return_text_in_logprobs"))
+    return GenerateCall(rows, single, return_logprob, bool_field(data, "return_text_in_logprobs"), fields,
+                        bool_field(data, "return_prompt_token_ids"))
+
+
+def parse_image_data(value: Any, count: int, single: bool) -> list[tuple[bytes, ...] | None]:
+    """Each prompt's images (None: a text prompt) from SGLang's `image_data` shapes (see the module docstring)."""
+    if value is None or value == []:
+        return [None] * count
+    if single:
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], list):
+            value = value[0]  # the batch-of-one form SGLang makes of a single prompt with n > 1
+        return [_image_list(value, "image_data")]
+    if isinstance(value, list):
+        if len(value) != count:
+            raise ServiceError(400, f"'image_data' has {len(value)} entries for {count} prompts (one per prompt: "
+                                    "an image, a list of images, or null / [] for none)", "image_data")
+        return [_image_list(entry, f"image_data[{i}]") for i, entry in enumerate(value)]
+    return [_image_list(value, "image_data")] * count  # one image for every prompt, as SGLang takes it
+
+
+def _image_list(value: Any, where: str) -> tuple[bytes, ...] | None:
+    if value is None or value == [] or value == [None]:
+        return None
+    if isinstance(value, list):
+        return tuple(decode_image(item, f"{where}[{j}]") for j, item in enumerate(value))
+    return (decode_image(value, where),)
+
+
+def decode_image(item: Any, where: str) -> bytes:
+    """The compressed bytes of one `image_data` entry: a data URL or a base64 string; `ServiceError(400)` naming
+    `where` for anything else (URLs, paths and dicts are refused, not fetched or read)."""
+    if not isinstance(item, str):
+        raise ServiceError(400, f"'{where}' must be a base64 string or a data URL, got {type(item).__name__} "
+                                "(SGLang's processor-output and precomputed-embedding forms are not served)", where)
+    if item.startswith("data:"):
+        if "," not in item:
+            raise ServiceError(400, f"'{where}' is a data URL without data (no ',')", where)
+        encoded = item.split(",", 1)[1]
+    elif item.startswith(("http://", "https://", "file://")):
+        raise ServiceError(400, f"'{where}' is a URL ({item[:60]}): rl360 serve rollout fetches and reads nothing "
+                                "a request names; send the image's bytes as base64 or a data URL", where)
+    else:
+        encoded = item
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        kind = "a data URL whose data is not base64" if item.startswith("data:") else (
+            "neither base64 nor a data URL (file paths are not read)")
+        raise ServiceError(400, f"'{where}' is {kind}: {item[:60]!r}", where) from None
+    if not data:
+        raise ServiceError(400, f"'{where}' is an empty image", where)
+    return data
+
+
+def expand_images(call: GenerateCall, pixel_inputs: Callable[[tuple[bytes, ...], str], dict], image_token_id: int,
+                  merge_size: int) -> None:
+    """Expand each image prompt's one image token per image into that image's tokens (its merged patches, from
+    `pixel_inputs(images, where)`), in place on its rows, which also get the pixel inputs. A prompt whose image
+    tokens do not pair one to one with its images, or whose images cannot be decoded, is a ServiceError(400)."""
+    done: dict[int, tuple[list[int], dict]] = {}
+    for row in call.rows:
+        where = call.prompt_fields[row.index]
+        pads = sum(1 for token in row.prompt if token == image_token_id)
+        if row.images is None:
+            if pads:
+                raise ServiceError(400, f"'{where}' holds {pads} image token(s) ({image_token_id}) but the prompt has "
+                                        "no images in 'image_data'", where)
+            continue
+        if row.index not in done:
+            if pads != len(row.images):
+                raise ServiceError(400, f"'{where}' holds {pads} image token(s) ({image_token_id}) for "
+                                        f"{len(row.images)} image(s): send one image token per image (the collapsed "
+                                        "<|vision_start|><|image_pad|><|vision_end|>), which the server expands, as "
+                                        "SGLang does", where)
+            image_field = "image_data" if len(call.prompt_fields) == 1 else f"image_data[{row.index}]"
+            try:
+                pixels = pixel_inputs(row.images, image_field)
+            except ValueError as err:  # DataError: an image that does not decode
+                raise ServiceError(400, f"'{image_field}': {err}", image_field) from None
+            counts = iter(int(t * h * w) // merge_size ** 2 for t, h, w in pixels["image_grid_thw"].tolist())
+            expanded: list[int] = []
+            for token in row.prompt:
+                expanded += [token] * next(counts) if token == image_token_id else [token]
+            done[row.index] = (expanded, pixels)
+        row.prompt, row.pixels = done[row.index]
 
 
 def _prompts(data: dict, tokenizer: Any) -> tuple[list[list[int]], bool]:

@@ -4,30 +4,84 @@ Sampling is a plain KV-cached decode loop over a left-padded batch, so the log-p
 token comes from exactly the distribution it was drawn from (temperature applied, before top-k/top-p).
 Temperature 0 decodes greedily (the most likely token at every step, no randomness); its log-probs are
 those of the model's plain distribution (temperature 1).
+
+Vision-language checkpoints (config `model_type` qwen2_vl / qwen2_5_vl) load as transformers' image-text-to-text
+model and sample from `ImagePrompt`s as well as from token ids, mixed in one batch. An image prompt's ids carry
+each image already expanded (the image pad token once per merged patch); its compressed images are decoded by
+`rl360.data.images.VisionProcessor.pixel_inputs`, the one pixel pipeline the trainer uses too. The prefill runs
+the vision tower once per distinct prompt (a prompt's `n` samples share it) and scatters its features into the
+pad tokens; positions are M-RoPE's three rows (temporal, height, width), computed by the model's own
+`get_rope_index` over the left-padded batch and passed explicitly, and every decoded token takes the next
+position after the largest of its row's prompt positions, as a full forward of prompt + response gives it.
+
+Weights arrive by Hugging Face checkpoint (file) name, e.g. `model.layers.0.self_attn.q_proj.weight`,
+`visual.blocks.0.attn.qkv.weight`, `lm_head.weight`, and are renamed to the model's parameters (transformers 5
+nests a VL model's parts as `model.language_model.*`, `model.visual.*`) by transformers' own checkpoint
+conversion mapping for the class, the one `from_pretrained` applies; the parameter names themselves and tied
+aliases are accepted too (`parameter_name`).
 """
 
 from __future__ import annotations
 
-import torch
-from transformers import AutoModelForCausalLM
+from dataclasses import dataclass, field
+from typing import Any
 
-from rl360.rollout.base import Sample, SamplingParams, WeightBucket
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rl360.rollout.base import ImagePrompt, Prompt, Sample, SamplingParams, WeightBucket, prompt_ids
+
+VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")  # config model_type of the vision-language models served
+
+
+@dataclass
+class Prefill:
+    """A left-padded batch ready for its first forward: token ids, attention mask, positions ((B, W), or (3, B, W)
+    for M-RoPE) and the extra inputs of the first forward only (the images' features)."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor
+    inputs: dict[str, Any] = field(default_factory=dict)
 
 
 class HFEngine:
     def __init__(self, model_path: str, dtype: torch.dtype = torch.float32, device: str | None = None,
-                 num_threads: int = 0):
+                 num_threads: int = 0, min_pixels: int | None = None, max_pixels: int | None = None):
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
+        config = AutoConfig.from_pretrained(model_path)
+        self.vision = None  # the VisionProcessor of a vision-language model
+        self.image_token_id: int | None = None
+        if config.model_type in VISION_MODEL_TYPES:
+            from transformers import AutoModelForImageTextToText
+
+            from rl360.data.images import VisionProcessor
+
+            self.vision = VisionProcessor.from_pretrained(model_path, min_pixels=min_pixels, max_pixels=max_pixels)
+            self.image_token_id = int(config.image_token_id)
+            model_class = AutoModelForImageTextToText
+        elif min_pixels is not None or max_pixels is not None:
+            raise ValueError(f"min_pixels/max_pixels apply to vision-language models; {model_path} is a "
+                             f"{config.model_type!r} model")
+        else:
+            model_class = AutoModelForCausalLM
+        self.model = model_class.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
         self.pad_id = 0
         self.version = 0
         self._params = dict(self.model.named_parameters())
+        first_name = {id(param): name for name, param in self._params.items()}
+        # every name of a parameter (tied ones too) -> its first name
+        self._aliases = {name: first_name[id(param)]
+                         for name, param in self.model.named_parameters(remove_duplicate=False)}
+        self._renamings, self._converters = _checkpoint_conversions(self.model)
+        self._names: dict[str, str] = {}  # incoming weight name -> parameter, as resolved so far
         self._loaded: set[str] = set()
 
+    # ---- sampling ----
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[list[Sample]]:
         if params.temperature < 0:
             raise ValueError(f"temperature={params.temperature} must be >= 0 (0: greedy decoding)")
         expanded = [p for p in prompts for _ in range(params.n)]
@@ -37,32 +91,27 @@ class HFEngine:
         for i, prompt in enumerate(expanded):
             length = int(finished[i]) if finished[i] > 0 else tokens.shape[1]
             samples.append(Sample(
-                prompt_ids=list(prompt),
+                prompt_ids=list(prompt_ids(prompt)),
                 response_ids=tokens[i, :length].tolist(),
                 logprobs=logprobs[i, :length].tolist(),
                 finish_reason="stop" if finished[i] > 0 else "length",
                 weight_version=self.version,
+                images=prompt.images if isinstance(prompt, ImagePrompt) else None,
             ))
         return [samples[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
-    def _decode(self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator):
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+    def _decode(self, prompts: list[Prompt], params: SamplingParams, generator: torch.Generator):
+        batch = self.prefill(prompts)
+        mask, positions, step_ids, extra = batch.mask, batch.positions, batch.ids, batch.inputs
         stop = torch.tensor(params.stop_token_ids or [-1], device=self.device)
         # finished[i] = response length once a stop token was sampled, 0 while still running
         finished = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
         out_tokens, out_logprobs = [], []
-        cache, step_ids = None, ids
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = None
         for step in range(params.max_new_tokens):
             output = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                                past_key_values=cache, use_cache=True)
-            cache = output.past_key_values
+                                past_key_values=cache, use_cache=True, **extra)
+            cache, extra = output.past_key_values, {}
             logits = output.logits[:, -1, :].float()
             if params.temperature > 0:
                 logits = logits / params.temperature
@@ -79,21 +128,104 @@ class HFEngine:
                 break
             step_ids = token[:, None]
             mask = torch.cat([mask, running.long()[:, None]], dim=-1)
-            positions = positions[:, -1:] + 1
+            positions = next_positions(positions)
         return torch.stack(out_tokens, 1).cpu(), torch.stack(out_logprobs, 1).cpu(), finished.cpu()
+
+    def prefill(self, prompts: list[Prompt], pixels: list[dict | None] | None = None) -> Prefill:
+        """The left-padded batch of `prompts` (token ids or `ImagePrompt`s, mixed) with its positions and, for
+        image prompts, the images' features for the first forward. `pixels`: the image prompts' pixel inputs when
+        already computed (`pixel_inputs`; rows sharing one dict share its features), else None. ValueError naming
+        the prompt when an image prompt does not fit this engine (a text model, or image tokens that do not match
+        its images)."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = torch.tensor(prompt_ids(prompt))
+            mask[row, width - len(prompt):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        if self.vision is None:
+            for index, prompt in enumerate(prompts):
+                if isinstance(prompt, ImagePrompt):
+                    raise ValueError(f"prompt {index} has {len(prompt.images)} image(s) but the engine's model is a "
+                                     f"text model ({self.model.config.model_type})")
+            return Prefill(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+        features, grids = self._image_features(prompts, pixels or [None] * len(prompts))
+        image_types = (ids == self.image_token_id).int()
+        grid = torch.cat(grids).to(self.device) if grids else None
+        positions, _ = self.model.model.get_rope_index(ids, image_types, image_grid_thw=grid, attention_mask=mask)
+        inputs = {}
+        if features:
+            from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+            inputs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=tuple(features))}
+        return Prefill(ids, mask, positions, inputs)
+
+    def pixel_inputs(self, images: tuple[bytes, ...] | list[bytes], where: str = "images") -> dict:
+        """The model's pixel inputs (`pixel_values`, `image_grid_thw`) for compressed images, by the model's
+        `VisionProcessor`; DataError naming `where` for an image that does not decode."""
+        if self.vision is None:
+            raise ValueError(f"{where}: the engine's model is a text model ({self.model.config.model_type})")
+        return self.vision.pixel_inputs(list(images), where=where)
+
+    def _image_features(self, prompts: list[Prompt], pixels: list[dict | None]
+                        ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every image prompt's image features and patch grids, in batch order (one tensor per image); the vision
+        tower runs once per distinct images tuple or pixel inputs (a prompt's samples share theirs)."""
+        done: dict[int, tuple[list[torch.Tensor], torch.Tensor]] = {}
+        features, grids = [], []
+        for index, (prompt, given) in enumerate(zip(prompts, pixels)):
+            if not isinstance(prompt, ImagePrompt):
+                if self.image_token_id in prompt:
+                    raise ValueError(f"prompt {index} holds the image token {self.image_token_id} but no images: "
+                                     "send it as an ImagePrompt with its images")
+                continue
+            key = id(given) if given is not None else id(prompt.images)
+            if key not in done:
+                inputs = given or self.pixel_inputs(prompt.images, where=f"prompt {index}: images")
+                grid = inputs["image_grid_thw"]
+                _check_image_tokens(prompt.ids, grid, self.image_token_id, self.vision.merge_size, index)
+                output = self.model.get_image_features(inputs["pixel_values"].to(self.device), grid.to(self.device))
+                done[key] = (list(output.pooler_output), grid)
+            image_features, grid = done[key]
+            features.extend(image_features)
+            grids.append(grid)
+        return features, grids
+
+    # ---- weights ----
+    def parameter_name(self, name: str) -> str:
+        """The model parameter the weight `name` loads into: a Hugging Face checkpoint (file) name, renamed by
+        transformers' checkpoint conversion mapping as `from_pretrained` renames it, or a parameter's own name (a
+        tied alias included). KeyError naming `name` when it is none of these."""
+        found = self._names.get(name)
+        if found is not None:
+            return found
+        found = self._aliases.get(name)
+        if found is None:
+            from transformers.core_model_loading import rename_source_key
+
+            renamed, converter = rename_source_key(name, self._renamings, self._converters,
+                                                   self.model.base_model_prefix, self._aliases)
+            if converter is not None:
+                raise KeyError(f"weight {name!r} needs transformers' conversion {converter!r} (tensors merged or "
+                               f"split on loading), which the engine does not apply: send {renamed!r} whole")
+            found = self._aliases.get(renamed)
+        if found is None:
+            raise KeyError(f"weight {name!r} is not a parameter of the engine's model (nor a checkpoint name of one)")
+        self._names[name] = found
+        return found
 
     def update_weights(self, bucket: WeightBucket, version: int) -> None:
         if version < self.version:  # newer versions may skip numbers (a resumed run starts at its step)
             raise ValueError(f"weight version {version} is older than the served version {self.version}")
         with torch.no_grad():
             for name, tensor in bucket:
-                if name not in self._params:
-                    raise KeyError(f"weight {name!r} is not a parameter of the engine's model")
-                target = self._params[name]
+                target_name = self.parameter_name(name)
+                target = self._params[target_name]
                 if target.shape != tensor.shape:
                     raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != engine's {tuple(target.shape)}")
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
-                self._loaded.add(name)
+                self._loaded.add(target_name)
 
     def finish_weight_update(self, version: int) -> int:
         missing = sorted(set(self._params) - self._loaded)  # tied weights appear once in _params
@@ -104,7 +236,48 @@ class HFEngine:
         return self.version
 
     def health(self) -> dict:
-        return {"version": self.version, "device": str(self.device), "engine": "hf"}
+        return {"version": self.version, "device": str(self.device), "engine": "hf",
+                "vision": self.vision is not None}
+
+
+def next_positions(positions: torch.Tensor) -> torch.Tensor:
+    """The positions of the token after each row's last: one past the row's largest position so far ((B, W) ->
+    (B, 1); M-RoPE's (3, B, W) -> (3, B, 1), the same on all three rows, as text tokens after an image take)."""
+    if positions.dim() == 2:
+        return positions[:, -1:] + 1
+    following = positions.amax(dim=(0, 2)) + 1
+    return following.view(1, -1, 1).expand(3, -1, 1)
+
+
+def _check_image_tokens(ids: list[int], grid: torch.Tensor, image_token_id: int, merge_size: int,
+                        index: int) -> None:
+    """An image prompt's ids must hold one run of image tokens per image, each as long as its image's merged
+    patches; ValueError naming the prompt and both counts otherwise (e.g. the ids were expanded with other
+    min/max pixels than the engine's processor)."""
+    runs, previous = [], None
+    for token in ids:
+        if token == image_token_id:
+            if previous == image_token_id:
+                runs[-1] += 1
+            else:
+                runs.append(1)
+        previous = token
+    expected = [int(t * h * w) // merge_size ** 2 for t, h, w in grid.tolist()]
+    if runs != expected:
+        raise ValueError(f"prompt {index}: its ids hold image-token runs of lengths {runs}, but its "
+                         f"{len(expected)} image(s) give {expected} tokens with this engine's processor (expanded "
+                         "with other min/max pixels, or a placeholder missing?)")
+
+
+def _checkpoint_conversions(model: Any) -> tuple[list, list]:
+    """transformers' checkpoint conversion mapping of `model` (renamings, converters), the one its
+    `from_pretrained` applies to checkpoint names."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming
+
+    mapping = get_model_conversion_mapping(model)
+    return ([entry for entry in mapping if isinstance(entry, WeightRenaming)],
+            [entry for entry in mapping if isinstance(entry, WeightConverter)])
 
 
 def _filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -3,7 +3,7 @@ it talks to `python -m sglang.launch_server` (the same `rl360.rollout.client.Eng
 
     rl360 serve rollout --model DIR [--port 30000] [--api-key-env VAR] [--dtype bfloat16]
                         [--batch-window-ms 5] [--max-batch-rows 256] [--weight-sync-timeout-s 600]
-                        [--max-in-flight 256] ...
+                        [--min-pixels N] [--max-pixels N] [--max-in-flight 256] ...
 
 Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/managers/io_struct.py`):
 
@@ -22,6 +22,13 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
   `output_token_logprobs` (`[logprob, token_id, text or null]` per token: the log-prob under the distribution
   the token was drawn from, temperature applied; greedy: temperature 1) and `input_token_logprobs`.
   `stream: true` is refused (400).
+  Vision-language checkpoints (Qwen2-VL / Qwen2.5-VL) take `image_data` as SGLang does: per prompt a list of
+  images, each a base64 string or a data URL (URLs, paths and SGLang's dict forms are refused with 400 naming
+  `image_data[i][j]`), with ONE image token per image in the prompt's ids (the chat template's collapsed
+  `<|vision_start|><|image_pad|><|vision_end|>`), expanded here to the image's tokens by the checkpoint's
+  processor (`--min-pixels` / `--max-pixels` bound an image's resized area); `return_prompt_token_ids: true` adds
+  `prompt_token_ids`, the prompt with its images expanded, to each reply (SGLang's field). The exact shapes:
+  `rl360.rollout.generate_request`.
 - `GET /health` (no key), `GET /health_generate` (no key; a one-token generation through the batcher),
   `GET /model_info`, `GET|POST /flush_cache` (the HF engine keeps no prefix cache between requests: always
   200), `POST /abort_request` (`rid` or `abort_all`), `POST /pause_generation` (`mode`: "abort" ends every
@@ -47,15 +54,18 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
   received before any refusal (an old version, released weights, an unknown name) is answered, so the group
   stays usable; a `group_name` that names no open group is refused at once (400). `POST
   /destroy_weights_update_group` (`group_name`).
-- Weight updates, whatever the route: `weight_version` must be a decimal integer, not older than the one
-  served. Buckets are checked (names, shapes) and staged; a request with `flush_cache: true` (the default, as
-  in SGLang) ends the update: if every parameter was staged since the previous update ended, the staged
-  weights replace the model's at once between two decode steps and the new version is served; otherwise the
-  answer is 400 naming the missing weights, the staged buckets are dropped, and the old weights and version
-  stay. A refused bucket drops the update in progress too. (SGLang itself loads each bucket in place.)
-- `GET|POST /get_weights_by_name` (`name`, a tied alias included; `truncate_size`, default 100): the
-  parameter's first `truncate_size` rows as nested lists of float32 values, as SGLang returns them (every value
-  of a float32 or bfloat16 parameter is exact).
+- Weight updates, whatever the route: weights are named as in the checkpoint's files (`model.layers.0...`,
+  `visual.blocks.0...`, `lm_head.weight`), renamed to the model's parameters as transformers renames them on
+  loading (`HFEngine.parameter_name`; the parameters' own names are accepted too). `weight_version` must be a
+  decimal integer, not older than the one served. Buckets are checked (names, shapes) and staged; a request
+  with `flush_cache: true` (the default, as in SGLang) ends the update: if every parameter was staged since the
+  previous update ended, the staged weights replace the model's at once between two decode steps and the new
+  version is served; otherwise the answer is 400 naming the missing weights, the staged buckets are dropped, and
+  the old weights and version stay. A refused bucket drops the update in progress too. (SGLang itself loads
+  each bucket in place.)
+- `GET|POST /get_weights_by_name` (`name`: a checkpoint name, a parameter's name or a tied alias;
+  `truncate_size`, default 100): the parameter's first `truncate_size` rows as nested lists of float32 values,
+  as SGLang returns them (every value of a float32 or bfloat16 parameter is exact).
 - `GET|POST /release_memory_occupation` and `/resume_memory_occupation` (`tags`: a list of "weights",
   "kv_cache", "cuda_graph"; null or empty: all; other tags 400). Release needs an idle engine (nothing queued,
   decoding or held: 400 otherwise, where SGLang asserts it); resuming a tag that is not released is 400 (SGLang
@@ -94,7 +104,7 @@ from fastapi.responses import JSONResponse, Response
 
 from rl360.rollout.base import SamplingParams
 from rl360.rollout.batching import BatchDecoder, Batcher
-from rl360.rollout.generate_request import GenerateCall, Row, bool_field, is_int, parse_generate
+from rl360.rollout.generate_request import GenerateCall, Row, bool_field, expand_images, is_int, parse_generate
 from rl360.rollout.weight_sync import (
     SHARED_MEMORY_LOAD_FORMAT,
     TENSOR_LOAD_FORMAT,
@@ -159,17 +169,14 @@ class RolloutService:
 
     def __init__(self, model_path: str, limits: ServiceLimits = DEFAULT_LIMITS, api_key: str | None = None,
                  dtype: str = "float32", batch_window_s: float = 0.005, max_batch_rows: int = 256,
-                 group_timeout_s: float = 600.0):
+                 group_timeout_s: float = 600.0, min_pixels: int | None = None, max_pixels: int | None = None):
         from rl360.rollout.hf_engine import HFEngine
 
         self.model_path = model_path
-        self.engine = HFEngine(model_path, dtype=getattr(torch, dtype))
+        self.engine = HFEngine(model_path, dtype=getattr(torch, dtype), min_pixels=min_pixels, max_pixels=max_pixels)
         self.tokenizer = _tokenizer(model_path)
         self._parameters = dict(self.engine.model.named_parameters())  # tied weights once, by their first name
         self._shapes = {name: tuple(param.shape) for name, param in self._parameters.items()}
-        first_name = {id(param): name for name, param in self._parameters.items()}
-        self._aliases = {name: first_name[id(param)]  # every name of a parameter (tied ones too) -> its first
-                         for name, param in self.engine.model.named_parameters(remove_duplicate=False)}
         self._update_lock = threading.Lock()  # staging and swapping in weight updates
         self._staged: dict[str, torch.Tensor] = {}  # the update in progress, by parameter name
         self._staged_version: int | None = None
@@ -216,7 +223,11 @@ class RolloutService:
 
     # ---- generation ----
     async def generate(self, request: HTTPRequest) -> JSONResponse:
-        call = parse_generate(await request.body(), self.tokenizer)
+        vision = self.engine.vision
+        call = parse_generate(await request.body(), self.tokenizer, vision is not None)
+        if vision is not None:  # images decoded off the event loop; each image token expanded to its image's
+            await asyncio.to_thread(expand_images, call, self.engine.pixel_inputs, self.engine.image_token_id,
+                                    vision.merge_size)
         problem = self._unready()
         if problem is not None:
             raise ServiceError(503, problem)
@@ -261,7 +272,10 @@ class RolloutService:
                 meta["input_token_logprobs"] = [[lp, tok, text] for lp, tok, text in
                                                 zip(row.input_logprobs, prompt, texts)]
         text = self.tokenizer.decode(row.tokens, skip_special_tokens=True) if self.tokenizer is not None else ""
-        return {"text": text, "output_ids": row.tokens, "meta_info": meta}
+        reply = {"text": text, "output_ids": row.tokens, "meta_info": meta}
+        if call.return_prompt_token_ids:  # the prompt as decoded: an image prompt's with its images expanded
+            reply["prompt_token_ids"] = list(row.prompt)
+        return reply
 
     def _token_texts(self, tokens: list[int], wanted: bool) -> list[str | None]:
         if not wanted or self.tokenizer is None:
@@ -280,7 +294,8 @@ class RolloutService:
         config = self.engine.model.config
         return {"model_path": self.model_path, "tokenizer_path": self.model_path if self.tokenizer else None,
                 "is_generation": True, "preferred_sampling_params": None,
-                "weight_version": str(self.engine.version), "has_image_understanding": False,
+                "weight_version": str(self.engine.version),
+                "has_image_understanding": self.engine.vision is not None,
                 "has_audio_understanding": False, "model_type": getattr(config, "model_type", None),
                 "architectures": getattr(config, "architectures", None)}
 
@@ -446,15 +461,20 @@ class RolloutService:
     async def get_weights_by_name(self, request: HTTPRequest) -> JSONResponse:
         data = json_object(await request.body() or b"{}", {"name", "truncate_size"})
         name = data.get("name")
-        if not isinstance(name, str) or name not in self._aliases:
-            raise ServiceError(400, f"'name' must name a parameter of the engine's model, got {name!r}", "name")
+        try:
+            canonical = self.engine.parameter_name(name) if isinstance(name, str) else None
+        except KeyError:
+            canonical = None
+        if canonical is None:
+            raise ServiceError(400, f"'name' must name a parameter of the engine's model (its checkpoint name or "
+                                    f"its module name), got {name!r}", "name")
         truncate = int(number_field(data, "truncate_size", 100, 0, 1 << 62, integer=True))
         if "weights" in self.released:
             raise ServiceError(503, "weights are released (/release_memory_occupation): nothing to read")
 
         def read() -> list:
             with self.model_lock:
-                values = self._parameters[self._aliases[name]].detach()
+                values = self._parameters[canonical].detach()
                 values = (values[:truncate] if values.dim() else values.reshape(1)).float().cpu()
             return values.tolist()
 
@@ -546,9 +566,7 @@ class RolloutService:
             self._drop_staged()
             self._staged_version = version
         for name, tensor in bucket:
-            canonical = self._aliases.get(name)
-            if canonical is None:
-                raise KeyError(f"weight {name!r} is not a parameter of the engine's model")
+            canonical = self.engine.parameter_name(name)  # KeyError naming it when it is none
             if tuple(tensor.shape) != self._shapes[canonical]:
                 raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != engine's {self._shapes[canonical]}")
             param = self._parameters[canonical]
@@ -718,7 +736,7 @@ def serve_rollout(args: argparse.Namespace) -> int:
     if args.weight_sync_timeout_s <= 0:
         raise SystemExit("rl360 serve rollout: --weight-sync-timeout-s must be positive")
     service = RolloutService(args.model, limits, api_key, args.dtype, args.batch_window_ms / 1000.0,
-                             args.max_batch_rows, args.weight_sync_timeout_s)
+                             args.max_batch_rows, args.weight_sync_timeout_s, args.min_pixels, args.max_pixels)
     return run_service(service.guard, args.host, args.port,
                        f"rl360 serving rollout engine {Path(args.model).name!r} with SGLang's native API on {{url}}"
                        f"{' (API key required)' if api_key else ''}", access_log=args.access_log)
@@ -734,6 +752,10 @@ def add_rollout_parser(services) -> None:
     rollout.add_argument("--max-batch-rows", type=int, default=256, help="responses decoded together at most")
     rollout.add_argument("--weight-sync-timeout-s", type=float, default=600.0,
                          help="a weight-update group's rendezvous and each broadcast give up after this long")
+    rollout.add_argument("--min-pixels", type=int, default=None,
+                         help="vision models: an image's smallest resized area (default: the processor's)")
+    rollout.add_argument("--max-pixels", type=int, default=None,
+                         help="vision models: an image's largest resized area (default: the processor's)")
     add_service_arguments(rollout, port=30000, defaults=DEFAULT_LIMITS)
     rollout.set_defaults(run=serve_rollout)
 
