@@ -4,13 +4,16 @@ with a value its annotation accepts (and every sampling key one of SGLang's `Sam
 replies holding only keys SGLang returns. The weight-update group is checked too: SGLang's engine joins it the
 way `rl360.rollout.weight_sync.open_process_group` does (tcp rendezvous, store prefixed by the group name,
 `_new_process_group_helper`, its own ranks) and receives one broadcast from rank 0 per name, of the dtype
-`getattr(torch, name)`; the memory tags are SGLang's.
+`getattr(torch, name)`; the memory tags are SGLang's. An image prompt's `/generate` body is pinned exactly
+(`image_data` as data URLs, one image token per image in `input_ids`, `return_prompt_token_ids`), and SGLang's
+own code for each of those choices is checked.
 
 The wheel is fetched once with `pip download --no-deps` into ~/.cache/rl360/sglang and read with `ast`
 (never imported); the test skips only when that download fails for lack of network."""
 
 import ast
 import asyncio
+import base64
 import json
 import zipfile
 
@@ -18,7 +21,7 @@ import httpx
 import pytest
 import torch
 
-from rl360.rollout.base import SamplingParams
+from rl360.rollout.base import ImagePrompt, SamplingParams
 from rl360.rollout.client import EngineClient
 from rl360.rollout.server import MEMORY_TAGS
 from rl360.rollout.weight_sync import SHARED_MEMORY_LOAD_FORMAT, WEIGHT_DTYPES, dtype_name
@@ -29,7 +32,8 @@ SOURCES = {"io_struct": "sglang/srt/managers/io_struct.py", "http": "sglang/srt/
            "tokenizer": "sglang/srt/managers/tokenizer_manager.py",
            "sampling": "sglang/srt/sampling/sampling_params.py", "common": "sglang/srt/utils/common.py",
            "updater": "sglang/srt/model_executor/model_runner_components/weight_updater.py",
-           "constants": "sglang/srt/constants.py"}
+           "constants": "sglang/srt/constants.py", "environ": "sglang/srt/environ.py",
+           "processor": "sglang/srt/multimodal/processors/base_processor.py"}
 
 
 @pytest.fixture(scope="module")
@@ -326,3 +330,87 @@ def test_memory_tags_are_sglangs(sglang):
              for target in node.targets if isinstance(target, ast.Name)}
     every = {names[item.id].value for item in names["GPU_MEMORY_ALL_TYPES"].elts}
     assert set(MEMORY_TAGS) == every == {"weights", "kv_cache", "cuda_graph"}
+
+
+def _aliases(tree: ast.Module) -> dict[str, ast.AST]:
+    """Module-level type aliases (`Name = Union[...]`) of a source file."""
+    return {node.targets[0].id: node.value for node in tree.body if isinstance(node, ast.Assign)
+            and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Subscript)}
+
+
+def _resolve(note: ast.AST, aliases: dict[str, ast.AST]) -> ast.AST:
+    """`note` with every alias name replaced by its definition (recursively), so `_accepts` can read it."""
+
+    class Inline(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            return self.visit(_copy(aliases[node.id])) if node.id in aliases else node
+
+    def _copy(node: ast.AST) -> ast.AST:
+        return ast.parse(ast.unparse(node), mode="eval").body
+
+    return Inline().visit(_copy(note))
+
+
+def test_image_prompts_go_out_as_sglangs_image_data(sglang):
+    """The exact `/generate` body for a batch of an image prompt (two images, expanded ids) and a text prompt:
+    SGLang's `image_data`, one list per prompt of data URLs ([] for the text prompt), the prompt's ids with each
+    image's run of image tokens collapsed to one (SGLang expands a pre-tokenized prompt's placeholder itself,
+    one per image: `_expand_input_ids`), and `return_prompt_token_ids`, whose reply field is checked against the
+    prompt's own expanded ids."""
+    png, jpeg = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8, b"\xff\xd8\xff\xe0" + b"\x01" * 8
+    pad, start, end = 9, 7, 8
+    prompt = ImagePrompt([1, start, pad, pad, pad, pad, end, 2, start, pad, end, 3], (png, jpeg))
+    sent = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        meta = {"id": "r", "finish_reason": {"type": "length", "length": 1}, "prompt_tokens": 0,
+                "completion_tokens": 1, "weight_version": "2", "output_token_logprobs": [[-0.25, 4, None]]}
+        return httpx.Response(200, json=[{"text": "", "output_ids": [4], "meta_info": meta,
+                                          "prompt_token_ids": ids} for ids in (prompt.ids, [5, 6])])
+
+    async def scenario():
+        client = EngineClient("http://sglang.invalid", image_token_id=pad)
+        client._http = httpx.AsyncClient(base_url=client.url, transport=httpx.MockTransport(answer))
+        params = SamplingParams(n=1, temperature=0.7, top_p=1.0, top_k=-1, max_new_tokens=1, stop_token_ids=[])
+        samples = await client.generate_samples([prompt, [5, 6]], params, seed=3, rid="r")
+        await client.close()
+        return samples
+
+    groups = asyncio.run(scenario())
+    png_url = "data:image/png;base64," + base64.b64encode(png).decode()
+    jpeg_url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()
+    settings = {"n": 1, "temperature": 0.7, "top_p": 1.0, "top_k": -1, "max_new_tokens": 1, "stop_token_ids": []}
+    assert sent == [{
+        "input_ids": [[1, start, pad, end, 2, start, pad, end, 3], [5, 6]],
+        "sampling_params": [{**settings, "sampling_seed": 3}, {**settings, "sampling_seed": 4}],
+        "return_logprob": True,
+        "rid": ["r-0", "r-1"],
+        "image_data": [[png_url, jpeg_url], []],
+        "return_prompt_token_ids": True,
+    }]
+    assert groups[0][0].prompt_ids == prompt.ids and groups[0][0].images == (png, jpeg)
+    assert groups[1][0].prompt_ids == [5, 6] and groups[1][0].images is None
+
+    fields, notes = _class_fields(sglang["io_struct"]), _class_annotations(sglang["io_struct"])
+    aliases = _aliases(sglang["io_struct"])
+    assert set(sent[0]) <= fields["GenerateReqInput"]
+    for key, value in sent[0].items():
+        note = _resolve(notes["GenerateReqInput"][key], aliases)
+        assert _accepts(note, value), f"{key}={value!r} does not fit GenerateReqInput.{key}: {ast.unparse(note)}"
+    assert not _accepts(_resolve(notes["GenerateReqInput"]["image_data"], aliases), [[3]])  # the check can fail
+    # SGLang reads a data URL's base64 and would open a bare base64 JPEG ("/9j/...") as a file path
+    image_bytes = ast.unparse(_function(sglang["common"], "get_image_bytes"))
+    assert "startswith('data:')" in image_bytes and "startswith(('file://', '/'))" in image_bytes
+    # a pre-tokenized prompt keeps its tokens, one placeholder per image expanded to the image's tokens
+    expand = ast.unparse(_function(sglang["processor"], "_expand_input_ids"))
+    assert "num_placeholders != len(counts)" in expand and "[placeholder_token_id] * counts" in expand
+    combine = ast.unparse(_function(sglang["processor"], "process_and_combine_mm_data"))
+    assert "SGLANG_MM_AVOID_RETOKENIZE.get()" in combine and "base_output.input_ids" in combine
+    avoid = [node for node in ast.walk(sglang["environ"]) if isinstance(node, ast.Assign)
+             and ast.unparse(node.targets[0]) == "SGLANG_MM_AVOID_RETOKENIZE"]
+    assert [ast.unparse(node.value) for node in avoid] == ["EnvBool(True)"]  # on unless the engine turns it off
+    # the reply carries the expanded prompt when asked for
+    assert "out_dict['prompt_token_ids'] = state.prompt_token_ids" in ast.unparse(sglang["tokenizer"])
