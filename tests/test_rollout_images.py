@@ -10,6 +10,7 @@ import asyncio
 import base64
 import io
 import os
+import shutil
 import subprocess
 import sys
 
@@ -17,8 +18,8 @@ import httpx
 import pytest
 import torch
 from PIL import Image
-from safetensors.torch import load_file
-from transformers import AutoModelForImageTextToText
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForImageTextToText
 
 from rl360.data.images import VisionProcessor
 from rl360.quickstart.vision_assets import VISION_TOKENS, build_vision_quickstart_model
@@ -26,6 +27,7 @@ from rl360.rollout.base import ImagePrompt, SamplingParams
 from rl360.rollout.client import EngineClient, EngineError, collapse_image_tokens, image_data_url
 from rl360.rollout.hf_engine import HFEngine
 from rl360.rollout.weight_sync import WeightSender
+from rl360.serve.loadgen import metric_total
 
 KEY = "rollout-images-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -152,10 +154,17 @@ def _file_weights(model_dir: str, scale: float = 1.0) -> list[tuple[str, torch.T
             for name, tensor in named]
 
 
-def test_engine_weight_update_in_file_names_changes_outputs_and_round_trips(vl):
-    model_dir, _, prompts = vl
+def _saved_with(model_dir: str, named: list[tuple[str, torch.Tensor]], out_dir) -> str:
+    """A copy of `model_dir` whose checkpoint holds exactly `named` (file names): a model loaded with them."""
+    shutil.copytree(model_dir, out_dir, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
+    save_file({name: tensor.contiguous() for name, tensor in named}, os.path.join(out_dir, "model.safetensors"))
+    return str(out_dir)
+
+
+def test_engine_weight_update_in_file_names_changes_outputs_and_round_trips(vl, tmp_path):
+    model_dir, processor, prompts = vl
     engine = HFEngine(model_dir)
-    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=5)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=5, stop_token_ids=_vision_stops(model_dir))
     before = engine.generate(prompts, greedy)
     original, moved = _file_weights(model_dir), _file_weights(model_dir, scale=1.5)
     names = [name for name, _ in original]
@@ -168,6 +177,8 @@ def test_engine_weight_update_in_file_names_changes_outputs_and_round_trips(vl):
         assert torch.equal(engine.model.get_parameter(engine.parameter_name(name)).detach(), tensor), name
     after = engine.generate(prompts, greedy)
     assert [g[0].logprobs for g in after] != [g[0].logprobs for g in before]
+    loaded = AutoModelForImageTextToText.from_pretrained(_saved_with(model_dir, moved, tmp_path / "moved")).eval()
+    _check_against_reference(loaded, processor, prompts, after, 0.0, at_least=3)
     visual_only = [(name, tensor) for name, tensor in original if name.startswith("visual.")]
     engine.update_weights(visual_only, version=2)
     with pytest.raises(RuntimeError, match="left parameters unset: \\['model.language_model"):
@@ -179,6 +190,57 @@ def test_engine_weight_update_in_file_names_changes_outputs_and_round_trips(vl):
     again = engine.generate(prompts, greedy)
     assert [g[0].response_ids for g in again] == [g[0].response_ids for g in before]
     assert [g[0].logprobs for g in again] == [g[0].logprobs for g in before]
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl(vl, tmp_path_factory):
+    """A tiny Qwen2-VL (untied embeddings, as Qwen2-VL-7B ships) with the quickstart's tokenizer and image
+    processor, so `vl`'s prompts are its prompts too."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    source = AutoConfig.from_pretrained(vl[0])
+    out_dir = tmp_path_factory.mktemp("qwen2vl") / "model"
+    weights_and_config = ("*.safetensors", "*.safetensors.index.json", "config.json", "generation_config.json")
+    shutil.copytree(vl[0], out_dir, ignore=shutil.ignore_patterns(*weights_and_config))
+    text = {key: getattr(source.text_config, key) for key in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "max_position_embeddings", "rope_parameters", "eos_token_id", "pad_token_id")}
+    vision = {"depth": 2, "embed_dim": 32, "hidden_size": text["hidden_size"], "mlp_ratio": 2, "num_heads": 2,
+              "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "initializer_range": 0.1}
+    config = Qwen2VLConfig(text_config={**text, "initializer_range": 0.1}, vision_config=vision,
+                           tie_word_embeddings=False, image_token_id=source.image_token_id,
+                           video_token_id=source.video_token_id, vision_start_token_id=source.vision_start_token_id,
+                           vision_end_token_id=source.vision_end_token_id)
+    torch.manual_seed(7)
+    Qwen2VLForConditionalGeneration(config).save_pretrained(str(out_dir))
+    return str(out_dir)
+
+
+def test_qwen2_vl_engine_logprobs_and_a_vision_tower_update(vl, qwen2_vl, tmp_path):
+    """Qwen2-VL samples with the trainer's log-probs; an update whose only new tensors are `visual.*` (checkpoint
+    names) changes what image prompts give, leaves the text prompt's samples as they were, and gives what a model
+    loaded with those weights gives."""
+    _, processor, prompts = vl
+    engine = HFEngine(qwen2_vl)
+    assert type(engine.model).__name__ == "Qwen2VLForConditionalGeneration"
+    params = SamplingParams(n=2, temperature=0.8, max_new_tokens=5, seed=3, stop_token_ids=_vision_stops(qwen2_vl))
+    reference = AutoModelForImageTextToText.from_pretrained(qwen2_vl).eval()
+    _check_against_reference(reference, processor, prompts, engine.generate(prompts, params), 0.8)
+
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=5, stop_token_ids=params.stop_token_ids)
+    before = engine.generate(prompts, greedy)
+    named = _file_weights(qwen2_vl)
+    assert any(name == "lm_head.weight" for name, _ in named)  # untied: the head is a checkpoint tensor
+    generator = torch.Generator().manual_seed(11)
+    vision_moved = [(name, tensor * 1.3 + 0.02 * torch.randn(tensor.shape, generator=generator)
+                     if name.startswith("visual.") else tensor) for name, tensor in named]
+    engine.update_weights(vision_moved, version=1)
+    assert engine.finish_weight_update(1) == 1
+    after = engine.generate(prompts, greedy)
+    assert after[1][0].logprobs == before[1][0].logprobs  # the text prompt never meets the vision tower
+    assert after[0][0].logprobs != before[0][0].logprobs and after[2][0].logprobs != before[2][0].logprobs
+    loaded = AutoModelForImageTextToText.from_pretrained(_saved_with(qwen2_vl, vision_moved, tmp_path / "m")).eval()
+    _check_against_reference(loaded, processor, prompts, after, 0.0, at_least=3)
 
 
 # ---- rl360 serve rollout ----
@@ -292,6 +354,45 @@ def test_client_refuses_an_expansion_that_differs_from_the_trainers(vl, served):
     wrong = ImagePrompt(coarse.render([{"role": "user", "content": f"<image>{QUESTION}"}], [small]), (small,))
     with pytest.raises(EngineError, match="prompt 1: the engine expanded its 1 image\\(s\\) to .* the engine's image"):
         _run(_with_client(served, lambda c: c.generate_samples([prompts[1], wrong], SamplingParams(max_new_tokens=1))))
+
+
+def test_server_partial_rollouts_keep_their_images(vl, served):
+    """An image request aborted at the server comes back with its images; continuations (prompt + tokens so far,
+    with the images: `Sample.continuation`) go through the server again, and each whole response's log-probs are
+    the trainer's."""
+    model_dir, processor, prompts = vl
+    stops = _vision_stops(model_dir)
+    cut_at = SamplingParams(temperature=0.9, max_new_tokens=3, stop_token_ids=stops)
+
+    async def admitted(requests: int) -> None:  # `requests` /generate calls at the server
+        for _ in range(400):
+            if await asyncio.to_thread(metric_total, served, "rl360_http_requests_in_flight", AUTH) >= requests:
+                return
+            await asyncio.sleep(0.025)
+        raise AssertionError(f"{requests} requests never reached the server")
+
+    async def scenario(client):
+        await client.pause_generation("in_place")
+        running = asyncio.create_task(client.generate_samples(
+            [prompts[2]], SamplingParams(max_new_tokens=50, stop_token_ids=stops), seed=4, rid="img"))
+        await admitted(1)
+        await client.pause_generation("abort")
+        [[aborted]] = await running
+        await client.continue_generation()
+        first = await client.generate_samples([prompts[0], prompts[2]], cut_at, seed=5)
+        cut = [group[0] for group in first] + [aborted]  # stand-ins for samples a weight update cut
+        more = await client.generate_samples([sample.continuation() for sample in cut], cut_at, seed=6)
+        return aborted, cut, [group[0] for group in more]
+
+    aborted, cut, more = _run(_with_client(served, scenario))
+    assert aborted.finish_reason == "abort" and aborted.images == prompts[2].images
+    for sample, rest in zip(cut, more):
+        assert isinstance(sample.continuation(), ImagePrompt) and rest.images == sample.images
+        assert rest.prompt_ids == sample.prompt_ids + sample.response_ids
+    whole = [[sample.continued(rest)] for sample, rest in zip(cut, more)]
+    assert [group[0].images for group in whole] == [prompts[0].images, prompts[2].images, prompts[2].images]
+    reference = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    _check_against_reference(reference, processor, [prompts[0], prompts[2], prompts[2]], whole, 0.9, at_least=6)
 
 
 @pytest.fixture(scope="module")
