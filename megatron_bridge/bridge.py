@@ -18,11 +18,13 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from megatron_bridge import vision
 from megatron_bridge.arch import Architecture, get_architecture
 from megatron_bridge.arch.base import split_gate_up, split_qkv
 from megatron_bridge.config_map import check_supported, head_dim, num_query_groups, to_hf_config, to_megatron
 from megatron_bridge.safetensors_io import INDEX_FILE, SINGLE_FILE, SafetensorsReader
 from megatron_bridge.sharding import VOCAB_PARAMS, TPSlice, gather_full, load_into
+from megatron_bridge.vl_model import vision_language_model_class
 
 # files copied beside the saved weights so tokenizer, chat template and generation defaults come along
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -40,8 +42,11 @@ class Bridge:
         self.hf_dir = Path(hf_dir)
         self.hf_config = hf_config
         self.arch: Architecture = get_architecture(hf_config)
+        # the language model's fields (a vision-language config nests them, see `megatron_bridge.vision`)
+        self.lm_config = vision.language_config(hf_config) if self.arch.vision else hf_config
         self.vocab_divisible_by = vocab_divisible_by
-        check_supported(hf_config)
+        self._vision_rows: list[Row] | None = None
+        check_supported(self.lm_config)
 
     @classmethod
     def from_hf_pretrained(cls, hf_dir: str | Path, vocab_divisible_by: int = 128) -> Bridge:
@@ -54,18 +59,24 @@ class Bridge:
     @property
     def vocab_size(self) -> int:
         """The real vocabulary: megatron's logits past it (padding rows) are not part of the model."""
-        return int(self.hf_config["vocab_size"])
+        return int(self.lm_config["vocab_size"])
 
     @property
     def tied_embeddings(self) -> bool:
-        return bool(self.hf_config.get("tie_word_embeddings"))
+        return bool(self.lm_config.get("tie_word_embeddings"))
+
+    @property
+    def image_token_id(self) -> int | None:
+        """The token whose places the vision tower's embeddings take (None for a text-only model)."""
+        return vision.image_token_id(self.hf_config) if self.arch.vision else None
 
     # ---- Hugging Face -> megatron --------------------------------------------------------------------
 
     def to_megatron_model(self, load_weights: bool = True, params_dtype: torch.dtype = torch.float32,
                           training: dict | None = None, attention: str = "torch") -> list:
         """This rank's GPTModel chunks (one per rank: no virtual pipeline stages), built inside initialised
-        megatron parallel state for its TP x PP position, with the HF weights loaded when `load_weights`;
+        megatron parallel state for its TP x PP position, with the HF weights loaded when `load_weights`
+        (a vision-language checkpoint gives a `VisionLanguageModel`, its vision tower on the first stage);
         `training`: TransformerConfig fields such as activation recomputation (see `to_megatron`);
         `attention`: "torch" (`TorchCoreAttention`: SDPA kernels, packed sequences) or "local" (megatron's
         unfused attention)."""
@@ -76,7 +87,7 @@ class Bridge:
 
         from megatron_bridge.norm import RMSNorm
 
-        config, kwargs = to_megatron(self.hf_config, self.arch, params_dtype,
+        config, kwargs = to_megatron(self.lm_config, self.arch, params_dtype,
                                      parallel_state.get_tensor_model_parallel_world_size(),
                                      parallel_state.get_pipeline_model_parallel_world_size(),
                                      self.vocab_divisible_by, training,
@@ -95,8 +106,15 @@ class Bridge:
         elif config.context_parallel_size > 1:
             raise ValueError("context parallelism needs attention='torch' (megatron's local attention refuses it)")
         block = TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config), layer_norm=RMSNorm)
-        model = GPTModel(config, block, pre_process=parallel_state.is_pipeline_first_stage(),
-                         post_process=parallel_state.is_pipeline_last_stage(), **kwargs)
+        first, last = parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage()
+        if self.arch.vision:
+            model = vision_language_model_class()(
+                config, block, pre_process=first, post_process=last,
+                mrope_section=vision.mrope_section(self.hf_config),
+                image_token_id=self.image_token_id,
+                vision_tower=vision.build_vision_tower(self.hf_config, params_dtype) if first else None, **kwargs)
+        else:
+            model = GPTModel(config, block, pre_process=first, post_process=last, **kwargs)
         model = model.to(params_dtype)  # modules that ignore params_dtype (the torch RMSNorm fallback) too, as
         if torch.cuda.is_available():    # megatron's Float16Module does: the optimizer keeps the fp32 copies
             model = model.cuda()
@@ -117,7 +135,7 @@ class Bridge:
                 target = params[mcore]
                 where = TPSlice.of(mcore, target, tp_rank, tp_size)
                 try:
-                    load_into(reader, hf_names, layout, where, num_query_groups(self.hf_config), target.data)
+                    load_into(reader, hf_names, layout, where, num_query_groups(self.lm_config), target.data)
                 except ValueError as error:
                     raise ValueError(f"{hf_names} -> {mcore}: {error}") from error
 
@@ -204,7 +222,13 @@ class Bridge:
     # ---- rows of the table on this rank --------------------------------------------------------------
 
     def _all_rows(self) -> list[Row]:
-        return self.arch.rows(self.hf_config["num_hidden_layers"], self.tied_embeddings)
+        rows = self.arch.rows(self.lm_config["num_hidden_layers"], self.tied_embeddings)
+        if self.arch.vision:
+            if self._vision_rows is None:
+                self._vision_rows = [(vision.MEGATRON_PREFIX + name, (vision.HF_PREFIX + name,), "same")
+                                     for name in vision.vision_parameter_names(self.hf_config)]
+            rows = self._vision_rows + rows
+        return rows
 
     def _rank_parameters(self, models: list) -> dict[str, torch.Tensor]:
         """This rank's parameters by megatron name with global layer indices, checked against the table:
@@ -261,8 +285,8 @@ class Bridge:
         if layout == "same":
             return (tensor,)
         if layout == "qkv":
-            groups = num_query_groups(self.hf_config)
-            return split_qkv(tensor, groups, self.hf_config["num_attention_heads"] // groups, head_dim(self.hf_config))
+            groups = num_query_groups(self.lm_config)
+            return split_qkv(tensor, groups, self.lm_config["num_attention_heads"] // groups, head_dim(self.lm_config))
         if layout == "gate_up":
             return split_gate_up(tensor)
         raise ValueError(f"unknown layout {layout!r}")
@@ -271,7 +295,7 @@ class Bridge:
 def _row_on_stage(mcore: str, layers: set[int], first: bool, last: bool) -> bool:
     if mcore.startswith("decoder.layers."):
         return int(mcore.split(".")[2]) in layers
-    return first if mcore.startswith("embedding.") else last
+    return first if mcore.startswith(("embedding.", vision.MEGATRON_PREFIX)) else last
 
 
 def _broadcast_tensors(tensors: tuple[torch.Tensor, ...] | None, src: int, group) -> tuple[torch.Tensor, ...]:

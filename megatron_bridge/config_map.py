@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron_bridge.arch import Architecture
+from megatron_bridge.vision import is_vision_language, language_config
 
 SILU_NAMES = ("silu", "swish")  # transformers maps both to torch.nn.SiLU
 
@@ -70,7 +71,7 @@ def rope_type(hf: Mapping[str, Any]) -> str:
 def _rope_problems(hf: Mapping[str, Any]) -> list[str]:
     field, rope = rope_scaling(hf)
     kind = rope_type(hf)
-    if kind == "default":
+    if kind == "default" or (kind == "mrope" and rope.get("mrope_section")):  # Qwen-VL's 3-D split, see mrope.py
         return []
     if kind != "llama3":
         return [f"{field}={rope!r} (only unscaled RoPE or rope_type 'llama3')"]
@@ -177,19 +178,20 @@ def to_hf_config(hf: Mapping[str, Any] | Any, model: Any, dtype: torch.dtype,
     """The HF config dict to save beside `model`'s weights: the original `hf` with `dtype` set, after
     checking that the megatron `model` (a GPTModel chunk) still has the shape `hf` describes."""
     hf = as_dict(hf)
+    lm = language_config(hf) if is_vision_language(hf) else hf
     config = model.config
     expected = {
-        "num_hidden_layers": (config.num_layers, hf["num_hidden_layers"]),
-        "hidden_size": (config.hidden_size, hf["hidden_size"]),
-        "intermediate_size": (config.ffn_hidden_size, hf["intermediate_size"]),
-        "num_attention_heads": (config.num_attention_heads, hf["num_attention_heads"]),
-        "num_key_value_heads": (config.num_query_groups, num_query_groups(hf)),
-        "head_dim": (config.kv_channels, head_dim(hf)),
-        "rms_norm_eps": (config.layernorm_epsilon, float(hf.get("rms_norm_eps", 1e-6))),
-        "vocab_size": (model.vocab_size, padded_vocab_size(hf["vocab_size"], config.tensor_model_parallel_size,
+        "num_hidden_layers": (config.num_layers, lm["num_hidden_layers"]),
+        "hidden_size": (config.hidden_size, lm["hidden_size"]),
+        "intermediate_size": (config.ffn_hidden_size, lm["intermediate_size"]),
+        "num_attention_heads": (config.num_attention_heads, lm["num_attention_heads"]),
+        "num_key_value_heads": (config.num_query_groups, num_query_groups(lm)),
+        "head_dim": (config.kv_channels, head_dim(lm)),
+        "rms_norm_eps": (config.layernorm_epsilon, float(lm.get("rms_norm_eps", 1e-6))),
+        "vocab_size": (model.vocab_size, padded_vocab_size(lm["vocab_size"], config.tensor_model_parallel_size,
                                                            vocab_divisible_by)),
-        "tie_word_embeddings": (model.share_embeddings_and_output_weights, bool(hf.get("tie_word_embeddings"))),
-        "rope_theta": (float(model.rotary_base), rope_theta(hf)),
+        "tie_word_embeddings": (model.share_embeddings_and_output_weights, bool(lm.get("tie_word_embeddings"))),
+        "rope_theta": (float(model.rotary_base), rope_theta(lm)),
     }
     mismatched = [f"{name}: megatron {ours!r} vs config.json {theirs!r}"
                   for name, (ours, theirs) in expected.items() if ours != theirs]

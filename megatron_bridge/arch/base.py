@@ -26,6 +26,7 @@ class Architecture:
     layer_weights: tuple[Row, ...]  # per decoder layer, with `{i}` for the layer index
     qkv_bias: bool = False
     qk_layernorm: bool = False
+    vision: bool = False  # a vision tower on the first stage (its rows come from `megatron_bridge.vision`)
     ignored_hf_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)  # buffers some checkpoints carry
 
     def rows(self, num_layers: int, tied_embeddings: bool) -> list[tuple[str, tuple[str, ...], str]]:

@@ -94,9 +94,11 @@ def build_image_processor(out_dir: str | Path, min_pixels: int = MIN_PIXELS, max
 
 
 def build_vision_model(out_dir: str | Path, tokenizer: PreTrainedTokenizerFast, seed: int = 0,
-                       initializer_range: float = 0.1) -> None:
-    """A tiny Qwen2.5-VL with random weights, its special token ids taken from `tokenizer`."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+                       initializer_range: float = 0.1, family: str = "qwen2_5_vl",
+                       tie_word_embeddings: bool = True) -> None:
+    """A tiny Qwen2.5-VL (or, `family="qwen2_vl"`, Qwen2-VL) with random weights, its special token ids taken
+    from `tokenizer`."""
+    import transformers
 
     torch.manual_seed(seed)
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
@@ -107,26 +109,32 @@ def build_vision_model(out_dir: str | Path, tokenizer: PreTrainedTokenizerFast, 
         "initializer_range": initializer_range, "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None,
     }
-    vision = {
-        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
-        "patch_size": PATCH_SIZE, "spatial_merge_size": MERGE_SIZE, "temporal_patch_size": TEMPORAL_PATCH_SIZE,
-        "window_size": 56, "fullatt_block_indexes": [1], "initializer_range": initializer_range,
-    }
-    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True,
-                              image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-                              vision_start_token_id=ids["<|vision_start|>"],
-                              vision_end_token_id=ids["<|vision_end|>"])
-    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(str(out_dir))
+    patches = {"patch_size": PATCH_SIZE, "spatial_merge_size": MERGE_SIZE, "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+               "depth": 2, "num_heads": 2, "initializer_range": initializer_range}
+    if family == "qwen2_5_vl":
+        config_class, model_class = transformers.Qwen2_5_VLConfig, transformers.Qwen2_5_VLForConditionalGeneration
+        vision = {**patches, "hidden_size": 32, "intermediate_size": 64, "out_hidden_size": 64, "window_size": 56,
+                  "fullatt_block_indexes": [1]}
+    elif family == "qwen2_vl":
+        config_class, model_class = transformers.Qwen2VLConfig, transformers.Qwen2VLForConditionalGeneration
+        vision = {**patches, "embed_dim": 32, "mlp_ratio": 2, "hidden_size": 64}
+    else:
+        raise ValueError(f"family={family!r}: choose qwen2_5_vl or qwen2_vl")
+    config = config_class(text_config=text, vision_config=vision, tie_word_embeddings=tie_word_embeddings,
+                          image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                          vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+    model_class(config).save_pretrained(str(out_dir))
 
 
 def build_vision_quickstart_model(out_dir: str | Path, texts: Iterable[str] = (), seed: int = 0,
-                                  min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS) -> Path:
+                                  min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
+                                  family: str = "qwen2_5_vl", tie_word_embeddings: bool = True) -> Path:
     """Tokenizer (spelling `texts`), image processor, chat template and model in one Hugging Face directory;
     returns it."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_vision_tokenizer(out_dir, texts)
     build_image_processor(out_dir, min_pixels, max_pixels)
-    build_vision_model(out_dir, tokenizer, seed=seed)
+    build_vision_model(out_dir, tokenizer, seed=seed, family=family, tie_word_embeddings=tie_word_embeddings)
     (out_dir / "rl360_quickstart.json").write_text(json.dumps({"seed": seed, "vision": True}) + "\n")
     return out_dir
