@@ -55,3 +55,69 @@ def export_and_logits(hf_dir: str, out_dir: str, tp: str, pp: str) -> None:
     if logits is not None:
         torch.save(logits, f"{out_dir}/logits_rank{rank}.pt")
     destroy_parallel()
+
+
+def vision_batch(hf_dir: str, multiple: int = 2) -> dict:
+    """Two image+text rows for a tiny Qwen-VL model, right-padded to a `multiple`: one image, then two images of
+    other sizes; their token ids, lengths, images per row and the processor's pixel inputs (every image in row
+    order)."""
+    from rl360.data.images import VisionProcessor
+    from tests.helpers import png_bytes
+
+    processor = VisionProcessor.from_pretrained(hf_dir)
+    images = [png_bytes(56, 56, (200, 30, 0)), png_bytes(84, 56, (0, 160, 40)), png_bytes(28, 84, (20, 20, 220))]
+    rows = [processor.render([{"role": "user", "content": "<image> What colour?"}], images[:1]),
+            processor.render([{"role": "user", "content": "<image> What colour? <image>"}], images[1:])]
+    width = max(map(len, rows))
+    ids = torch.zeros(2, width + (-width) % multiple, dtype=torch.long)
+    for row, tokens in enumerate(rows):
+        ids[row, :len(tokens)] = torch.tensor(tokens)
+    return {"ids": ids, "lengths": [len(r) for r in rows], "images_per_row": [1, 2],
+            **processor.pixel_inputs(images), "merge_size": processor.merge_size}
+
+
+def vision_pipeline_logits(models: list, bridge: Bridge, batch: dict) -> torch.Tensor | None:
+    """`pipeline_logits` of a `vision_batch`: M-RoPE positions on every stage, pixels on the first."""
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    from megatron_bridge.mrope import batch_mrope_positions
+
+    ids = batch["ids"]
+    positions = batch_mrope_positions(ids, batch["lengths"], batch["image_grid_thw"], batch["images_per_row"],
+                                      bridge.image_token_id, batch["merge_size"])
+
+    def forward_step(data_iterator, model):
+        next(data_iterator)
+        output = model(ids, positions, None, pixel_values=batch["pixel_values"],
+                       image_grid_thw=batch["image_grid_thw"])
+        return output, lambda out, non_loss_data=True: gather_from_tensor_model_parallel_region(out)
+
+    for model in models:
+        model.eval()
+    with torch.no_grad():
+        out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([ids]), model=models,
+                                          num_microbatches=1, seq_length=ids.shape[1], micro_batch_size=ids.shape[0],
+                                          forward_only=True, collect_non_loss_data=True)
+    if not parallel_state.is_pipeline_last_stage():
+        return None
+    return out[0][..., :bridge.vocab_size].float()
+
+
+def export_and_vision_logits(hf_dir: str, out_dir: str, tp: str, pp: str, sequence_parallel: str = "0") -> None:
+    """`export_and_logits` for a vision-language model on its `vision_batch`."""
+    init_parallel(int(tp), int(pp))
+    rank = dist.get_rank()
+    bridge = Bridge.from_hf_pretrained(hf_dir)
+    models = bridge.to_megatron_model(load_weights=True, training={"sequence_parallel": sequence_parallel == "1"})
+    save_file(export_all(bridge, models), f"{out_dir}/exported_rank{rank}.safetensors")
+    logits = vision_pipeline_logits(models, bridge, vision_batch(hf_dir))
+    if logits is not None:
+        torch.save(logits, f"{out_dir}/logits_rank{rank}.pt")
+    destroy_parallel()
+
+
+def build_with_context_parallel(hf_dir: str) -> None:
+    init_parallel(1, 1, context_parallel=2)
+    Bridge.from_hf_pretrained(hf_dir).to_megatron_model(load_weights=False)

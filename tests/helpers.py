@@ -76,3 +76,14 @@ def sglang_wheel(version: str) -> Path:
                 pytest.skip(f"cannot download sglang=={version}: no network")
             raise AssertionError(f"pip download sglang=={version} failed:\n{done.stdout}\n{done.stderr}")
     return wheels[0]
+
+
+def png_bytes(width: int, height: int, colour: tuple[int, int, int]) -> bytes:
+    """A PNG of one colour, compressed as an `images` cell holds it."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), colour).save(out, format="PNG")
+    return out.getvalue()
