@@ -53,10 +53,10 @@ class BatchDecoder:
                     raise ServiceError(503, problem)
                 if step == 0:  # under the lock: the vision tower runs on the weights being served
                     batch = self.engine.prefill(prompts, [row.pixels for row in rows])
-                    step_ids, mask, positions, extra = batch.ids, batch.mask, batch.positions, batch.inputs
-                output = self.engine.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                                           past_key_values=cache, use_cache=True, **extra)
-            cache, extra = output.past_key_values, {}
+                    mask, positions, step_inputs = batch.mask, batch.positions, batch.first_inputs()
+                output = self.engine.model(attention_mask=mask, position_ids=positions, past_key_values=cache,
+                                           use_cache=True, **step_inputs)
+            cache = output.past_key_values
             if step == 0:
                 self._input_logprobs(rows, output.logits, batch.ids.shape[1])
             logits = output.logits[:, -1, :].float()
@@ -84,7 +84,7 @@ class BatchDecoder:
                     self._finish(row, {"type": "length", "length": row.params.max_new_tokens})
             step += 1
             alive = torch.tensor(running, dtype=torch.long, device=device)
-            step_ids = next_tokens.to(device)[:, None]
+            step_inputs = {"input_ids": next_tokens.to(device)[:, None]}
             mask = torch.cat([mask, alive[:, None]], dim=-1)
             positions = next_positions(positions)
 

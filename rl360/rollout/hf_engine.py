@@ -10,20 +10,25 @@ model and sample from `ImagePrompt`s as well as from token ids, mixed in one bat
 each image already expanded (the image pad token once per merged patch); its compressed images are decoded by
 `rl360.data.images.VisionProcessor.pixel_inputs`, the one pixel pipeline the trainer uses too. The prefill runs
 the vision tower once per distinct prompt (a prompt's `n` samples share it) and scatters its features into the
-pad tokens; positions are M-RoPE's three rows (temporal, height, width), computed by the model's own
-`get_rope_index` over the left-padded batch and passed explicitly, and every decoded token takes the next
-position after the largest of its row's prompt positions, as a full forward of prompt + response gives it.
+pad tokens' embeddings, which the first forward takes in place of the ids (an input every transformers
+release's Qwen-VL forward has, unlike precomputed-feature arguments). Positions are M-RoPE's three rows
+(temporal, height, width), computed by the model's own `get_rope_index` over the left-padded batch and passed
+explicitly, and every decoded token takes the next position after the largest of its row's prompt positions, as
+a full forward of prompt + response gives it.
 
 Weights arrive by Hugging Face checkpoint (file) name, e.g. `model.layers.0.self_attn.q_proj.weight`,
 `visual.blocks.0.attn.qkv.weight`, `lm_head.weight`, and are renamed to the model's parameters (transformers 5
 nests a VL model's parts as `model.language_model.*`, `model.visual.*`) by transformers' own checkpoint
-conversion mapping for the class, the one `from_pretrained` applies; the parameter names themselves and tied
-aliases are accepted too (`parameter_name`).
+conversion mapping for the class, the one `from_pretrained` applies (before transformers 5: the class's
+`_checkpoint_conversion_mapping` patterns); the parameter names themselves and tied aliases are accepted too
+(`parameter_name`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import inspect
+import re
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,12 +42,17 @@ VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")  # config model_type of the visi
 @dataclass
 class Prefill:
     """A left-padded batch ready for its first forward: token ids, attention mask, positions ((B, W), or (3, B, W)
-    for M-RoPE) and the extra inputs of the first forward only (the images' features)."""
+    for M-RoPE) and, for a batch with images, the token embeddings with the images' features in place of their
+    image tokens (`embeds`), which the first forward takes instead of the ids."""
 
     ids: torch.Tensor
     mask: torch.Tensor
     positions: torch.Tensor
-    inputs: dict[str, Any] = field(default_factory=dict)
+    embeds: torch.Tensor | None = None
+
+    def first_inputs(self) -> dict[str, torch.Tensor]:
+        """The token input of the first forward: the embeddings when there are images, else the ids."""
+        return {"input_ids": self.ids} if self.embeds is None else {"inputs_embeds": self.embeds}
 
 
 class HFEngine:
@@ -75,7 +85,6 @@ class HFEngine:
         # every name of a parameter (tied ones too) -> its first name
         self._aliases = {name: first_name[id(param)]
                          for name, param in self.model.named_parameters(remove_duplicate=False)}
-        self._renamings, self._converters = _checkpoint_conversions(self.model)
         self._names: dict[str, str] = {}  # incoming weight name -> parameter, as resolved so far
         self._loaded: set[str] = set()
 
@@ -102,16 +111,16 @@ class HFEngine:
 
     def _decode(self, prompts: list[Prompt], params: SamplingParams, generator: torch.Generator):
         batch = self.prefill(prompts)
-        mask, positions, step_ids, extra = batch.mask, batch.positions, batch.ids, batch.inputs
+        mask, positions, step_inputs = batch.mask, batch.positions, batch.first_inputs()
         stop = torch.tensor(params.stop_token_ids or [-1], device=self.device)
         # finished[i] = response length once a stop token was sampled, 0 while still running
         finished = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
         out_tokens, out_logprobs = [], []
         cache = None
         for step in range(params.max_new_tokens):
-            output = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                                past_key_values=cache, use_cache=True, **extra)
-            cache, extra = output.past_key_values, {}
+            output = self.model(attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+                                **step_inputs)
+            cache = output.past_key_values
             logits = output.logits[:, -1, :].float()
             if params.temperature > 0:
                 logits = logits / params.temperature
@@ -126,7 +135,7 @@ class HFEngine:
             finished = torch.where(running & torch.isin(token, stop), step + 1, finished)
             if bool((finished > 0).all()):
                 break
-            step_ids = token[:, None]
+            step_inputs = {"input_ids": token[:, None]}
             mask = torch.cat([mask, running.long()[:, None]], dim=-1)
             positions = next_positions(positions)
         return torch.stack(out_tokens, 1).cpu(), torch.stack(out_logprobs, 1).cpu(), finished.cpu()
@@ -151,15 +160,24 @@ class HFEngine:
                                      f"text model ({self.model.config.model_type})")
             return Prefill(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
         features, grids = self._image_features(prompts, pixels or [None] * len(prompts))
-        image_types = (ids == self.image_token_id).int()
         grid = torch.cat(grids).to(self.device) if grids else None
-        positions, _ = self.model.model.get_rope_index(ids, image_types, image_grid_thw=grid, attention_mask=mask)
-        inputs = {}
-        if features:
-            from transformers.modeling_outputs import BaseModelOutputWithPooling
+        positions = self._rope_index(ids, mask, grid)
+        if not features:
+            return Prefill(ids, mask, positions)
+        embeds = self.model.get_input_embeddings()(ids)
+        image_rows = torch.cat(features).to(device=embeds.device, dtype=embeds.dtype)
+        embeds = embeds.masked_scatter((ids == self.image_token_id)[..., None].expand_as(embeds), image_rows)
+        return Prefill(ids, mask, positions, embeds)
 
-            inputs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=tuple(features))}
-        return Prefill(ids, mask, positions, inputs)
+    def _rope_index(self, ids: torch.Tensor, mask: torch.Tensor, grid: torch.Tensor | None) -> torch.Tensor:
+        """M-RoPE positions (3, B, W) of a left-padded batch, by the model's own `get_rope_index`. Releases
+        before transformers 5 take no `mm_token_type_ids` (they find images by the image token themselves)."""
+        rope_index = self.model.model.get_rope_index
+        extra = {}
+        if "mm_token_type_ids" in inspect.signature(rope_index).parameters:
+            extra["mm_token_type_ids"] = (ids == self.image_token_id).int()
+        positions, _ = rope_index(input_ids=ids, image_grid_thw=grid, attention_mask=mask, **extra)
+        return positions
 
     def pixel_inputs(self, images: tuple[bytes, ...] | list[bytes], where: str = "images") -> dict:
         """The model's pixel inputs (`pixel_values`, `image_grid_thw`) for compressed images, by the model's
@@ -186,7 +204,7 @@ class HFEngine:
                 grid = inputs["image_grid_thw"]
                 _check_image_tokens(prompt.ids, grid, self.image_token_id, self.vision.merge_size, index)
                 output = self.model.get_image_features(inputs["pixel_values"].to(self.device), grid.to(self.device))
-                done[key] = (list(output.pooler_output), grid)
+                done[key] = (list(getattr(output, "pooler_output", output)), grid)  # an output, or (before 5) a tuple
             image_features, grid = done[key]
             features.extend(image_features)
             grids.append(grid)
@@ -202,14 +220,7 @@ class HFEngine:
             return found
         found = self._aliases.get(name)
         if found is None:
-            from transformers.core_model_loading import rename_source_key
-
-            renamed, converter = rename_source_key(name, self._renamings, self._converters,
-                                                   self.model.base_model_prefix, self._aliases)
-            if converter is not None:
-                raise KeyError(f"weight {name!r} needs transformers' conversion {converter!r} (tensors merged or "
-                               f"split on loading), which the engine does not apply: send {renamed!r} whole")
-            found = self._aliases.get(renamed)
+            found = self._aliases.get(_checkpoint_rename(self.model, name, self._aliases))
         if found is None:
             raise KeyError(f"weight {name!r} is not a parameter of the engine's model (nor a checkpoint name of one)")
         self._names[name] = found
@@ -269,15 +280,27 @@ def _check_image_tokens(ids: list[int], grid: torch.Tensor, image_token_id: int,
                          "with other min/max pixels, or a placeholder missing?)")
 
 
-def _checkpoint_conversions(model: Any) -> tuple[list, list]:
-    """transformers' checkpoint conversion mapping of `model` (renamings, converters), the one its
-    `from_pretrained` applies to checkpoint names."""
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming
-
+def _checkpoint_rename(model: Any, name: str, parameters: dict[str, str]) -> str:
+    """The parameter name `from_pretrained` gives the checkpoint tensor `name`: transformers 5's conversion
+    mapping of the model's class (renamings only: a tensor that loading merges or splits is refused, naming the
+    whole it must arrive as), or before transformers 5 the class's `_checkpoint_conversion_mapping` regexes."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+    except ImportError:
+        for pattern, replacement in getattr(model, "_checkpoint_conversion_mapping", {}).items():
+            renamed, count = re.subn(pattern, replacement, name)
+            if count:
+                return renamed
+        return name
     mapping = get_model_conversion_mapping(model)
-    return ([entry for entry in mapping if isinstance(entry, WeightRenaming)],
-            [entry for entry in mapping if isinstance(entry, WeightConverter)])
+    renamings = [entry for entry in mapping if isinstance(entry, WeightRenaming)]
+    converters = [entry for entry in mapping if isinstance(entry, WeightConverter)]
+    renamed, converter = rename_source_key(name, renamings, converters, model.base_model_prefix, parameters)
+    if converter is not None:
+        raise KeyError(f"weight {name!r} needs transformers' conversion {converter!r} (tensors merged or split on "
+                       f"loading), which the engine does not apply: send {renamed!r} whole")
+    return renamed
 
 
 def _filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
