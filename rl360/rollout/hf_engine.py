@@ -141,11 +141,11 @@ class HFEngine:
         return torch.stack(out_tokens, 1).cpu(), torch.stack(out_logprobs, 1).cpu(), finished.cpu()
 
     def prefill(self, prompts: list[Prompt], pixels: list[dict | None] | None = None) -> Prefill:
-        """The left-padded batch of `prompts` (token ids or `ImagePrompt`s, mixed) with its positions and, for
-        image prompts, the images' features for the first forward. `pixels`: the image prompts' pixel inputs when
-        already computed (`pixel_inputs`; rows sharing one dict share its features), else None. ValueError naming
-        the prompt when an image prompt does not fit this engine (a text model, or image tokens that do not match
-        its images)."""
+        """The left-padded batch of `prompts` (token ids or `ImagePrompt`s, mixed) with its positions and, when
+        there are images, its token embeddings with the images' features in their image tokens' places.
+        `pixels`: the image prompts' pixel inputs when already computed (`pixel_inputs`; rows sharing one dict
+        share its features), else None. ValueError naming the prompt when an image prompt does not fit this
+        engine (a text model, or image tokens that do not match its images)."""
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
