@@ -17,11 +17,14 @@ import torch
 
 
 def mrope_positions(input_ids: torch.Tensor, image_grids: torch.Tensor, image_token_id: int,
-                    merge_size: int) -> torch.Tensor:
+                    merge_size: int, text_from: int | None = None) -> torch.Tensor:
     """[3, L] M-RoPE positions of one sequence `input_ids` [L] whose images, in order, have the patch grids
     `image_grids` [N, 3] (t, h, w before merging, as the image processor reports them). Each image is one
-    contiguous run of `image_token_id` tokens, (t * h * w) / merge_size**2 long."""
+    contiguous run of `image_token_id` tokens, (t * h * w) / merge_size**2 long. Tokens from `text_from` on
+    (a sampled response) are text whatever their id, as the engines that sampled them saw them."""
     ids = input_ids.tolist()
+    if text_from is not None:  # a response that sampled the image token: text there (-1 is no token id)
+        ids = ids[:text_from] + [-1] * (len(ids) - text_from)
     pieces: list[torch.Tensor] = []
     position, index, image = 0, 0, 0
     while index < len(ids):
@@ -54,11 +57,12 @@ def mrope_positions(input_ids: torch.Tensor, image_grids: torch.Tensor, image_to
 
 
 def batch_mrope_positions(input_ids: torch.Tensor, lengths: list[int], image_grids: torch.Tensor,
-                          images_per_sequence: list[int], image_token_id: int, merge_size: int) -> torch.Tensor:
+                          images_per_sequence: list[int], image_token_id: int, merge_size: int,
+                          prompt_lengths: list[int] | None = None) -> torch.Tensor:
     """[3, B, T] positions of `input_ids` [B, T] holding one sequence per row (its first `lengths[b]` tokens),
     or of a packed [1, T] row holding the sequences back to back in slots of `lengths` tokens; each sequence's
     images are the next `images_per_sequence[k]` rows of `image_grids`. Positions past a sequence's tokens
-    (padding) count on, as text."""
+    (padding) count on, as text, and so do those past `prompt_lengths[k]` (see `mrope_positions`)."""
     rows, width = input_ids.shape
     packed = rows == 1 and len(lengths) > 1
     out = torch.empty(3, rows, width, dtype=torch.long, device=input_ids.device)
@@ -68,7 +72,9 @@ def batch_mrope_positions(input_ids: torch.Tensor, lengths: list[int], image_gri
         grids = image_grids[first_grid:first_grid + count]
         first_grid += count
         end = begin + length if packed else width
-        out[:, row, begin:end] = mrope_positions(input_ids[row, begin:end], grids, image_token_id, merge_size)
+        text_from = prompt_lengths[k] if prompt_lengths is not None else None
+        out[:, row, begin:end] = mrope_positions(input_ids[row, begin:end], grids, image_token_id, merge_size,
+                                                 text_from)
         start += length
     return out
 

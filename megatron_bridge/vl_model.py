@@ -39,18 +39,22 @@ def vision_language_model_class():
                 self.vision = vision_tower
 
         def forward(self, input_ids, position_ids, attention_mask, *args, pixel_values=None,
-                    image_grid_thw=None, **kwargs):
+                    image_grid_thw=None, image_mask=None, **kwargs):
             """GPTModel's forward with `position_ids` [3, B, T]; on the first stage, `pixel_values` (every patch
-            of the micro-batch's images, in the order their tokens appear row by row) and `image_grid_thw`."""
+            of the micro-batch's images, in the order their tokens appear row by row), `image_grid_thw` and
+            `image_mask` [B, T], the tokens the images fill (default: every image token; a response that
+            sampled the image token's id is text)."""
             if self.pre_process and pixel_values is not None and kwargs.get("decoder_input") is None:
-                kwargs["decoder_input"] = self._embed_with_images(input_ids, pixel_values, image_grid_thw)
+                if image_mask is None:
+                    image_mask = input_ids == self.image_token_id
+                kwargs["decoder_input"] = self._embed_with_images(input_ids, pixel_values, image_grid_thw,
+                                                                  image_mask)
             return super().forward(input_ids, position_ids, attention_mask, *args, **kwargs)
 
-        def _embed_with_images(self, input_ids, pixel_values, image_grid_thw):
+        def _embed_with_images(self, input_ids, pixel_values, image_grid_thw, is_image):
             text = self.embedding(input_ids=input_ids, position_ids=None)  # [S, B, H] (S / tp with SP)
             tower_dtype = next(self.vision.parameters()).dtype
             images = self.vision(pixel_values.to(tower_dtype), grid_thw=image_grid_thw).pooler_output
-            is_image = input_ids == self.image_token_id  # [B, S]
             if int(is_image.sum()) != images.shape[0]:
                 raise ValueError(f"the micro-batch holds {int(is_image.sum())} image tokens but its "
                                  f"{len(image_grid_thw)} image(s) give {images.shape[0]} embeddings")

@@ -29,6 +29,9 @@ class ModelConfig:
     # core attention of the Megatron model: torch (scaled_dot_product_attention kernels; packed sequences) or
     # local (megatron's unfused attention, the whole score matrix in memory)
     attention: str = "torch"
+    # vision-language models: bounds on each image's resized area in pixels (0: the model's image processor's own)
+    min_pixels: int = 0
+    max_pixels: int = 0
 
 
 @dataclass
@@ -109,6 +112,7 @@ class ActorConfig:
     # micro-batches as one packed row (thd: sequences back to back, no padding; needs model.attention=torch),
     # max_tokens_per_micro_batch then counts real tokens
     pack_sequences: bool = False
+    freeze_vision_tower: bool = False  # vision-language models: the vision tower (merger included) stays as loaded
     # ZeRO-1 (megatron's distributed optimizer): the fp32 main weights and Adam moments are split over the
     # data-parallel ranks; gradients are reduce-scattered and each rank's updated slice all-gathered after a step
     distributed_optimizer: bool = False

@@ -18,11 +18,13 @@ import torch
 from megatron_bridge import Bridge
 from megatron_bridge.context_parallel import context_group, gather, local_part
 from rl360.actor.batch import RolloutBatch, micro_batch_rows
+from rl360.actor.multimodal import MultimodalInputs
 from rl360.actor.offload import StateOffload
 from rl360.actor.parallel import init_parallel
 from rl360.actor.vocab_parallel import logprobs_and_entropy, without_padding
 from rl360.algos.losses import agg_loss, agg_normalizer, get_policy_loss, kl_penalty, rollout_correction
 from rl360.config import RunConfig
+from rl360.data.images import VisionProcessor
 
 OPTIMIZER_KIND_FILE = "rl360_optimizer.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -62,6 +64,7 @@ class PolicyWorker:
         self.dp_group = parallel_state.get_data_parallel_group()
         self.last_stage = parallel_state.is_pipeline_last_stage()
         self.bridge = Bridge.from_hf_pretrained(cfg.model.path)
+        self.multimodal = self._multimodal_inputs(parallel_state.is_pipeline_first_stage())
         dtype = DTYPES[cfg.model.dtype]
         self.models = _wrap_ddp(self._build_model(dtype), cfg.actor.distributed_optimizer)
         # vocabulary id of this rank's first logit column (the output layer is split over TP, padding last)
@@ -76,6 +79,14 @@ class PolicyWorker:
         self.offload = self._state_offload() if cfg.actor.offload else None
         if self.offload is not None:
             self.offload.park()
+
+    def _multimodal_inputs(self, first_stage: bool) -> MultimodalInputs | None:
+        """Positions and pixels for a vision-language model's micro-batches (None for a text-only model)."""
+        if not self.bridge.arch.vision:
+            return None
+        processor = VisionProcessor.from_pretrained(self.cfg.model.path, min_pixels=self.cfg.model.min_pixels or None,
+                                                    max_pixels=self.cfg.model.max_pixels or None)
+        return MultimodalInputs(processor, self.bridge.image_token_id, first_stage)
 
     def _state_offload(self) -> StateOffload:
         def parameters(models):
@@ -113,6 +124,10 @@ class PolicyWorker:
         if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
             for chunk in chunks:                   # each activation's shape before the activation
                 chunk.config.variable_seq_lengths = True
+        if self.cfg.actor.freeze_vision_tower:  # before DDP: frozen parameters get no gradient buffer
+            for chunk in chunks:
+                if hasattr(chunk, "vision"):
+                    chunk.vision.requires_grad_(False)
         return chunks
 
     def layout(self) -> dict[str, int | bool]:
@@ -150,6 +165,8 @@ class PolicyWorker:
             raise NotImplementedError("PolicyWorker.logits runs at TP = PP = 1 only")
         input_ids = input_ids.to(self.device)
         positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
+        if self.multimodal is not None:  # text: the same position on M-RoPE's three axes
+            positions = positions.expand(3, -1, -1)
         with torch.no_grad(), self._resident("weights"):
             logits = _unwrap(self.models[0])(input_ids, positions, None)
         return logits[..., :self.bridge.vocab_size].float().cpu()
@@ -282,10 +299,16 @@ class PolicyWorker:
                 input_ids = _pad_to_multiple(mb.input_ids, self.sequence_multiple)
                 lengths = [input_ids.shape[1]]  # each row one sequence
                 positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
+            vision_inputs = {}
+            if self.multimodal is not None:
+                packed_lengths = lengths if self.cfg.actor.pack_sequences else None
+                positions = self.multimodal.positions(mb, input_ids, packed_lengths)
+                vision_inputs = self.multimodal.model_inputs(mb, input_ids, packed_lengths, self.device)
             if self.context > 1:  # this rank's 1/cp of every sequence, and the token each position predicts
                 labels = local_part(torch.roll(input_ids, -1, dims=1), 1, lengths, self.context_group)
                 input_ids, positions = (local_part(x, 1, lengths, self.context_group) for x in (input_ids, positions))
-            output = model(input_ids, positions, None, packed_seq_params=packing)  # earlier stages: hidden states
+            output = model(input_ids, positions, None, packed_seq_params=packing, **vision_inputs)  # earlier
+            # stages: hidden states
             if self.last_stage:
                 output = self._head_output(output)
                 if self.context > 1:

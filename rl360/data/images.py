@@ -221,19 +221,27 @@ class VisionProcessor:
 
     # ----- token ids ------------------------------------------------------------------------------------
 
-    def image_tokens(self, data: bytes, where: str = "image") -> int:
-        """How many image tokens one image expands to: the image processor's patches for its (scaled-up) header
-        size, divided by the merge_size x merge_size patches each token stands for."""
+    def image_grid(self, data: bytes, where: str = "image") -> tuple[int, int, int]:
+        """The (t, h, w) patch grid the image processor gives this image (its `image_grid_thw` row), from its
+        (scaled-up) header size alone: what M-RoPE positions need on ranks that never decode the pixels."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
         stored = header_size(data, where)
         width, height = upscaled_size(*stored)
+        patch = int(self.image_processor.patch_size)
         try:
-            patches = self.image_processor.get_number_of_image_patches(
-                height, width, {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels})
+            height, width = smart_resize(height, width, patch * self.merge_size, self.min_pixels, self.max_pixels)
         except ValueError as err:  # e.g. an aspect ratio over 200
             scaled = "" if stored == (width, height) else f" (scaled up to {width}x{height})"
             raise DataError(f"{where}: the image processor refuses a {stored[0]}x{stored[1]} image{scaled} "
                             f"({err})") from None
-        return int(patches) // self.merge_size ** 2
+        return 1, height // patch, width // patch
+
+    def image_tokens(self, data: bytes, where: str = "image") -> int:
+        """How many image tokens one image expands to: its patches, divided by the merge_size x merge_size
+        patches each token stands for."""
+        t, h, w = self.image_grid(data, where)
+        return t * h * w // self.merge_size ** 2
 
     def render(self, messages: Sequence[Mapping[str, Any]], images: Sequence[bytes] = (),
                where: str = "prompt") -> list[int]:
