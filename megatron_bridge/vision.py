@@ -71,9 +71,16 @@ def build_vision_tower(hf: Mapping[str, Any], dtype: torch.dtype) -> torch.nn.Mo
 
 def vision_parameter_names(hf: Mapping[str, Any]) -> list[str]:
     """The vision tower's parameter names (without prefix) in its module order, from a meta-device build."""
+    return list(_meta_tower_parameters(hf))
+
+
+def vision_parameter_count(hf: Mapping[str, Any]) -> int:
+    return sum(param.numel() for param in _meta_tower_parameters(hf).values())
+
+
+def _meta_tower_parameters(hf: Mapping[str, Any]) -> dict[str, torch.nn.Parameter]:
     with torch.device("meta"):
-        tower = build_vision_tower(hf, torch.float32)
-    return [name for name, _ in tower.named_parameters()]
+        return dict(build_vision_tower(hf, torch.float32).named_parameters())
 
 
 def _tower_class(model_type: str):

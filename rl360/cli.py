@@ -10,7 +10,16 @@ import argparse
 import sys
 from pathlib import Path
 
-QUICKSTART_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "quickstart.yaml"
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+QUICKSTART_CONFIG = CONFIGS / "quickstart.yaml"
+# quickstart task -> its config and the overrides that set it apart
+QUICKSTART_TASKS = {
+    "arithmetic": (QUICKSTART_CONFIG, []),
+    "vision": (CONFIGS / "quickstart_vision.yaml", []),
+    "vision-control": (CONFIGS / "quickstart_vision.yaml",
+                       ["data.train_files=[outputs/quickstart_assets/vision_control_data/train.parquet]",
+                        "output_dir=outputs/quickstart_vision_control"]),
+}
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -24,13 +33,14 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _quickstart(args: argparse.Namespace) -> int:
-    """Make the tiny model, tokenizer and task locally, then train on them with configs/quickstart.yaml."""
+    """Make the tiny model, tokenizer and task locally, then train on them with the task's config."""
     from rl360.config import load_config
     from rl360.quickstart.prepare import prepare_quickstart
     from rl360.trainer import train
 
-    cfg = load_config(args.config, args.overrides)
-    prepare_quickstart(cfg)
+    config, task_overrides = QUICKSTART_TASKS[args.task]
+    cfg = load_config(args.config or config, [*task_overrides, *args.overrides])
+    prepare_quickstart(cfg, args.task)
     out = train(cfg)
     print(f"done: metrics in {out / 'metrics.jsonl'}, model in {out / 'hf'}")
     return 0
@@ -46,8 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     train.set_defaults(run=_train)
 
     quick = commands.add_parser("quickstart", help="build the tiny CPU model and task, then train on them")
-    quick.add_argument("overrides", nargs="*", help="key=value overrides of configs/quickstart.yaml")
-    quick.add_argument("--config", default=str(QUICKSTART_CONFIG), help="config to use")
+    quick.add_argument("overrides", nargs="*", help="key=value overrides of the task's config")
+    quick.add_argument("--task", choices=sorted(QUICKSTART_TASKS), default="arithmetic",
+                       help="arithmetic (configs/quickstart.yaml); vision (configs/quickstart_vision.yaml: a tiny "
+                            "Qwen2.5-VL names an image's main colour); vision-control (the same, images blanked)")
+    quick.add_argument("--config", default=None, help="config to use instead of the task's")
     quick.set_defaults(run=_quickstart)
 
     data = commands.add_parser("data", help="look at prompt parquet files")

@@ -373,6 +373,12 @@ def validate(cfg: RunConfig) -> None:
     if cfg.actor.parallel.sequence and cfg.actor.parallel.tensor == 1:
         raise ConfigError("actor.parallel.sequence=true splits tokens over the tensor-parallel ranks: it needs "
                           "actor.parallel.tensor > 1")
+    if (cfg.model.min_pixels or cfg.model.max_pixels) and cfg.rollout.engine == "sglang":
+        raise ConfigError("model.min_pixels / model.max_pixels: SGLang takes an image's pixel bounds from the model's "
+                          "preprocessor_config.json (min_pixels, max_pixels); set them there and leave these at 0")
+    if cfg.model.min_pixels < 0 or cfg.model.max_pixels < 0:
+        raise ConfigError(f"model.min_pixels={cfg.model.min_pixels}, model.max_pixels={cfg.model.max_pixels}: "
+                          "0 (the image processor's own) or a positive area")
     if cfg.actor.parallel.context > 1 and cfg.model.attention != "torch":
         raise ConfigError(f"actor.parallel.context={cfg.actor.parallel.context} needs model.attention=torch "
                           f"(got {cfg.model.attention}: megatron's local attention refuses context parallelism)")

@@ -3,7 +3,9 @@
     rl360 plan configs/my_run.yaml [key=value ...] [--gpu-memory-gb 80] [--gpus-per-node 8]
 
 Counted for the fullest policy rank (the pipeline stage holding the most; tensor-parallel slices as megatron
-makes them, the vocabulary padded as the bridge pads it) from the model's `config.json` alone:
+makes them, the vocabulary padded as the bridge pads it) from the model's `config.json` alone. A Qwen-VL
+model's vision tower is counted whole on the first stage (it is replicated there); its activations are not
+(a few thousand image tokens against the language model's tens of thousands of sequence tokens).
 
 - weights: parameters x `model.dtype` bytes; gradients: megatron's fp32 gradient buffer (4 bytes a parameter);
   optimizer: Adam's two fp32 moments, plus the fp32 main copy of bf16 weights (megatron's mixed precision),
@@ -39,6 +41,7 @@ from typing import Any
 
 from megatron_bridge.arch import get_architecture
 from megatron_bridge.config_map import head_dim, num_query_groups, padded_vocab_size
+from megatron_bridge.vision import is_vision_language, language_config, vision_parameter_count
 
 GIB = 1024 ** 3
 RESERVED_GIB = 2.0  # CUDA context, NCCL buffers, fragmentation
@@ -94,6 +97,8 @@ def rank_parameters(hf: dict[str, Any], tensor: int = 1, pipeline: int = 1, stag
                     vocab_divisible_by: int = 128) -> int:
     """Parameters one tensor-parallel rank of pipeline `stage` holds in the bridge's megatron model."""
     arch = get_architecture(hf)
+    vision_tower = vision_parameter_count(hf) if arch.vision and stage == 0 else 0  # replicated on the first stage
+    hf = language_config(hf) if arch.vision else hf
     hidden, ffn, layers = hf["hidden_size"], hf["intermediate_size"], hf["num_hidden_layers"]
     heads, groups, width = hf["num_attention_heads"], num_query_groups(hf), head_dim(hf)
     qkv_rows = (heads + 2 * groups) * width // tensor
@@ -111,7 +116,7 @@ def rank_parameters(hf: dict[str, Any], tensor: int = 1, pipeline: int = 1, stag
         count += hidden  # final norm
         if not hf.get("tie_word_embeddings") or not first:  # an output layer of its own (tied: a copy at PP > 1)
             count += embedding
-    return count
+    return count + vision_tower
 
 
 def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
@@ -125,6 +130,7 @@ def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
     tp, pp = parallel.tensor, parallel.pipeline
     dtype = DTYPE_BYTES[cfg.model.dtype]
     params = max(rank_parameters(hf, tp, pp, stage) for stage in range(pp))
+    hf = language_config(hf) if is_vision_language(hf) else hf  # the language model's fields from here on
     optimizer_bytes = 8 + (4 if dtype == 2 else 0)
     shards = parallel.data if actor.distributed_optimizer else 1
     # offload: optimizer, gradients and reference are on the GPU only while training (an update, reference

@@ -2,6 +2,7 @@
 against the state megatron's mixed-precision Adam allocates, and the fit verdict of the command."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from rl360.plan import GIB, RESERVED_GIB, plan, rank_parameters
 from tests.helpers import make_tiny_model
 
 QWEN2 = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 
 
 @pytest.mark.parametrize("shape, published", [  # parameter counts of the released checkpoints
@@ -25,6 +27,26 @@ QWEN2 = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
 ])
 def test_parameter_count_of_released_models(shape, published):
     assert rank_parameters({**QWEN2, **shape}) == published
+
+
+def test_parameter_count_of_qwen2_5_vl_7b_counts_its_vision_tower_on_the_first_stage():
+    """Qwen2.5-VL-7B-Instruct's config.json (flat, as released): 8,292,166,656 parameters published."""
+    hf = json.loads((FIXTURES / "qwen2.5-vl-7b.json").read_text())
+    assert rank_parameters(hf) == 8_292_166_656
+    first, last = rank_parameters(hf, pipeline=2, stage=0), rank_parameters(hf, pipeline=2, stage=1)
+    assert first - last == 676_550_144 - 3584  # the same layers; the tower and embedding vs the final norm and head
+
+
+@pytest.mark.parametrize("preset", ["", "8gpu", "16gpu", "32gpu", "64gpu"])
+def test_deepvision_recipe_and_presets_fit_on_80_gb(tmp_path, monkeypatch, preset):
+    (tmp_path / "config.json").write_text((FIXTURES / "qwen2.5-vl-7b.json").read_text())
+    monkeypatch.setenv("RL360_MODEL_PATH", str(tmp_path))
+    monkeypatch.setenv("RL360_DATA_DIR", str(tmp_path))
+    presets = [f"configs/recipes/deepvision/{preset}.yaml"] if preset else []
+    cfg = load_config("configs/recipes/deepvision.yaml", presets)
+    assert cfg.actor.loss_mode == "gspo" and cfg.rollout.n == 16 and cfg.algorithm.filter_groups
+    result = plan(cfg, gpu_memory_gb=80)
+    assert result.fits(), result.problem()
 
 
 def _config(model_dir, *overrides):

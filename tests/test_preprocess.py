@@ -357,8 +357,31 @@ def test_scripts_run_as_modules_from_the_repository_root(tmp_path):
 
 
 def test_quickstart_task_script_still_writes_its_files(tmp_path):
-    from rl360.quickstart.prepare import _synthetic_arithmetic
+    from rl360.quickstart.prepare import _script
 
-    _synthetic_arithmetic().main(["--out", str(tmp_path), "--max-a", "2", "--max-b", "2", "--copies", "1"])
+    _script("synthetic_arithmetic").main(["--out", str(tmp_path), "--max-a", "2", "--max-b", "2", "--copies", "1"])
     rows = _rows(tmp_path / "train.parquet")
     assert len(rows) == 9 and rows[0]["data_source"] == "math__synthetic_arithmetic"
+
+
+@pytest.mark.parametrize("blank", [False, True], ids=["images", "blanked"])
+def test_vision_quickstart_task_needs_the_image(tmp_path, blank):
+    """Every row asks the same question, so only the image tells the answer; the control blanks every image."""
+    from PIL import Image
+
+    from rl360.quickstart.prepare import _script
+
+    colours = _script("synthetic_colours")
+    colours.main(["--out", str(tmp_path), "--train-rows", "16", "--test-rows", "4"] + (["--blank"] if blank else []))
+    rows = _rows(tmp_path / "train.parquet")
+    assert {row["data_source"] for row in rows} == {"math__synthetic_colours"}
+    assert len({row["prompt"][0]["content"] for row in rows}) == 1
+    assert sorted(row["reward_model"]["ground_truth"] for row in rows) == sorted("1234" * 4)
+    for row in rows:
+        image = Image.open(io.BytesIO(row["images"][0]["bytes"])).convert("RGB")
+        counts = sorted(image.getcolors(), reverse=True)
+        if blank:
+            assert counts == [(image.width * image.height, colours.GREY)]
+        else:
+            answer = int(row["reward_model"]["ground_truth"])
+            assert counts[0][1] == colours.COLOURS[answer][1] and counts[0][0] > image.width * image.height / 2

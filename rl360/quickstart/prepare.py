@@ -1,31 +1,48 @@
-"""Create the quickstart's model directory and parquet task where the config points, if absent."""
+"""Create a quickstart's model directory and parquet task where the config points, if absent.
+
+Tasks: `arithmetic` (a tiny Qwen2 learns single-digit addition), `vision` (a tiny Qwen2.5-VL learns which colour
+fills most of an image) and `vision-control` (the same with every image a plain grey square: nothing to learn)."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from pathlib import Path
 
 from rl360.config import RunConfig
-from rl360.quickstart.assets import build_quickstart_model
 
 REPO = Path(__file__).resolve().parents[2]
+TASKS = ("arithmetic", "vision", "vision-control")
 
 
-def prepare_quickstart(cfg: RunConfig) -> None:
+def prepare_quickstart(cfg: RunConfig, task: str = "arithmetic") -> None:
+    if task not in TASKS:
+        raise ValueError(f"quickstart task {task!r}: choose one of {TASKS}")
     model_dir = Path(cfg.model.path)
+    vision = task != "arithmetic"
     if not (model_dir / "config.json").exists():
-        build_quickstart_model(model_dir, seed=cfg.seed)
-        print(f"built a random-weight tiny Qwen2 model and its tokenizer in {model_dir}")
+        if vision:
+            from rl360.quickstart.vision_assets import build_vision_quickstart_model
+
+            build_vision_quickstart_model(model_dir, texts=[_script("synthetic_colours").QUESTION], seed=cfg.seed)
+            print(f"built a random-weight tiny Qwen2.5-VL model, its tokenizer and image processor in {model_dir}")
+        else:
+            from rl360.quickstart.assets import build_quickstart_model
+
+            build_quickstart_model(model_dir, seed=cfg.seed)
+            print(f"built a random-weight tiny Qwen2 model and its tokenizer in {model_dir}")
     data_files = [Path(f) for f in cfg.data.train_files]
     if not all(f.exists() for f in data_files):
-        out_dir = data_files[0].parent
-        _synthetic_arithmetic().main(["--out", str(out_dir)])
+        out_dir = str(data_files[0].parent)
+        if vision:
+            _script("synthetic_colours").main(["--out", out_dir] + (["--blank"] if task == "vision-control" else []))
+        else:
+            _script("synthetic_arithmetic").main(["--out", out_dir])
 
 
-def _synthetic_arithmetic():
-    """data_preprocess/synthetic_arithmetic.py (a script beside the package, not part of it)."""
-    path = REPO / "data_preprocess" / "synthetic_arithmetic.py"
-    spec = importlib.util.spec_from_file_location("synthetic_arithmetic", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _script(name: str):
+    """data_preprocess/NAME.py (scripts beside the package, not part of it)."""
+    import sys
+
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return importlib.import_module(f"data_preprocess.{name}")

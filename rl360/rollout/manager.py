@@ -48,7 +48,7 @@ import torch
 from rl360.actor.batch import RolloutBatch, build_batch
 from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
 from rl360.rewards import RewardItem, RewardPool
-from rl360.rollout.base import Sample, SamplingParams
+from rl360.rollout.base import Prompt, Sample, SamplingParams
 from rl360.rollout.client import EngineTimeout
 from rl360.rollout.engines import ActorEngine, EngineDown, ProcessEngine, engine_command, new_api_key
 
@@ -193,15 +193,20 @@ class RolloutManager:
             from rl360.rollout.hf_engine import HFEngine
 
             group = WorkerGroup(HFEngine, 1, self.cfg.model.path, DTYPES[self.cfg.model.dtype], use_gpu=use_gpu,
-                                name="rollout", distributed=False, num_threads=self.cfg.trainer.num_threads)
+                                name="rollout", distributed=False, num_threads=self.cfg.trainer.num_threads,
+                                min_pixels=self.cfg.model.min_pixels or None,
+                                max_pixels=self.cfg.model.max_pixels or None)
             self.engines = [ActorEngine(group.actors[0])]
             return
         # the engines decode their shares of a step at the same time: trainer.num_threads is split between them
         per_engine = max(1, self.cfg.trainer.num_threads // rollout.num_engines)
+        pixel_args = [f"--{flag}={value}" for flag, value in (("min-pixels", self.cfg.model.min_pixels),
+                                                             ("max-pixels", self.cfg.model.max_pixels)) if value]
         threads = {"OMP_NUM_THREADS": str(per_engine)} if self.cfg.trainer.num_threads else {}
         self.engines = [
             ProcessEngine(i, engine_command(kind, self.cfg.model.path, self.cfg.model.dtype, self.api_key,
-                                            rollout.engine_tensor_parallel, rollout.mem_fraction, rollout.engine_args),
+                                            rollout.engine_tensor_parallel, rollout.mem_fraction,
+                                            [*pixel_args, *rollout.engine_args]),
                           self.log_dir, self.api_key, rollout.startup_timeout_s, rollout.request_timeout_s,
                           env={**threads, **self._local_gpus(i, use_gpu)}, kind=kind, hosts=rollout.engine_hosts,
                           num_gpus=rollout.engine_tensor_parallel if use_gpu else 0)
@@ -450,7 +455,7 @@ class RolloutManager:
         params = SamplingParams(n=n, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                                 max_new_tokens=rollout.max_response_length,
                                 stop_token_ids=sorted({self.tokenizer.eos_token_id} - {None}))
-        groups = await self._sample([self.renderer.render(row["prompt"]) for row in rows], params, seed, metrics)
+        groups = await self._sample([self.renderer.prompt(row) for row in rows], params, seed, metrics)
         _add(timing, "rollout", time.perf_counter() - started)
         samples = [sample for group in groups for sample in group]
         sample_rows = [row for row in rows for _ in range(n)]
@@ -486,7 +491,7 @@ class RolloutManager:
         metrics["reward/greedy_baseline_mean"] = greedy.scores.mean().item()
         return greedy.scores.repeat_interleave(scored.n)
 
-    async def _sample(self, prompts: list[list[int]], params: SamplingParams, seed: int,
+    async def _sample(self, prompts: list[Prompt], params: SamplingParams, seed: int,
                       metrics: dict[str, float]) -> list[list[Sample]]:
         """`params.n` samples per prompt over the usable engines; a failed part goes to another engine."""
         usable = [engine for engine in self.engines if engine.usable] or [await self._usable_engine()]
@@ -495,7 +500,7 @@ class RolloutManager:
                                        for a, b, engine in zip(bounds, bounds[1:], usable) if b > a))
         return [group for part in parts for group in part]
 
-    async def _sample_part(self, prompts: list[list[int]], params: SamplingParams, seed: int, engine,
+    async def _sample_part(self, prompts: list[Prompt], params: SamplingParams, seed: int, engine,
                            metrics: dict[str, float]) -> list[list[Sample]]:
         """Sample j of prompt i is seeded `seed + i * n + j`; aborted samples are continued (`_resume`)."""
         while True:
@@ -533,7 +538,7 @@ class RolloutManager:
             sample = sample.continued(more)
         return sample
 
-    async def _request(self, engine, prompts: list[list[int]], params: SamplingParams,
+    async def _request(self, engine, prompts: list[Prompt], params: SamplingParams,
                        seed: int) -> tuple[list[list[Sample]], bool]:
         """One generate request, sent when no weight update is running; returns the samples and whether a
         weight update paused generation while it was out (which explains aborted samples)."""
