@@ -18,15 +18,19 @@ def token_ids() -> torch.Tensor:
 def pipeline_logits(models: list, ids: torch.Tensor, vocab_size: int) -> torch.Tensor | None:
     """Logits over the real vocabulary through megatron's own pipeline schedule (forward only), gathered
     over tensor-parallel ranks; None on ranks other than the last stage."""
+    positions = torch.arange(ids.shape[1]).expand_as(ids)
+    return _forward_only(models, ids, vocab_size, lambda model: model(ids, positions, None))
+
+
+def _forward_only(models: list, ids: torch.Tensor, vocab_size: int, forward) -> torch.Tensor | None:
+    """`forward(model)` run as one micro-batch of `ids` by megatron's schedule; the last stage's gathered logits."""
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
     def forward_step(data_iterator, model):
-        batch = next(data_iterator)
-        positions = torch.arange(batch.shape[1]).expand_as(batch)
-        output = model(batch, positions, None)
-        return output, lambda out, non_loss_data=True: gather_from_tensor_model_parallel_region(out)
+        next(data_iterator)
+        return forward(model), lambda out, non_loss_data=True: gather_from_tensor_model_parallel_region(out)
 
     for model in models:
         model.eval()
@@ -78,31 +82,13 @@ def vision_batch(hf_dir: str, multiple: int = 2) -> dict:
 
 def vision_pipeline_logits(models: list, bridge: Bridge, batch: dict) -> torch.Tensor | None:
     """`pipeline_logits` of a `vision_batch`: M-RoPE positions on every stage, pixels on the first."""
-    from megatron.core import parallel_state
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
     from megatron_bridge.mrope import batch_mrope_positions
 
     ids = batch["ids"]
     positions = batch_mrope_positions(ids, batch["lengths"], batch["image_grid_thw"], batch["images_per_row"],
                                       bridge.image_token_id, batch["merge_size"])
-
-    def forward_step(data_iterator, model):
-        next(data_iterator)
-        output = model(ids, positions, None, pixel_values=batch["pixel_values"],
-                       image_grid_thw=batch["image_grid_thw"])
-        return output, lambda out, non_loss_data=True: gather_from_tensor_model_parallel_region(out)
-
-    for model in models:
-        model.eval()
-    with torch.no_grad():
-        out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([ids]), model=models,
-                                          num_microbatches=1, seq_length=ids.shape[1], micro_batch_size=ids.shape[0],
-                                          forward_only=True, collect_non_loss_data=True)
-    if not parallel_state.is_pipeline_last_stage():
-        return None
-    return out[0][..., :bridge.vocab_size].float()
+    return _forward_only(models, ids, bridge.vocab_size, lambda model: model(
+        ids, positions, None, pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"]))
 
 
 def export_and_vision_logits(hf_dir: str, out_dir: str, tp: str, pp: str, sequence_parallel: str = "0") -> None:

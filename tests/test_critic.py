@@ -68,12 +68,13 @@ def test_critic_updates_reduce_the_value_loss(megatron_single_rank, model_dir):
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
                     reason="two NCCL ranks need two GPUs (on CPU the ranks use gloo)")
-@pytest.mark.parametrize("tp, pp, cp, mode", [(2, 1, 1, "token-mean"), (1, 2, 1, "seq-mean-token-mean"),
-                                              (1, 1, 2, "seq-mean-token-sum")])
-def test_model_parallel_critic_matches_one_rank(megatron_single_rank, model_dir, tmp_path, tp, pp, cp, mode):
-    """At TP=2 (value head replicated on both ranks), PP=2 (tied embeddings untied from the head) and CP=2 (values
-    gathered from both halves of each sequence): the same values and the same gradient, body and head, as the
-    one-rank critic, with uneven micro-batches."""
+@pytest.mark.parametrize("tp, pp, cp, sp, mode", [(2, 1, 1, 0, "token-mean"), (1, 2, 1, 0, "seq-mean-token-mean"),
+                                                  (1, 1, 2, 0, "seq-mean-token-sum"), (2, 1, 1, 1, "token-mean")])
+def test_model_parallel_critic_matches_one_rank(megatron_single_rank, model_dir, tmp_path, tp, pp, cp, sp, mode):
+    """At TP=2 (value head replicated on both ranks), PP=2 (tied embeddings untied from the head), CP=2 (values
+    gathered from both halves of each sequence) and TP=2 with sequence parallelism (hidden states gathered before
+    the head): the same values and the same gradient, body and head, as the one-rank critic, with uneven
+    micro-batches."""
     from safetensors.torch import load_file
 
     from rl360.cluster.launch import run_ranks
@@ -82,7 +83,7 @@ def test_model_parallel_critic_matches_one_rank(megatron_single_rank, model_dir,
     expected_values, expected_gradient = values_and_gradient(CriticWorker(config(model_dir, mode, 1, 1, 3)))
     world = tp * pp * cp
     run_ranks("tests.critic_parallel_worker:main", world,
-              [model_dir, str(tmp_path), mode, str(tp), str(pp), "3", str(cp)], timeout_s=600)
+              [model_dir, str(tmp_path), mode, str(tp), str(pp), "3", str(cp), str(sp)], timeout_s=600)
     last_stage = list(range(world - tp * cp, world))
     assert [r for r in range(world) if (tmp_path / f"values_rank{r}.pt").exists()] == last_stage
     assert expected_values.abs().max() > 0

@@ -8,22 +8,12 @@ Qwen2-VL-2B and Qwen2.5-VL-3B tie their embeddings; the 7B and larger do not: bo
 
 from megatron_bridge.arch.base import LLAMA_STYLE_GLOBAL_ROWS, Architecture, llama_style_layer_rows
 
-QWEN2_VL = Architecture(
-    name="qwen2_vl",
-    model_type="qwen2_vl",
-    hf_architectures=("Qwen2VLForConditionalGeneration",),
-    qkv_bias=True,
-    vision=True,
-    global_weights=LLAMA_STYLE_GLOBAL_ROWS,
-    layer_weights=llama_style_layer_rows(qkv_bias=True),
-)
 
-QWEN2_5_VL = Architecture(
-    name="qwen2_5_vl",
-    model_type="qwen2_5_vl",
-    hf_architectures=("Qwen2_5_VLForConditionalGeneration",),
-    qkv_bias=True,
-    vision=True,
-    global_weights=LLAMA_STYLE_GLOBAL_ROWS,
-    layer_weights=llama_style_layer_rows(qkv_bias=True),
-)
+def _qwen_vl(model_type: str, hf_architecture: str) -> Architecture:
+    return Architecture(name=model_type, model_type=model_type, hf_architectures=(hf_architecture,), qkv_bias=True,
+                        vision=True, global_weights=LLAMA_STYLE_GLOBAL_ROWS,
+                        layer_weights=llama_style_layer_rows(qkv_bias=True))
+
+
+QWEN2_VL = _qwen_vl("qwen2_vl", "Qwen2VLForConditionalGeneration")
+QWEN2_5_VL = _qwen_vl("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration")

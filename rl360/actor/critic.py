@@ -19,14 +19,21 @@ from rl360.algos.losses import agg_loss, value_loss
 class ValueHead(nn.Linear):
     """hidden -> 1, in place of GPTModel's output layer (same call signature: returns `(output, bias)`; its
     parameters are `output_layer.weight` / `.bias`, the names megatron's sharded state dict expects).
-    Replicated on every tensor-parallel rank (hidden states are whole there); starts at zero."""
+    Replicated on every tensor-parallel rank; starts at zero. With sequence parallelism the hidden states arrive
+    split along the sequence: they are gathered first, and in the backward pass each rank keeps its part of the
+    (identical, whole) gradient, since every rank computes the same values from the same states."""
 
-    def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device, sequence_parallel: bool = False):
         super().__init__(hidden_size, 1, dtype=dtype, device=device)
+        self.sequence_parallel = sequence_parallel
         nn.init.zeros_(self.weight)
         nn.init.zeros_(self.bias)
 
     def forward(self, hidden: torch.Tensor, weight=None, runtime_gather_output=None, **_) -> tuple:
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         return super().forward(hidden), None
 
 
@@ -49,7 +56,8 @@ class CriticWorker(PolicyWorker):
         chunks = super()._build_model(dtype)  # HF weights loaded first, through the bridge's table
         for chunk in chunks:
             if chunk.post_process:
-                chunk.output_layer = ValueHead(chunk.config.hidden_size, dtype, next(chunk.parameters()).device)
+                chunk.output_layer = ValueHead(chunk.config.hidden_size, dtype, next(chunk.parameters()).device,
+                                               chunk.config.sequence_parallel)
             chunk.share_embeddings_and_output_weights = False  # the head is not the embedding
         return chunks
 
