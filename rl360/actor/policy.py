@@ -307,8 +307,8 @@ class PolicyWorker:
             if self.context > 1:  # this rank's 1/cp of every sequence, and the token each position predicts
                 labels = local_part(torch.roll(input_ids, -1, dims=1), 1, lengths, self.context_group)
                 input_ids, positions = (local_part(x, 1, lengths, self.context_group) for x in (input_ids, positions))
-            output = model(input_ids, positions, None, packed_seq_params=packing, **vision_inputs)  # earlier
-            # stages: hidden states
+            # the last stage's logits (earlier stages: hidden states)
+            output = model(input_ids, positions, None, packed_seq_params=packing, **vision_inputs)
             if self.last_stage:
                 output = self._head_output(output)
                 if self.context > 1:
