@@ -67,11 +67,19 @@ class _Handler(BaseHTTPRequestHandler):
             server.auth.add(self.headers.get("Authorization", ""))
             server.in_flight += 1
             server.max_in_flight = max(server.max_in_flight, server.in_flight)
+        self._in_flight = True
         try:
             self._answer(tag, count, prompt)
         finally:
-            with server.lock:
-                server.in_flight -= 1
+            self._leave()
+
+    def _leave(self):
+        """No longer in flight: before the reply goes out (the client may send its next request as soon as it has
+        the reply, before this thread would get back to a `finally`), or when the handler ends without one."""
+        if self._in_flight:
+            self._in_flight = False
+            with self.server.lock:
+                self.server.in_flight -= 1
 
     def _answer(self, tag: str, count: int, prompt: str):
         if tag.startswith("slow"):
@@ -119,6 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_raw(status, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})})
 
     def _send_raw(self, status, data, headers=None):
+        self._leave()
         self.send_response(status)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
