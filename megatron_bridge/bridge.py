@@ -74,24 +74,36 @@ class Bridge:
 
     def to_megatron_model(self, load_weights: bool = True, params_dtype: torch.dtype = torch.float32,
                           training: dict | None = None, attention: str = "torch") -> list:
-        """This rank's GPTModel chunks (one per rank: no virtual pipeline stages), built inside initialised
-        megatron parallel state for its TP x PP position, with the HF weights loaded when `load_weights`
-        (a vision-language checkpoint gives a `VisionLanguageModel`, its vision tower on the first stage);
-        `training`: TransformerConfig fields such as activation recomputation (see `to_megatron`);
-        `attention`: "torch" (`TorchCoreAttention`: SDPA kernels, packed sequences) or "local" (megatron's
-        unfused attention)."""
+        """This rank's GPTModel chunks, built inside initialised megatron parallel state for its TP x PP position:
+        one, or with virtual pipeline stages one per stage (chunk v holds the v-th of this rank's interleaved layer
+        ranges), with the HF weights loaded when `load_weights` (a vision-language checkpoint gives a
+        `VisionLanguageModel`, its vision tower on the first stage); `training`: TransformerConfig fields such as
+        activation recomputation (see `to_megatron`); `attention`: "torch" (`TorchCoreAttention`: SDPA kernels,
+        packed sequences) or "local" (megatron's unfused attention)."""
         from megatron.core import parallel_state
-        from megatron.core.models.gpt import GPTModel
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
-        from megatron_bridge.norm import RMSNorm
-
+        virtual = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
+        if virtual > 1 and self.arch.vision:
+            raise ValueError(f"{self.arch.name}: virtual pipeline stages are not built for vision-language models "
+                             f"(actor.parallel.virtual_pipeline={virtual}; use 1)")
         config, kwargs = to_megatron(self.lm_config, self.arch, params_dtype,
                                      parallel_state.get_tensor_model_parallel_world_size(),
                                      parallel_state.get_pipeline_model_parallel_world_size(),
                                      self.vocab_divisible_by, training,
-                                     parallel_state.get_context_parallel_world_size())
+                                     parallel_state.get_context_parallel_world_size(), virtual)
+        layer_spec = self._layer_spec(config, attention)
+        chunks = [self._build_chunk(config, kwargs, layer_spec, params_dtype, vp_stage if virtual > 1 else None)
+                  for vp_stage in range(virtual)]
+        if load_weights:
+            self.load_hf_weights(chunks)
+        return chunks
+
+    def _layer_spec(self, config, attention: str):
+        """megatron's local layer spec with our norms and, for `attention="torch"`, our core attention."""
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        from megatron_bridge.norm import RMSNorm
+
         spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.arch.qk_layernorm)
         layer = spec.submodules  # every norm ours (megatron's torch fallback refuses sequence parallelism)
         layer.input_layernorm = layer.pre_mlp_layernorm = RMSNorm
@@ -105,8 +117,20 @@ class Bridge:
             raise ValueError(f"attention={attention!r}: choose 'torch' or 'local'")
         elif config.context_parallel_size > 1:
             raise ValueError("context parallelism needs attention='torch' (megatron's local attention refuses it)")
-        block = TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config), layer_norm=RMSNorm)
-        first, last = parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage()
+        return spec
+
+    def _build_chunk(self, config, kwargs: dict, layer_spec, params_dtype: torch.dtype, vp_stage: int | None):
+        """One GPTModel chunk of this rank (`vp_stage`: its virtual pipeline stage, None without them)."""
+        from megatron.core import parallel_state
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+        from megatron_bridge.norm import RMSNorm
+
+        block = TransformerBlockSubmodules(layer_specs=[layer_spec] * get_num_layers_to_build(config, vp_stage),
+                                           layer_norm=RMSNorm)
+        first = parallel_state.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage)
+        last = parallel_state.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage)
         if self.arch.vision:
             model = vision_language_model_class()(
                 config, block, pre_process=first, post_process=last,
@@ -114,13 +138,11 @@ class Bridge:
                 image_token_id=self.image_token_id,
                 vision_tower=vision.build_vision_tower(self.hf_config, params_dtype) if first else None, **kwargs)
         else:
-            model = GPTModel(config, block, pre_process=first, post_process=last, **kwargs)
+            model = GPTModel(config, block, pre_process=first, post_process=last, vp_stage=vp_stage, **kwargs)
         model = model.to(params_dtype)  # modules that ignore params_dtype (the torch RMSNorm fallback) too, as
         if torch.cuda.is_available():    # megatron's Float16Module does: the optimizer keeps the fp32 copies
             model = model.cuda()
-        if load_weights:
-            self.load_hf_weights([model])
-        return [model]
+        return model
 
     def load_hf_weights(self, models: list) -> None:
         """Copy the HF safetensors weights into this rank's `models`, reading only this rank's slices."""

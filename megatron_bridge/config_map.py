@@ -109,19 +109,21 @@ def num_query_groups(hf: Mapping[str, Any]) -> int:
 def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture, params_dtype: torch.dtype = torch.float32,
                 tensor_parallel: int = 1, pipeline_parallel: int = 1,
                 vocab_divisible_by: int = 128, training: Mapping[str, Any] | None = None,
-                context_parallel: int = 1) -> tuple[Any, dict[str, Any]]:
-    """(TransformerConfig, GPTModel keyword arguments) describing the HF model at TP x PP, with CPU-safe
-    settings: no fused kernels, no dropout, parameters created in `params_dtype`; `training` sets further
-    TransformerConfig fields that do not change the model (activation recomputation, ...)."""
+                context_parallel: int = 1, virtual_pipeline: int = 1) -> tuple[Any, dict[str, Any]]:
+    """(TransformerConfig, GPTModel keyword arguments) describing the HF model at TP x PP (x `virtual_pipeline`
+    chunks per pipeline rank), with CPU-safe settings: no fused kernels, no dropout, parameters created in
+    `params_dtype`; `training` sets further TransformerConfig fields that do not change the model (activation
+    recomputation, ...)."""
     from megatron.core.transformer import TransformerConfig
 
     hf = as_dict(hf)
     check_supported(hf)
-    _check_divisible(hf, tensor_parallel, pipeline_parallel)
+    _check_divisible(hf, tensor_parallel, pipeline_parallel, virtual_pipeline)
     rope = rope_scaling(hf)[1]
     config = TransformerConfig(
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
+        virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
         context_parallel_size=context_parallel,
         num_layers=hf["num_hidden_layers"],
         hidden_size=hf["hidden_size"],
@@ -162,13 +164,15 @@ def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture, params_dtype: t
     return config, model_kwargs
 
 
-def _check_divisible(hf: Mapping[str, Any], tensor_parallel: int, pipeline_parallel: int) -> None:
-    sizes = {"num_attention_heads": (hf["num_attention_heads"], tensor_parallel),
-             "num_key_value_heads": (num_query_groups(hf), tensor_parallel),
-             "intermediate_size": (hf["intermediate_size"], tensor_parallel),
-             "num_hidden_layers": (hf["num_hidden_layers"], pipeline_parallel)}
-    bad = [f"{field}={value} is not divisible by {'TP' if field != 'num_hidden_layers' else 'PP'}={size}"
-           for field, (value, size) in sizes.items() if value % size]
+def _check_divisible(hf: Mapping[str, Any], tensor_parallel: int, pipeline_parallel: int,
+                     virtual_pipeline: int = 1) -> None:
+    layer_split = f"PP={pipeline_parallel}" + (f" x VPP={virtual_pipeline}" if virtual_pipeline > 1 else "")
+    sizes = {"num_attention_heads": (hf["num_attention_heads"], tensor_parallel, f"TP={tensor_parallel}"),
+             "num_key_value_heads": (num_query_groups(hf), tensor_parallel, f"TP={tensor_parallel}"),
+             "intermediate_size": (hf["intermediate_size"], tensor_parallel, f"TP={tensor_parallel}"),
+             "num_hidden_layers": (hf["num_hidden_layers"], pipeline_parallel * virtual_pipeline, layer_split)}
+    bad = [f"{field}={value} is not divisible by {name}"
+           for field, (value, size, name) in sizes.items() if value % size]
     if bad:
         raise ValueError("cannot shard this model: " + "; ".join(bad))
 

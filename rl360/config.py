@@ -84,6 +84,10 @@ class RolloutConfig:
 class ParallelConfig:
     tensor: int = 1  # tensor-parallel size
     pipeline: int = 1  # pipeline-parallel size
+    # virtual pipeline stages: each pipeline rank holds this many non-adjacent chunks of layers and megatron's
+    # interleaved schedule runs them, which shrinks the pipeline bubble by this factor (needs pipeline > 1,
+    # layers divisible by pipeline x virtual_pipeline, and at least `pipeline` micro-batches per mini-batch)
+    virtual_pipeline: int = 1
     # context-parallel size: each sequence split over this many ranks (attention gathers keys and values),
     # for responses too long for one rank's activations; needs model.attention=torch
     context: int = 1
@@ -266,7 +270,8 @@ POSITIVE = (
     "data.batch_size", "data.max_prompt_length", "rollout.n", "rollout.max_response_length",
     "rollout.num_engines", "rollout.temperature", "actor.ppo_mini_batch_size", "actor.micro_batch_size",
     "actor.ppo_epochs", "actor.parallel.tensor", "actor.parallel.pipeline", "actor.parallel.data",
-    "actor.parallel.context", "trainer.total_steps", "trainer.weight_bucket_mb", "reward.timeout_s",
+    "actor.parallel.context", "actor.parallel.virtual_pipeline", "trainer.total_steps", "trainer.weight_bucket_mb",
+    "reward.timeout_s",
     "tracking.log_every",
     "actor.rollout_is_threshold", "algorithm.kl_in_reward_horizon", "reward.judge.max_concurrency",
     "trainer.keep_checkpoints", "rollout.request_timeout_s", "rollout.startup_timeout_s",
@@ -370,6 +375,9 @@ def validate(cfg: RunConfig) -> None:
             f"actor.ppo_mini_batch_size * rollout.n = {cfg.actor.ppo_mini_batch_size * cfg.rollout.n} must be a "
             f"multiple of actor.parallel.data={cfg.actor.parallel.data}"
         )
+    if cfg.actor.parallel.virtual_pipeline > 1 and cfg.actor.parallel.pipeline == 1:
+        raise ConfigError(f"actor.parallel.virtual_pipeline={cfg.actor.parallel.virtual_pipeline} interleaves layer "
+                          "chunks over pipeline stages: it needs actor.parallel.pipeline > 1")
     if cfg.actor.parallel.sequence and cfg.actor.parallel.tensor == 1:
         raise ConfigError("actor.parallel.sequence=true splits tokens over the tensor-parallel ranks: it needs "
                           "actor.parallel.tensor > 1")

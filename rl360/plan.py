@@ -13,7 +13,9 @@ model's vision tower is counted whole on the first stage (it is replicated there
   when a KL term needs it; the critic (its own weights, gradients and optimizer) for PPO. With `actor.offload`
   the gradients, optimizer and reference are counted only while training (and the weights too, with
   colocated engines).
-- activations of the micro-batches in flight (1F1B keeps up to PP of them on the first stage): per layer and
+- activations of the micro-batches in flight (1F1B keeps up to PP of them on the first stage; with
+  `actor.parallel.virtual_pipeline` = V the interleaved schedule keeps up to (V + 1) x PP - 1 chunk passes of
+  1/V of the stage's layers each, about 1 + (PP - 1) / (PP x V) times as much): per layer and
   token, (10 + 24 / TP) x hidden bytes at 2-byte activations, 34 / TP x hidden with sequence parallelism
   (Korthikanti et al., 2022), doubled at fp32, plus the attention score matrix with `model.attention=local`
   (5 x heads x sequence bytes per token / TP); `actor.recompute=selective` keeps no scores, `full` keeps each
@@ -42,6 +44,7 @@ from typing import Any
 from megatron_bridge.arch import get_architecture
 from megatron_bridge.config_map import head_dim, num_query_groups, padded_vocab_size
 from megatron_bridge.vision import is_vision_language, language_config, vision_parameter_count
+from rl360.actor.batch import interleaved_micro_batches, interleaving_group
 
 GIB = 1024 ** 3
 RESERVED_GIB = 2.0  # CUDA context, NCCL buffers, fragmentation
@@ -165,9 +168,14 @@ def activation_bytes(cfg: Any, hf: dict[str, Any]) -> float:
     tokens = actor.max_tokens_per_micro_batch or actor.micro_batch_size * sequence
     responses = cfg.actor.ppo_mini_batch_size * cfg.rollout.n // parallel.data
     micro_batches = max(1, -(-responses * sequence // tokens))
-    in_flight = min(pp, micro_batches)
+    chunks = parallel.virtual_pipeline
+    if chunks > 1:  # interleaved: the first stage's warm-up passes (2 (PP - 1) + (V - 1) x group) and one more,
+        micro_batches = interleaved_micro_batches(micro_batches, pp, chunks)  # each over 1/V of the stage's layers
+        in_flight = min(micro_batches * chunks, 2 * (pp - 1) + (chunks - 1) * interleaving_group(micro_batches, pp) + 1)
+    else:
+        in_flight = min(pp, micro_batches)
     tokens = tokens / parallel.context  # context parallelism: each rank holds 1/cp of every sequence
-    hidden, layers = hf["hidden_size"], hf["num_hidden_layers"] // pp
+    hidden, layers = hf["hidden_size"], hf["num_hidden_layers"] // (pp * chunks)  # one chunk's layers
     scale = DTYPE_BYTES[cfg.model.dtype] / 2
     sequence = parallel.sequence
     # one layer's activations per micro-batch: with sequence parallelism all 34 bytes a token split over TP,

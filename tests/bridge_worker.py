@@ -18,29 +18,34 @@ def token_ids() -> torch.Tensor:
 def pipeline_logits(models: list, ids: torch.Tensor, vocab_size: int) -> torch.Tensor | None:
     """Logits over the real vocabulary through megatron's own pipeline schedule (forward only), gathered
     over tensor-parallel ranks; None on ranks other than the last stage."""
-    positions = torch.arange(ids.shape[1]).expand_as(ids)
-    return _forward_only(models, ids, vocab_size, lambda model: model(ids, positions, None))
+    positions = torch.arange(ids.shape[1]).expand_as(ids[:1])
+    return _forward_only(models, ids, vocab_size, lambda model, rows: model(rows, positions.expand_as(rows), None))
 
 
 def _forward_only(models: list, ids: torch.Tensor, vocab_size: int, forward) -> torch.Tensor | None:
-    """`forward(model)` run as one micro-batch of `ids` by megatron's schedule; the last stage's gathered logits."""
+    """`forward(model, rows)` run by megatron's schedule on `ids` as one micro-batch, or with virtual pipeline
+    chunks (which need as many micro-batches as stages) one row each; the last stage's gathered logits."""
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
+    micro = [ids] if len(models) == 1 else list(ids.split(1))
+
     def forward_step(data_iterator, model):
-        next(data_iterator)
-        return forward(model), lambda out, non_loss_data=True: gather_from_tensor_model_parallel_region(out)
+        rows = next(data_iterator)
+        return forward(model, rows), lambda out, non_loss_data=True: gather_from_tensor_model_parallel_region(out)
 
     for model in models:
         model.eval()
+    data = iter(micro) if len(models) == 1 else [iter(micro) for _ in models]
     with torch.no_grad():
-        out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([ids]), model=models,
-                                          num_microbatches=1, seq_length=ids.shape[1], micro_batch_size=ids.shape[0],
-                                          forward_only=True, collect_non_loss_data=True)
+        out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=data, model=models,
+                                          num_microbatches=len(micro), seq_length=ids.shape[1],
+                                          micro_batch_size=micro[0].shape[0], forward_only=True,
+                                          collect_non_loss_data=True)
     if not parallel_state.is_pipeline_last_stage():
         return None
-    return out[0][..., :vocab_size].float()
+    return torch.cat(out)[..., :vocab_size].float()
 
 
 def export_all(bridge: Bridge, models: list, bucket_bytes: int = 30_000) -> dict[str, torch.Tensor]:
@@ -48,9 +53,10 @@ def export_all(bridge: Bridge, models: list, bucket_bytes: int = 30_000) -> dict
             for name, tensor in bucket}
 
 
-def export_and_logits(hf_dir: str, out_dir: str, tp: str, pp: str) -> None:
-    """Load `hf_dir` at TP x PP; every rank writes what it exported; the last stage writes the logits."""
-    init_parallel(int(tp), int(pp))
+def export_and_logits(hf_dir: str, out_dir: str, tp: str, pp: str, vpp: str = "1") -> None:
+    """Load `hf_dir` at TP x PP (x VPP chunks); every rank writes what it exported; the last stage writes the
+    logits."""
+    init_parallel(int(tp), int(pp), virtual_pipeline=int(vpp))
     rank = dist.get_rank()
     bridge = Bridge.from_hf_pretrained(hf_dir)
     models = bridge.to_megatron_model(load_weights=True)
@@ -87,8 +93,8 @@ def vision_pipeline_logits(models: list, bridge: Bridge, batch: dict) -> torch.T
     ids = batch["ids"]
     positions = batch_mrope_positions(ids, batch["lengths"], batch["image_grid_thw"], batch["images_per_row"],
                                       bridge.image_token_id, batch["merge_size"])
-    return _forward_only(models, ids, bridge.vocab_size, lambda model: model(
-        ids, positions, None, pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"]))
+    return _forward_only(models, ids, bridge.vocab_size, lambda model, rows: model(
+        rows, positions, None, pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"]))
 
 
 def export_and_vision_logits(hf_dir: str, out_dir: str, tp: str, pp: str, sequence_parallel: str = "0") -> None:

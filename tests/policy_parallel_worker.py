@@ -50,3 +50,43 @@ def main(model_dir: str, out_dir: str, mode: str, tp: str, pp: str, micro: str, 
     save_file(gradient, f"{out_dir}/gradient_rank{rank}.safetensors")
     if logprobs is not None:
         torch.save(logprobs, f"{out_dir}/logprobs_rank{rank}.pt")
+
+
+def weights_as_hf(worker: PolicyWorker) -> dict[str, torch.Tensor]:
+    return {name: t for bucket in worker.export_weights() for name, t in bucket}
+
+
+def train_pipelined(worker: PolicyWorker, steps: int = 3, first: int = 0) -> list[dict[str, float]]:
+    """`tests.zero_worker.train` for a pipeline: the old log-probs come from the last stage to every rank."""
+    reports = []
+    for step in range(first, first + steps):
+        batch = fixed_batch()
+        batch.advantages = batch.advantages * (1 + step)
+        logprobs = [worker.compute_logprobs(batch)]
+        dist.broadcast_object_list(logprobs, src=dist.get_world_size() - 1)
+        batch.old_logprobs = logprobs[0] - 0.05
+        reports.append(worker.update(batch))
+    return reports
+
+
+def train_and_checkpoint(model_dir: str, out_dir: str, tp: str, pp: str, extra: str = "") -> None:
+    """3 updates of the fixed batch at TP x PP (`extra`: more overrides), the weights then (HF names) and a
+    checkpoint, then a 4th update and the weights after it; the last rank writes its reports."""
+    from tests.zero_worker import config as one_step_config
+
+    worker = PolicyWorker(one_step_config(model_dir, 1, f"actor.parallel.tensor={tp}", f"actor.parallel.pipeline={pp}",
+                                          *filter(None, extra.split(" "))),
+                          rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                          master_port=int(os.environ["MASTER_PORT"]))
+    rank = dist.get_rank()
+    reports = train_pipelined(worker)
+    weights = weights_as_hf(worker)
+    worker.save_checkpoint(f"{out_dir}/ckpt")
+    reports += train_pipelined(worker, steps=1, first=3)
+    after = weights_as_hf(worker)
+    if rank == 0:
+        save_file(weights, f"{out_dir}/weights.safetensors")
+        save_file(after, f"{out_dir}/weights_after.safetensors")
+    if rank == dist.get_world_size() - 1:
+        torch.save(reports, f"{out_dir}/reports.pt")
+    dist.barrier()

@@ -128,3 +128,21 @@ def test_offload_counts_optimizer_gradients_and_reference_only_while_training(tm
     engine = next(t.bytes for t in offloaded.terms if t.name.startswith("colocated engine"))
     assert offloaded.total("rollout") == pytest.approx(engine + RESERVED_GIB * GIB)
     assert offloaded.total("train") == pytest.approx(plan(_config(model_dir, *common)).total("train"))
+
+
+def test_virtual_pipeline_stages_keep_more_activations_on_the_first_stage(tmp_path):
+    """PP=4 x VPP=2 with 8 micro-batches: the first stage runs 2 x 3 + 1 x 4 warm-up chunk passes and holds one
+    more, 11 passes over 1 layer each, against 1F1B's 4 micro-batches over 2 layers (the logits term as it was)."""
+    from megatron_bridge.config_map import padded_vocab_size
+
+    model_dir = make_tiny_model(str(tmp_path / "m"), "qwen2", tie_word_embeddings=True, num_layers=8)
+    common = ["actor.parallel.pipeline=4", "actor.micro_batch_size=2", "actor.ppo_mini_batch_size=4", "rollout.n=4",
+              "data.batch_size=4"]
+
+    def activations(*extra):
+        cfg = _config(model_dir, *common, *extra)
+        tokens = 2 * (cfg.data.max_prompt_length + cfg.rollout.max_response_length)
+        logits = tokens * padded_vocab_size(99) * (4 + 4)  # fp32 logits and their fp32 softmax
+        return next(t.bytes for t in plan(cfg).terms if t.name.startswith("activations")) - logits
+
+    assert activations("actor.parallel.virtual_pipeline=2") == pytest.approx(activations() * 11 / 8)

@@ -19,6 +19,12 @@ def model_dir(tmp_path_factory):
     return make_tiny_qwen2(str(tmp_path_factory.mktemp("policy_tp")), tie_word_embeddings=True, seed=5)
 
 
+@pytest.fixture(scope="module")
+def four_layer_model_dir(tmp_path_factory):
+    return make_tiny_qwen2(str(tmp_path_factory.mktemp("policy_vpp")), tie_word_embeddings=True, seed=6,
+                           num_layers=4)
+
+
 PACKED = "actor.pack_sequences=true"
 
 
@@ -70,6 +76,36 @@ def test_context_and_sequence_parallel_policy_matches_one_rank(megatron_single_r
     for rank in last_stage:
         torch.testing.assert_close(torch.load(tmp_path / f"logprobs_rank{rank}.pt"), expected_logprobs,
                                    atol=1e-5, rtol=0)
+    for rank in range(world):
+        gradient = load_file(tmp_path / f"gradient_rank{rank}.safetensors")
+        assert sorted(gradient) == sorted(expected_gradient)
+        for name, tensor in expected_gradient.items():
+            assert (gradient[name] - tensor).abs().max().item() <= atol, (rank, name)
+
+
+@pytest.mark.parametrize("tp, pp, vpp, mode, micro, extra", [
+    (1, 2, 2, "token-mean", 3, ""),  # 6 micro-batches of uneven size and width
+    (1, 2, 2, "seq-mean-token-mean", 16, ""),  # one micro-batch of 16 rows: split in two for the two stages
+    (1, 2, 2, "seq-mean-token-sum-norm", 3, f"{PACKED} actor.max_tokens_per_micro_batch=40"),
+    (2, 2, 2, "token-mean", 3, f"{PACKED} actor.parallel.sequence=true"),
+])
+def test_virtual_pipeline_policy_matches_one_rank(megatron_single_rank, four_layer_model_dir, tmp_path, tp, pp, vpp,
+                                                  mode, micro, extra):
+    """Virtual pipeline stages (megatron's interleaved schedule: each rank holds two non-adjacent layer chunks)
+    against the padded one-rank policy: the same log-probs and gradients."""
+    atol = 2e-6 if "sequence=true" in extra else 1e-6
+    model_dir = four_layer_model_dir
+    expected_logprobs, expected_gradient = logprobs_and_gradient(PolicyWorker(config(model_dir, mode, 1, 1, 3)))
+    world = tp * pp
+    run_ranks("tests.policy_parallel_worker:main", world,
+              [model_dir, str(tmp_path), mode, str(tp), str(pp), str(micro),
+               f"actor.parallel.virtual_pipeline={vpp} {extra}"], timeout_s=900)
+    last_stage = list(range(world - tp, world))
+    assert [rank for rank in range(world) if (tmp_path / f"logprobs_rank{rank}.pt").exists()] == last_stage
+    for rank in last_stage:
+        torch.testing.assert_close(torch.load(tmp_path / f"logprobs_rank{rank}.pt"), expected_logprobs,
+                                   atol=1e-5, rtol=0)
+    assert any(t.abs().sum() > 0 for t in expected_gradient.values())
     for rank in range(world):
         gradient = load_file(tmp_path / f"gradient_rank{rank}.safetensors")
         assert sorted(gradient) == sorted(expected_gradient)

@@ -136,3 +136,38 @@ def micro_batch_rows(lengths: torch.Tensor, size: int, max_tokens: int = 0,
         groups.append([row])
         used = length
     return [torch.tensor(group) for group in groups]
+
+
+def at_least(groups: list[torch.Tensor], count: int) -> list[torch.Tensor]:
+    """`groups` of rows split until there are at least `count` of them: the largest group halved each time (the
+    gradient does not depend on how rows are grouped). A batch of fewer than `count` rows is a `ValueError`."""
+    groups = list(groups)
+    while len(groups) < count:
+        largest = max(range(len(groups)), key=lambda i: len(groups[i]))
+        if len(groups[largest]) < 2:
+            rows = sum(len(group) for group in groups)
+            raise ValueError(f"{rows} rows on this rank cannot make {count} micro-batches: virtual pipeline stages "
+                             f"need at least actor.parallel.pipeline={count} micro-batches per (mini-)batch")
+        group = groups.pop(largest)
+        half = (len(group) + 1) // 2
+        groups[largest:largest] = [group[:half], group[half:]]
+    return groups
+
+
+def interleaved_micro_batches(count: int, pipeline: int, chunks: int) -> int:
+    """The fewest micro-batches, `count` or more, that megatron's interleaved schedule runs with variable shapes:
+    at least one per pipeline stage, and more than the first stage's warm-up forward passes. When all of a stage's
+    passes are warm-up, it exchanges only activations while its neighbour, already in the steady state, waits in
+    a shape exchange for a gradient that comes later: a deadlock on gloo and NCCL alike."""
+    count = max(count, pipeline)
+    while count * chunks <= 2 * (pipeline - 1) + (chunks - 1) * interleaving_group(count, pipeline):
+        count += 1
+    return count
+
+
+def interleaving_group(num_micro: int, pipeline: int) -> int:
+    """Micro-batches megatron's interleaved schedule runs through one virtual stage before the next: the pipeline
+    size when it divides the count (the schedule's default), else the smallest size it accepts (between the
+    pipeline size and the count, leaving no last group smaller than the pipeline)."""
+    return next(size for size in range(pipeline, num_micro + 1)
+                if num_micro % size == 0 or num_micro % size >= pipeline)

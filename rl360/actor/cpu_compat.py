@@ -23,7 +23,13 @@ What megatron-core 0.16 asks of CUDA on the paths rl360 uses, and the CPU answer
   every parameter: torch's Adam increments each parameter's step in place) -> the loader gives each parameter
   its own copy of the restored step and leaves it as it is;
 - activation recomputation re-runs layers (`device="cuda"` masks included) during the backward pass, where
-  the mode is off (megatron starts it through a call the mode handles) -> the recomputing backward enters it.
+  the mode is off (megatron starts it through a call the mode handles) -> the recomputing backward enters it;
+- pipeline p2p: megatron posts a stage's sends to its previous and next stage (and, with variable shapes, the
+  shapes first, always this way) as one `batch_isend_irecv`, all on one tag. NCCL pairs them by direction; gloo
+  pairs them by order alone, and at PP=2 the previous and next stage are the same rank, so under the
+  interleaved (virtual pipeline) schedule an activation and a gradient crossing at once are received in each
+  other's place -> `torch.distributed.ring_exchange`, megatron's hook for a custom exchange (used when a
+  model's config sets `use_ring_exchange_p2p`, as the CPU policy's does), defined here with a tag per direction.
 
 The mode is entered once and never exited, rather than wrapped around each megatron call, so every
 code path (schedules, optimizer, checkpointing) is covered without callers having to know. PyTorch keeps
@@ -54,6 +60,7 @@ def activate_cpu_compat() -> None:
         _patch_megatron_clip_grads()
         _patch_megatron_recompute()
         _patch_megatron_distributed_optimizer_step()
+        torch.distributed.ring_exchange = ring_exchange
         _PATCHED = True
     if not getattr(_THREAD, "mode_entered", False):
         _CudaToCpu().__enter__()  # stays entered for the life of the thread
@@ -130,6 +137,32 @@ def _patch_megatron_distributed_optimizer_step() -> None:
         return original(self, model_param, tensors)
 
     distrib_optimizer.DistributedOptimizer._set_main_param_and_optimizer_states = set_states
+
+
+# p2p tags of the two directions: activations travel to the next stage, gradients to the previous one
+FORWARD_TAG, BACKWARD_TAG = 1, 2
+
+
+def ring_exchange(*, tensor_send_prev=None, tensor_recv_prev=None, tensor_send_next=None, tensor_recv_next=None,
+                  group=None, prev_pipeline_rank: int | None = None, next_pipeline_rank: int | None = None) -> None:
+    """Send to / receive from the previous and next pipeline stage (global ranks; by default the neighbours in
+    `group`, wrapping around) and wait: what a stage sends to its next stage arrives in that stage's
+    `tensor_recv_prev`, whatever else crosses between the two ranks at the same time."""
+    import torch.distributed as dist
+
+    ranks = dist.get_process_group_ranks(group)
+    me = ranks.index(dist.get_rank())
+    prev = ranks[(me - 1) % len(ranks)] if prev_pipeline_rank is None else prev_pipeline_rank
+    nxt = ranks[(me + 1) % len(ranks)] if next_pipeline_rank is None else next_pipeline_rank
+    requests = []
+    for tensor, peer, tag, send in ((tensor_send_next, nxt, FORWARD_TAG, True),
+                                    (tensor_recv_prev, prev, FORWARD_TAG, False),
+                                    (tensor_send_prev, prev, BACKWARD_TAG, True),
+                                    (tensor_recv_next, nxt, BACKWARD_TAG, False)):
+        if tensor is not None:
+            requests.append((dist.isend if send else dist.irecv)(tensor, peer, group=group, tag=tag))
+    for request in requests:
+        request.wait()
 
 
 class _NullStream:

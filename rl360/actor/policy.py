@@ -17,7 +17,7 @@ import torch
 
 from megatron_bridge import Bridge
 from megatron_bridge.context_parallel import context_group, gather, local_part
-from rl360.actor.batch import RolloutBatch, micro_batch_rows
+from rl360.actor.batch import RolloutBatch, at_least, interleaved_micro_batches, interleaving_group, micro_batch_rows
 from rl360.actor.multimodal import MultimodalInputs
 from rl360.actor.offload import StateOffload
 from rl360.actor.parallel import init_parallel
@@ -51,7 +51,8 @@ class PolicyWorker:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
             torch.device("cpu")
         parallel = cfg.actor.parallel
-        init_parallel(parallel.tensor, parallel.pipeline, seed=cfg.seed, context_parallel=parallel.context)
+        init_parallel(parallel.tensor, parallel.pipeline, seed=cfg.seed, context_parallel=parallel.context,
+                      virtual_pipeline=parallel.virtual_pipeline)
         from megatron.core import parallel_state
 
         self.context, self.context_group = parallel.context, context_group()
@@ -124,6 +125,8 @@ class PolicyWorker:
         if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
             for chunk in chunks:                   # each activation's shape before the activation
                 chunk.config.variable_seq_lengths = True
+                # gloo: a tag per direction between stages (see rl360/actor/cpu_compat.py, ring_exchange)
+                chunk.config.use_ring_exchange_p2p = self.device.type == "cpu"
         if self.cfg.actor.freeze_vision_tower:  # before DDP: frozen parameters get no gradient buffer
             for chunk in chunks:
                 if hasattr(chunk, "vision"):
@@ -272,6 +275,9 @@ class PolicyWorker:
         longest row; `_in_batch_order` puts their per-row results back in `batch`'s order."""
         rows = micro_batch_rows(batch.sequence_lengths(), self.micro_batch_size,
                                 self.cfg.actor.max_tokens_per_micro_batch, self.cfg.actor.pack_sequences)
+        if len(self.models) > 1:  # virtual pipeline stages: enough micro-batches for the interleaved schedule
+            rows = at_least(rows, interleaved_micro_batches(len(rows), self.cfg.actor.parallel.pipeline,
+                                                            len(self.models)))
         self._micro_rows = torch.cat(rows)
         return [batch.select(group).cropped() for group in rows]
 
@@ -307,9 +313,9 @@ class PolicyWorker:
             if self.context > 1:  # this rank's 1/cp of every sequence, and the token each position predicts
                 labels = local_part(torch.roll(input_ids, -1, dims=1), 1, lengths, self.context_group)
                 input_ids, positions = (local_part(x, 1, lengths, self.context_group) for x in (input_ids, positions))
-            # the last stage's logits (earlier stages: hidden states)
+            # the last stage's logits (earlier stages and chunks: hidden states)
             output = model(input_ids, positions, None, packed_seq_params=packing, **vision_inputs)
-            if self.last_stage:
+            if _unwrap(model).post_process:
                 output = self._head_output(output)
                 if self.context > 1:
                     output = gather(self._per_token(output, labels, with_entropy=not forward_only), 1, lengths,
@@ -319,9 +325,14 @@ class PolicyWorker:
             return output, lambda out: on_logits(out, mb)
 
         width = max(mb.input_ids.shape[1] for mb in micro)
+        data = iter(micro)
+        if len(models) > 1:  # virtual pipeline: each chunk reads every micro-batch through its own iterator
+            data = [iter(micro) for _ in models]
+            models[0].config.microbatch_group_size_per_vp_stage = interleaving_group(
+                len(micro), self.cfg.actor.parallel.pipeline)
         return get_forward_backward_func()(
             forward_step_func=forward_step,
-            data_iterator=iter(micro),
+            data_iterator=data,
             model=models,
             num_microbatches=len(micro),
             seq_length=width,
@@ -430,21 +441,27 @@ class PolicyWorker:
                              f"actor.distributed_optimizer={str(saved).lower()})")
         with self._resident("weights", "optimizer"):
             state = dist_checkpointing.load(self._checkpoint_state(loading=True), ckpt_dir)
-            _unwrap(self.models[0]).load_state_dict(state["model"])
+            for key, chunk in zip(self._model_keys(), self.models):
+                _unwrap(chunk).load_state_dict(state[key])
             self.optimizer.load_state_dict(state["optimizer"])
 
     def _checkpoint_state(self, loading: bool = False) -> dict:
         """Sharded weights and optimizer state; when loading, the optimizer first creates its (lazily made)
         Adam moments so the checkpoint has somewhere to go."""
-        model_state = _unwrap(self.models[0]).sharded_state_dict()
+        model_state = {key: _unwrap(chunk).sharded_state_dict() for key, chunk in zip(self._model_keys(), self.models)}
         if loading and self.cfg.actor.distributed_optimizer:  # its state dict needs Adam's step: one zero step makes
             for part in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):  # it (overwritten by the load)
                 if not part.optimizer.state:
                     part._init_optimizer_states_with_dummy_values()
         # the distributed optimizer's state in the canonical per-parameter layout, loadable at any TP x PP x DP
         metadata = {"distrib_optim_sharding_type": "fully_reshardable"}
-        return {"model": model_state,
+        return {**model_state,
                 "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=loading, metadata=metadata)}
+
+    def _model_keys(self) -> list[str]:
+        """State-dict key of each model chunk: "model", or "model0", "model1", ... with virtual pipeline stages
+        (megatron's names; the tensors inside are keyed by global layer, so any layout loads them)."""
+        return ["model"] if len(self.models) == 1 else [f"model{i}" for i in range(len(self.models))]
 
 
 def _pad_to_multiple(input_ids: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -494,3 +511,4 @@ def _build_optimizer(cfg: RunConfig, settings, models: list):
         params_dtype=DTYPES[cfg.model.dtype], use_distributed_optimizer=cfg.actor.distributed_optimizer,
     )
     return get_megatron_optimizer(config, models)
+
