@@ -22,6 +22,7 @@ from megatron_bridge import vision
 from megatron_bridge.arch import Architecture, get_architecture
 from megatron_bridge.arch.base import split_gate_up, split_qkv
 from megatron_bridge.config_map import check_supported, head_dim, num_query_groups, to_hf_config, to_megatron
+from megatron_bridge.layer_spec import layer_spec, resolve_attention, to_local_name
 from megatron_bridge.safetensors_io import INDEX_FILE, SINGLE_FILE, SafetensorsReader
 from megatron_bridge.sharding import VOCAB_PARAMS, TPSlice, gather_full, load_into
 from megatron_bridge.vl_model import vision_language_model_class
@@ -73,39 +74,27 @@ class Bridge:
     # ---- Hugging Face -> megatron --------------------------------------------------------------------
 
     def to_megatron_model(self, load_weights: bool = True, params_dtype: torch.dtype = torch.float32,
-                          training: dict | None = None, attention: str = "torch") -> list:
+                          training: dict | None = None, attention: str = "auto") -> list:
         """This rank's GPTModel chunks (one per rank: no virtual pipeline stages), built inside initialised
         megatron parallel state for its TP x PP position, with the HF weights loaded when `load_weights`
         (a vision-language checkpoint gives a `VisionLanguageModel`, its vision tower on the first stage);
         `training`: TransformerConfig fields such as activation recomputation (see `to_megatron`);
-        `attention`: "torch" (`TorchCoreAttention`: SDPA kernels, packed sequences) or "local" (megatron's
-        unfused attention)."""
+        `attention`: the layer spec, "auto", "te", "torch" or "local" (see `megatron_bridge.layer_spec`)."""
         from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
-        from megatron_bridge.norm import RMSNorm
-
+        attention = resolve_attention(attention)
         config, kwargs = to_megatron(self.lm_config, self.arch, params_dtype,
                                      parallel_state.get_tensor_model_parallel_world_size(),
                                      parallel_state.get_pipeline_model_parallel_world_size(),
                                      self.vocab_divisible_by, training,
                                      parallel_state.get_context_parallel_world_size())
-        spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.arch.qk_layernorm)
-        layer = spec.submodules  # every norm ours (megatron's torch fallback refuses sequence parallelism)
-        layer.input_layernorm = layer.pre_mlp_layernorm = RMSNorm
-        if self.arch.qk_layernorm:
-            layer.self_attention.submodules.q_layernorm = layer.self_attention.submodules.k_layernorm = RMSNorm
-        if attention == "torch":
-            from megatron_bridge.attention import TorchCoreAttention
-
-            spec.submodules.self_attention.submodules.core_attention = TorchCoreAttention
-        elif attention != "local":
-            raise ValueError(f"attention={attention!r}: choose 'torch' or 'local'")
-        elif config.context_parallel_size > 1:
-            raise ValueError("context parallelism needs attention='torch' (megatron's local attention refuses it)")
-        block = TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config), layer_norm=RMSNorm)
+        if attention == "local" and config.context_parallel_size > 1:
+            raise ValueError("context parallelism needs attention 'torch' or 'te' (megatron's local attention "
+                             "refuses it)")
+        spec, final_norm = layer_spec(attention, self.arch.qk_layernorm)
+        block = TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config), layer_norm=final_norm)
         first, last = parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage()
         if self.arch.vision:
             model = vision_language_model_class()(
@@ -231,7 +220,8 @@ class Bridge:
         return rows
 
     def _rank_parameters(self, models: list) -> dict[str, torch.Tensor]:
-        """This rank's parameters by megatron name with global layer indices, checked against the table:
+        """This rank's parameters by megatron name (in the local spec's names, as the tables are written; see
+        `megatron_bridge.layer_spec`) with global layer indices, checked against the table:
         every row of this stage's layers (and its embedding / final norm / output layer) is present and
         nothing else, except the output layer that a last stage holds as a copy of tied embeddings."""
         params, layers = {}, set()
@@ -245,7 +235,7 @@ class Bridge:
                 parts = name.split(".")
                 if name.startswith("decoder.layers."):
                     parts[2] = str(global_index[parts[2]])
-                params[".".join(parts)] = param
+                params[to_local_name(".".join(parts))] = param  # the tables' names, whichever layer spec
         expected = {mcore for mcore, _, _ in self._all_rows() if _row_on_stage(mcore, layers, first, last)}
         tied_copy = {"output_layer.weight"} if self.tied_embeddings and last and not first else set()
         missing, unmapped = sorted(expected - set(params)), sorted(set(params) - expected - tied_copy)

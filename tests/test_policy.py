@@ -243,8 +243,10 @@ def test_torch_attention_and_packed_sequences_match_megatrons_local_attention(me
     (one packed row per micro-batch, attention within each sequence) gives them too, at any token budget."""
     batch = _rollouts(HFEngine(model_dir), seed=6)
     results = {}
-    for name, overrides in {"local": ["model.attention=local"], "torch": [], "packed": ["actor.pack_sequences=true"],
-                            "packed_budget": ["actor.pack_sequences=true", "actor.max_tokens_per_micro_batch=20"]
+    for name, overrides in {"local": ["model.attention=local"], "torch": ["model.attention=torch"],
+                            "packed": ["model.attention=torch", "actor.pack_sequences=true"],
+                            "packed_budget": ["model.attention=torch", "actor.pack_sequences=true",
+                                              "actor.max_tokens_per_micro_batch=20"]
                             }.items():
         worker = PolicyWorker(_config(model_dir, *overrides, "actor.micro_batch_size=5"))
         logprobs = worker.compute_logprobs(batch)

@@ -17,6 +17,7 @@ import torch
 
 from megatron_bridge import Bridge
 from megatron_bridge.context_parallel import context_group, gather, local_part
+from megatron_bridge.layer_spec import resolve_attention
 from rl360.actor.batch import RolloutBatch, micro_batch_rows
 from rl360.actor.multimodal import MultimodalInputs
 from rl360.actor.offload import StateOffload
@@ -64,6 +65,7 @@ class PolicyWorker:
         self.dp_group = parallel_state.get_data_parallel_group()
         self.last_stage = parallel_state.is_pipeline_last_stage()
         self.bridge = Bridge.from_hf_pretrained(cfg.model.path)
+        self.attention = resolve_attention(cfg.model.attention)  # the layer spec that runs here (auto decided)
         self.multimodal = self._multimodal_inputs(parallel_state.is_pipeline_first_stage())
         dtype = DTYPES[cfg.model.dtype]
         self.models = _wrap_ddp(self._build_model(dtype), cfg.actor.distributed_optimizer)
@@ -120,7 +122,7 @@ class PolicyWorker:
         chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype,
                                                training={**RECOMPUTE[self.cfg.actor.recompute],
                                                          "sequence_parallel": self.cfg.actor.parallel.sequence},
-                                               attention=self.cfg.model.attention)
+                                               attention=self.attention)
         if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
             for chunk in chunks:                   # each activation's shape before the activation
                 chunk.config.variable_seq_lengths = True
@@ -129,6 +131,10 @@ class PolicyWorker:
                 if hasattr(chunk, "vision"):
                     chunk.vision.requires_grad_(False)
         return chunks
+
+    def attention_backend(self) -> str:
+        """The layer spec this rank runs: te, torch or local (`model.attention=auto` resolved)."""
+        return self.attention
 
     def layout(self) -> dict[str, int | bool]:
         """Where this rank sits: its data-parallel index, and whether it returns results (the first

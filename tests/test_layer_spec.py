@@ -1,0 +1,221 @@
+"""`megatron_bridge.layer_spec`: model.attention's resolution, its errors, and the local -> Transformer Engine names.
+
+Without Transformer Engine the TE layer spec cannot be built here, so its parameter names are derived from
+megatron's own spec function: `get_gpt_layer_with_transformer_engine_spec` is run with a stand-in for
+`TESpecProvider` that hands out one marker class per TE module kind, and the ModuleSpec tree it returns is walked.
+Each marker carries the parameter names its TE module registers, pinned from Transformer Engine 2.11 (the version
+in launchers/versions.env): `pytorch/module/layernorm_linear.py` (`LayerNormLinear`: `layer_norm_weight`,
+`layer_norm_bias` only for LayerNorm, `weight`, `bias` only when biased), `pytorch/module/linear.py` (`Linear`:
+`weight`, `bias` only when biased), `pytorch/ops/basic/rmsnorm.py` (`RMSNorm`: `weight`) and
+`pytorch/attention/dot_product_attention/dot_product_attention.py` (`DotProductAttention`: no parameters).
+The GPU tests at the end build the real TE model (skipped without CUDA and transformer_engine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from megatron_bridge.arch import ARCHITECTURES
+from megatron_bridge.layer_spec import (
+    TE_NAMES,
+    resolve_attention,
+    to_local_name,
+    to_te_name,
+    transformer_engine_missing,
+)
+
+
+class _TEModule:
+    """A stand-in for one TE module kind in the spec tree: the parameter names the real one registers."""
+
+    @staticmethod
+    def parameters(biased: bool) -> list[str]:
+        raise NotImplementedError
+
+
+class TELayerNormColumnParallelLinear(_TEModule):
+    @staticmethod
+    def parameters(biased):  # RMSNorm: no layer_norm_bias
+        return ["layer_norm_weight", "weight"] + (["bias"] if biased else [])
+
+
+class TEColumnParallelLinear(_TEModule):
+    @staticmethod
+    def parameters(biased):
+        return ["weight"] + (["bias"] if biased else [])
+
+
+class TERowParallelLinear(TEColumnParallelLinear):
+    pass
+
+
+class TELinear(TEColumnParallelLinear):
+    pass
+
+
+class TENorm(_TEModule):
+    @staticmethod
+    def parameters(biased):  # RMSNorm
+        return ["weight"]
+
+
+class TEDotProductAttention(_TEModule):
+    @staticmethod
+    def parameters(biased):
+        return []
+
+
+def _recording_provider():
+    from megatron.core.models.backends import BackendSpecProvider
+
+    class RecordingTESpecProvider(BackendSpecProvider):
+        """What megatron's TESpecProvider returns, as markers (see its source in extensions/)."""
+
+        def linear(self):
+            return TELinear
+
+        def column_parallel_linear(self):
+            return TEColumnParallelLinear
+
+        def row_parallel_linear(self):
+            return TERowParallelLinear
+
+        def fuse_layernorm_and_linear(self):
+            return True
+
+        def column_parallel_layer_norm_linear(self):
+            return TELayerNormColumnParallelLinear
+
+        def layer_norm(self, rms_norm=False, for_qk=False):
+            return TENorm
+
+        def core_attention(self):
+            return TEDotProductAttention
+
+        def grouped_mlp_modules(self, moe_use_grouped_gemm, moe_use_legacy_grouped_gemm):
+            raise AssertionError("dense models only")
+
+        def activation_func(self):
+            return None
+
+    return RecordingTESpecProvider
+
+
+def te_layer_parameter_names(monkeypatch, qk_layernorm: bool, qkv_bias: bool) -> set[str]:
+    """Parameter names inside one decoder layer of megatron's TE spec (the linear_qkv's bias when `qkv_bias`:
+    megatron passes `bias=add_bias_linear or add_qkv_bias` to it, and add_bias_linear=False to the others)."""
+    from megatron.core.models.gpt import gpt_layer_specs
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    monkeypatch.setattr(gpt_layer_specs, "TESpecProvider", _recording_provider(), raising=False)
+    spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
+
+    def walk(submodules, prefix: str) -> list[str]:
+        names = []
+        for field in dataclasses.fields(submodules):
+            value = getattr(submodules, field.name)
+            if isinstance(value, ModuleSpec) and value.submodules is not None:
+                names += walk(value.submodules, f"{prefix}{field.name}.")
+            elif isinstance(value, ModuleSpec):
+                value = value.module
+            if isinstance(value, type) and issubclass(value, _TEModule):
+                biased = qkv_bias and field.name == "linear_qkv"
+                names += [f"{prefix}{field.name}.{param}" for param in value.parameters(biased)]
+        return names
+
+    names = walk(spec.submodules, "")
+    assert len(names) == len(set(names))
+    return set(names)
+
+
+@pytest.mark.parametrize("arch_name", ["Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM",
+                                       "Qwen2_5_VLForConditionalGeneration"])
+def test_translated_table_is_exactly_the_te_specs_parameters(monkeypatch, arch_name):
+    arch = ARCHITECTURES[arch_name]
+    expected = te_layer_parameter_names(monkeypatch, arch.qk_layernorm, arch.qkv_bias)
+    rows = arch.rows(num_layers=2, tied_embeddings=False)
+    layer_1 = {to_te_name(mcore).removeprefix("decoder.layers.1.") for mcore, _, _ in rows
+               if mcore.startswith("decoder.layers.1.")}
+    assert layer_1 == expected
+    # outside the layers nothing changes: embedding and output layer are megatron's, the final norm a TENorm
+    # (`weight`, as megatron's TransformerBlock names it final_layernorm)
+    outside = [mcore for mcore, _, _ in rows if not mcore.startswith("decoder.layers.")]
+    assert [to_te_name(name) for name in outside] == outside
+    assert "decoder.final_layernorm.weight" in outside
+    # and back: every TE name maps to exactly one table name
+    assert {to_local_name(to_te_name(mcore)) for mcore, _, _ in rows} == {mcore for mcore, _, _ in rows}
+
+
+def test_translation_is_the_pairs_megatrons_local_spec_declares():
+    """Megatron's local spec maps its norm names to the TE spec's in sharded checkpoints: the same pairs."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    keys_map = get_gpt_layer_local_spec(normalization="RMSNorm").submodules.sharded_state_dict_keys_map
+    assert {local + "weight": te + "weight" for local, te in keys_map.items()} == TE_NAMES
+
+
+def test_only_decoder_layer_names_are_translated():
+    assert to_te_name("decoder.layers.7.input_layernorm.weight") == \
+        "decoder.layers.7.self_attention.linear_qkv.layer_norm_weight"
+    assert to_te_name("decoder.layers.0.pre_mlp_layernorm.weight") == \
+        "decoder.layers.0.mlp.linear_fc1.layer_norm_weight"
+    assert to_local_name("decoder.layers.3.mlp.linear_fc1.layer_norm_weight") == \
+        "decoder.layers.3.pre_mlp_layernorm.weight"
+    for unchanged in ("decoder.final_layernorm.weight", "decoder.layers.2.self_attention.q_layernorm.weight",
+                      "decoder.layers.2.self_attention.linear_qkv.weight", "vision.blocks.0.norm1.weight"):
+        assert to_te_name(unchanged) == unchanged == to_local_name(unchanged)
+
+
+needs_no_te = pytest.mark.skipif(transformer_engine_missing() is None, reason="Transformer Engine can run here")
+
+
+@needs_no_te
+def test_auto_is_torch_without_transformer_engine():
+    assert resolve_attention("auto") == "torch"
+    for explicit in ("torch", "local"):
+        assert resolve_attention(explicit) == explicit
+
+
+@needs_no_te
+def test_te_without_transformer_engine_names_the_key_and_what_is_missing():
+    with pytest.raises(RuntimeError, match=r"model\.attention=te needs Transformer Engine on a CUDA GPU: ") as error:
+        resolve_attention("te")
+    missing = transformer_engine_missing()
+    assert missing in str(error.value)
+    assert ("no CUDA device" in missing) if not torch.cuda.is_available() else ("transformer_engine" in missing)
+
+
+def test_unknown_attention_names_the_choices():
+    with pytest.raises(ValueError, match=r"model\.attention='flash': choose one of auto, te, torch, local"):
+        resolve_attention("flash")
+
+
+@needs_no_te
+def test_bridge_refuses_te_without_transformer_engine(megatron_single_rank, tmp_path):
+    from megatron_bridge import Bridge
+    from tests.helpers import make_tiny_qwen2
+
+    bridge = Bridge.from_hf_pretrained(make_tiny_qwen2(str(tmp_path / "hf"), tie_word_embeddings=True))
+    with pytest.raises(RuntimeError, match=r"model\.attention=te needs Transformer Engine"):
+        bridge.to_megatron_model(load_weights=False, attention="te")
+    # auto builds our SDPA attention here
+    from megatron_bridge.attention import TorchCoreAttention
+
+    model = bridge.to_megatron_model(load_weights=False, attention="auto")[0]
+    assert isinstance(model.decoder.layers[0].self_attention.core_attention, TorchCoreAttention)
+
+
+def test_config_accepts_the_choices_and_refuses_local_with_packing(tmp_path):
+    from rl360.config import ConfigError, load_config
+
+    base = [f"model.path={tmp_path}", f"data.train_files=[{tmp_path}/x.parquet]"]
+    assert load_config(None, base).model.attention == "auto"
+    for value in ("te", "torch", "local", "auto"):
+        assert load_config(None, [*base, f"model.attention={value}"]).model.attention == value
+    with pytest.raises(ConfigError, match="model.attention"):
+        load_config(None, [*base, "model.attention=flash"])
+    with pytest.raises(ConfigError, match="actor.pack_sequences=true needs model.attention=auto, te or torch"):
+        load_config(None, [*base, "model.attention=local", "actor.pack_sequences=true"])
