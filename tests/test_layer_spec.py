@@ -219,3 +219,53 @@ def test_config_accepts_the_choices_and_refuses_local_with_packing(tmp_path):
         load_config(None, [*base, "model.attention=flash"])
     with pytest.raises(ConfigError, match="actor.pack_sequences=true needs model.attention=auto, te or torch"):
         load_config(None, [*base, "model.attention=local", "actor.pack_sequences=true"])
+
+
+# ---- checkpoints across layer specs ---------------------------------------------------------------------------
+
+def test_checkpoint_loads_into_another_spec_leaving_te_extra_state_out(megatron_single_rank, tmp_path):
+    """The specs save the same keys except TE's `_extra_state` entries (q/k and final norms): a checkpoint of the
+    torch spec loads where those are asked for too; anything else it lacks is an error naming it."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    from megatron_bridge import Bridge
+    from megatron_bridge.checkpoint import load_checkpoint, load_sharded, save_checkpoint
+    from tests.helpers import make_tiny_model
+
+    bridge = Bridge.from_hf_pretrained(make_tiny_model(str(tmp_path / "hf"), "qwen3", tie_word_embeddings=False,
+                                                       num_layers=2))
+    saved = bridge.to_megatron_model(load_weights=True, attention="torch")
+    save_checkpoint(bridge, saved, tmp_path / "ckpt")
+    fresh = bridge.to_megatron_model(load_weights=False, attention="local")
+    load_checkpoint(fresh, tmp_path / "ckpt")
+    for (name, a), (_, b) in zip(saved[0].state_dict().items(), fresh[0].state_dict().items()):
+        assert a is None and b is None or torch.equal(a, b), name
+
+    def asking_also_for(key: str) -> dict:
+        request = fresh[0].sharded_state_dict()
+        request[key] = ShardedObject(key, None, (1,), (0,), replica_id=0)
+        return request
+
+    te_extra = "decoder.layers.self_attention.q_layernorm._extra_state"  # what TE's q norm adds (TENorm)
+    assert te_extra not in load_sharded(asking_also_for(te_extra), tmp_path / "ckpt")
+    with pytest.raises(KeyError, match=r"lacks \['decoder.layers.self_attention.linear_qkv.layer_norm_bias'\]"):
+        load_sharded(asking_also_for("decoder.layers.self_attention.linear_qkv.layer_norm_bias"), tmp_path / "ckpt")
+
+
+def test_model_state_loads_without_extra_state_but_not_without_a_weight():
+    from megatron_bridge.checkpoint import load_model_state
+
+    class WithExtraState(torch.nn.Linear):  # as a Transformer Engine module keeps its fp8 metadata
+        def get_extra_state(self):
+            return torch.zeros(0)
+
+        def set_extra_state(self, state):
+            pass
+
+    model = torch.nn.Sequential(WithExtraState(2, 2), torch.nn.Linear(2, 2))
+    state = {key: value for key, value in model.state_dict().items() if not key.endswith("_extra_state")}
+    assert "0._extra_state" in model.state_dict() and "0._extra_state" not in state
+    load_model_state(model, state)
+    del state["1.weight"]
+    with pytest.raises(KeyError, match=r"missing \['1.weight'\]"):
+        load_model_state(model, state)

@@ -424,8 +424,8 @@ class PolicyWorker:
                 json.dump({"distributed_optimizer": self.cfg.actor.distributed_optimizer}, f)
 
     def load_checkpoint(self, ckpt_dir: str) -> None:
-        """Restore what `save_checkpoint` wrote (the same TP x PP layout or another)."""
-        from megatron.core import dist_checkpointing
+        """Restore what `save_checkpoint` wrote (the same TP x PP layout or another, either layer spec)."""
+        from megatron_bridge.checkpoint import load_model_state, load_sharded
 
         kind_file = os.path.join(ckpt_dir, OPTIMIZER_KIND_FILE)
         saved = json.load(open(kind_file))["distributed_optimizer"] if os.path.exists(kind_file) else False
@@ -435,8 +435,8 @@ class PolicyWorker:
                              f"optimizer; this run has actor.distributed_optimizer={str(wanted).lower()} (resume with "
                              f"actor.distributed_optimizer={str(saved).lower()})")
         with self._resident("weights", "optimizer"):
-            state = dist_checkpointing.load(self._checkpoint_state(loading=True), ckpt_dir)
-            _unwrap(self.models[0]).load_state_dict(state["model"])
+            state = load_sharded(self._checkpoint_state(loading=True), ckpt_dir)  # (either layer spec's)
+            load_model_state(_unwrap(self.models[0]), state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
 
     def _checkpoint_state(self, loading: bool = False) -> dict:
