@@ -269,3 +269,74 @@ def test_model_state_loads_without_extra_state_but_not_without_a_weight():
     del state["1.weight"]
     with pytest.raises(KeyError, match=r"missing \['1.weight'\]"):
         load_model_state(model, state)
+
+
+# ---- on a GPU with Transformer Engine (skipped elsewhere) -----------------------------------------------------
+
+needs_te = pytest.mark.skipif(transformer_engine_missing() is not None,
+                              reason=f"needs Transformer Engine on CUDA: {transformer_engine_missing()}")
+
+
+def _te_model(tmp_path, arch: str, tied: bool, dtype: torch.dtype, save_dtype: torch.dtype | None = None):
+    from transformers import AutoModelForCausalLM
+
+    from megatron_bridge import Bridge
+    from tests.helpers import make_tiny_model
+
+    hf = make_tiny_model(str(tmp_path / "hf"), arch, tie_word_embeddings=tied, num_layers=2)
+    if save_dtype is not None:
+        AutoModelForCausalLM.from_pretrained(hf).to(save_dtype).save_pretrained(hf)
+    bridge = Bridge.from_hf_pretrained(hf)
+    return hf, bridge, bridge.to_megatron_model(load_weights=True, params_dtype=dtype, attention="te")
+
+
+@pytest.mark.gpu
+@needs_te
+@pytest.mark.parametrize("arch, tied", [("qwen2", True), ("qwen3", False), ("llama", False)])
+def test_te_spec_hf_round_trip_is_bitwise(megatron_single_rank, tmp_path, arch, tied):
+    from safetensors.torch import load_file
+
+    hf, bridge, models = _te_model(tmp_path, arch, tied, torch.bfloat16, save_dtype=torch.bfloat16)
+    layer = models[0].decoder.layers[0]
+    assert type(layer.self_attention.core_attention).__name__ == "TEDotProductAttention"
+    names = {name for name, _ in models[0].named_parameters()}
+    assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in names
+    assert not any("input_layernorm" in name or "pre_mlp_layernorm" in name for name in names)
+    original = load_file(f"{hf}/model.safetensors")
+    exported = {name: t for bucket in bridge.export_hf_weights(models) for name, t in bucket}
+    assert sorted(exported) == sorted(original)
+    for name, tensor in original.items():
+        assert exported[name].dtype == torch.bfloat16 and torch.equal(exported[name], tensor), name
+
+
+def _logits(model, ids, positions=None, packed=None):
+    positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids) if positions is None else positions
+    with torch.no_grad():
+        return model.eval()(ids, positions, None, packed_seq_params=packed).float()
+
+
+@pytest.mark.gpu
+@needs_te
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+def test_te_spec_logits_match_transformers_in_bf16(megatron_single_rank, tmp_path, arch):
+    """bf16 through TE is no further from transformers' fp32 logits than transformers' own bf16 logits are
+    (twice their distance, plus 0.01); packed THD rows give each sequence's logits as it alone does."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from transformers import AutoModelForCausalLM
+
+    hf, _, models = _te_model(tmp_path, arch, tied=False, dtype=torch.bfloat16)
+    model = models[0]
+    ids = torch.randint(1, 99, (2, 48), generator=torch.Generator().manual_seed(0)).cuda()
+    ours = _logits(model, ids)[..., :99]
+    reference = AutoModelForCausalLM.from_pretrained(hf, attn_implementation="sdpa").cuda().eval()
+    with torch.no_grad():
+        full = reference(ids).logits.float()
+        half = reference.to(torch.bfloat16)(ids).logits.float()
+    bf16_error = (half - full).abs().max().item()
+    assert (ours - full).abs().max().item() <= 2 * bf16_error + 1e-2
+    starts = torch.tensor([0, 48, 96], dtype=torch.int32, device="cuda")
+    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=starts, cu_seqlens_kv=starts, max_seqlen_q=48,
+                             max_seqlen_kv=48)
+    positions = torch.arange(48, device="cuda").repeat(2)[None]
+    together = _logits(model, ids.reshape(1, -1), positions, packed)[..., :99].reshape(2, 48, -1)
+    assert (together - ours).abs().max().item() <= 2 * bf16_error + 1e-2
