@@ -89,6 +89,9 @@ class ParallelConfig:
     # context-parallel size: each sequence split over this many ranks (attention gathers keys and values),
     # for responses too long for one rank's activations; needs model.attention=auto, te or torch
     context: int = 1
+    # Transformer Engine's context-parallel attention (model.attention=te): p2p (keys and values passed around a
+    # ring, overlapped with compute), all_gather or a2a (heads scattered, Ulysses); torch's attention all-gathers
+    cp_comm_type: str = "p2p"
     # sequence parallelism (with tensor > 1): norms and residuals on 1/tensor of the tokens each, all-gathered
     # before and reduce-scattered after the tensor-parallel blocks instead of all-reduced
     sequence: bool = False
@@ -255,6 +258,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "actor.rollout_correction": ("none", "tis", "mask"),
     "actor.recompute": ("none", "selective", "full"),
     "model.attention": ATTENTION_CHOICES,
+    "actor.parallel.cp_comm_type": ("p2p", "all_gather", "a2a"),
     "actor.rollout_is_level": ROLLOUT_IS_LEVELS,
     "algorithm.filter_groups_metric": ("acc", "score"),
     "algorithm.kl_estimator": KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS),

@@ -121,7 +121,8 @@ class PolicyWorker:
     def _build_model(self, dtype: torch.dtype) -> list:
         chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype,
                                                training={**RECOMPUTE[self.cfg.actor.recompute],
-                                                         "sequence_parallel": self.cfg.actor.parallel.sequence},
+                                                         "sequence_parallel": self.cfg.actor.parallel.sequence,
+                                                         "cp_comm_type": self.cfg.actor.parallel.cp_comm_type},
                                                attention=self.attention)
         if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
             for chunk in chunks:                   # each activation's shape before the activation
