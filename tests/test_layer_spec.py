@@ -1,8 +1,9 @@
 """`megatron_bridge.layer_spec`: model.attention's resolution, its errors, and the local -> Transformer Engine names.
 
 Without Transformer Engine the TE layer spec cannot be built here, so its parameter names are derived from
-megatron's own spec function: `get_gpt_layer_with_transformer_engine_spec` is run with a stand-in for
-`TESpecProvider` that hands out one marker class per TE module kind, and the ModuleSpec tree it returns is walked.
+megatron's own spec functions: `get_gpt_decoder_block_spec(config, use_transformer_engine=True)` (which calls
+`get_gpt_layer_with_transformer_engine_spec`) is run with stand-ins for `TESpecProvider` and `TENorm` that hand out
+one marker class per TE module kind, and the ModuleSpec tree it returns is walked.
 Each marker carries the parameter names its TE module registers, pinned from Transformer Engine 2.11 (the version
 in launchers/versions.env): `pytorch/module/layernorm_linear.py` (`LayerNormLinear`: `layer_norm_weight`,
 `layer_norm_bias` only for LayerNorm, `weight`, `bias` only when biased), `pytorch/module/linear.py` (`Linear`:
@@ -104,14 +105,22 @@ def _recording_provider():
     return RecordingTESpecProvider
 
 
-def te_layer_parameter_names(monkeypatch, qk_layernorm: bool, qkv_bias: bool) -> set[str]:
-    """Parameter names inside one decoder layer of megatron's TE spec (the linear_qkv's bias when `qkv_bias`:
-    megatron passes `bias=add_bias_linear or add_qkv_bias` to it, and add_bias_linear=False to the others)."""
+def te_decoder_parameter_names(monkeypatch, arch, num_layers: int) -> set[str]:
+    """Parameter names of the decoder megatron's `get_gpt_decoder_block_spec(config, use_transformer_engine=True)`
+    describes for `arch` (its layers and final norm), from the ModuleSpec tree. The linear_qkv has a bias when
+    the architecture's q/k/v do: megatron passes `bias=add_bias_linear or add_qkv_bias` to it, and
+    add_bias_linear=False (the bridge's) to every other linear."""
     from megatron.core.models.gpt import gpt_layer_specs
     from megatron.core.transformer.spec_utils import ModuleSpec
 
+    from megatron_bridge.config_map import to_megatron
+
     monkeypatch.setattr(gpt_layer_specs, "TESpecProvider", _recording_provider(), raising=False)
-    spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
+    monkeypatch.setattr(gpt_layer_specs, "TENorm", TENorm, raising=False)
+    hf = {"hidden_size": 64, "num_hidden_layers": num_layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "intermediate_size": 128, "vocab_size": 99}
+    config, _ = to_megatron(hf, arch)
+    block = gpt_layer_specs.get_gpt_decoder_block_spec(config, use_transformer_engine=True)
 
     def walk(submodules, prefix: str) -> list[str]:
         names = []
@@ -122,29 +131,29 @@ def te_layer_parameter_names(monkeypatch, qk_layernorm: bool, qkv_bias: bool) ->
             elif isinstance(value, ModuleSpec):
                 value = value.module
             if isinstance(value, type) and issubclass(value, _TEModule):
-                biased = qkv_bias and field.name == "linear_qkv"
+                biased = arch.qkv_bias and field.name == "linear_qkv"
                 names += [f"{prefix}{field.name}.{param}" for param in value.parameters(biased)]
         return names
 
-    names = walk(spec.submodules, "")
+    names = [name for i, layer in enumerate(block.layer_specs) for name in walk(layer.submodules,
+                                                                                f"decoder.layers.{i}.")]
+    assert block.layer_norm is TENorm
+    names += [f"decoder.final_layernorm.{param}" for param in TENorm.parameters(False)]
     assert len(names) == len(set(names))
     return set(names)
 
 
 @pytest.mark.parametrize("arch_name", ["Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM",
                                        "Qwen2_5_VLForConditionalGeneration"])
-def test_translated_table_is_exactly_the_te_specs_parameters(monkeypatch, arch_name):
+def test_translated_table_is_exactly_the_te_specs_parameters(megatron_single_rank, monkeypatch, arch_name):
     arch = ARCHITECTURES[arch_name]
-    expected = te_layer_parameter_names(monkeypatch, arch.qk_layernorm, arch.qkv_bias)
+    expected = te_decoder_parameter_names(monkeypatch, arch, num_layers=2)
     rows = arch.rows(num_layers=2, tied_embeddings=False)
-    layer_1 = {to_te_name(mcore).removeprefix("decoder.layers.1.") for mcore, _, _ in rows
-               if mcore.startswith("decoder.layers.1.")}
-    assert layer_1 == expected
-    # outside the layers nothing changes: embedding and output layer are megatron's, the final norm a TENorm
-    # (`weight`, as megatron's TransformerBlock names it final_layernorm)
+    decoder = {to_te_name(mcore) for mcore, _, _ in rows if mcore.startswith("decoder.")}
+    assert decoder == expected
+    # the embedding and output layer are megatron's own modules in both specs: no names change outside the layers
     outside = [mcore for mcore, _, _ in rows if not mcore.startswith("decoder.layers.")]
     assert [to_te_name(name) for name in outside] == outside
-    assert "decoder.final_layernorm.weight" in outside
     # and back: every TE name maps to exactly one table name
     assert {to_local_name(to_te_name(mcore)) for mcore, _, _ in rows} == {mcore for mcore, _, _ in rows}
 
