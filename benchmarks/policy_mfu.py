@@ -25,8 +25,8 @@ throughput over transformers'. MFU = (6 x matmul parameters x tokens + causal at
 matmul parameters are every projection and the output layer (the embedding lookup is not a matmul);
 attention FLOPs of one sequence of s tokens, forward and backward, 6 x layers x heads x head_dim x s^2 (QK^T and
 AV, causal half, backward twice the forward). The peak is the GPU's dense bf16 figure (H100 SXM and H200: 989
-TFLOP/s, H100 PCIe 756, A100 312), or `--peak-tflops`; without either (a CPU) MFU is not given. The figures go to
-`benchmarks/results/policy_mfu_<device>.json` with the command and the device's name.
+TFLOP/s, H100 PCIe 756, A100 312), or `--peak-tflops`; without either (a CPU, an NVL part) MFU is not given.
+The figures go to `benchmarks/results/policy_mfu_<device>.json` with the command and the device's name.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ SHAPES = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=512),
 }
-# dense bf16 tensor-core peaks, TFLOP/s, by a part of torch.cuda.get_device_name() (first match wins)
-PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0), ("A100", 312.0))
+# dense bf16 tensor-core peaks, TFLOP/s, by a part of torch.cuda.get_device_name() (first match wins); None: the
+# NVL parts, whose clocks and so peaks differ from the SXM ones, need --peak-tflops
+PEAK_TFLOPS = (("H100 PCIe", 756.0), ("NVL", None), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0))
 PROMPT_FRACTION = 0.25  # of each sequence; the rest is the response whose log-probs the loss takes
 
 
@@ -92,9 +93,11 @@ def peak_tflops(name: str, given: float | None) -> tuple[float | None, str]:
     if given is not None:
         return given, "--peak-tflops"
     for part, peak in PEAK_TFLOPS:
-        if part in name:
+        if part in name and peak is not None:
             return peak, f"{part} dense bf16"
-    return None, "unknown device: pass --peak-tflops"
+        if part in name:
+            break
+    return None, f"no known peak for {name}: pass --peak-tflops"
 
 
 def make_sequences(config: Qwen2Config, count: int, length: int, seed: int = 0) -> torch.Tensor:

@@ -40,6 +40,7 @@ def test_peaks_by_device_name():
     assert peak_tflops("NVIDIA H100 PCIe", None)[0] == 756.0
     assert peak_tflops("NVIDIA H200", None)[0] == 989.0
     assert peak_tflops("CPU (x86_64)", None)[0] is None
+    assert peak_tflops("NVIDIA H100 NVL", None)[0] is None
     assert peak_tflops("CPU (x86_64)", 2.5) == (2.5, "--peak-tflops")
     assert results_path("out", "NVIDIA H100 80GB HBM3").name == "policy_mfu_nvidia-h100-80gb-hbm3.json"
 
