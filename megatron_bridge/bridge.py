@@ -241,7 +241,8 @@ class Bridge:
         missing, unmapped = sorted(expected - set(params)), sorted(set(params) - expected - tied_copy)
         if missing or unmapped:
             raise KeyError(f"{self.arch.name} table and megatron model disagree: not in the model {missing}, "
-                           f"not in the table {unmapped}")
+                           f"not in the table {unmapped} (local-spec names; a TE-spec model's are translated, "
+                           "see megatron_bridge.layer_spec)")
         return params
 
     def _load_rows(self, params: dict[str, torch.Tensor]) -> list[Row]:

@@ -158,6 +158,38 @@ def test_translated_table_is_exactly_the_te_specs_parameters(megatron_single_ran
     assert {to_local_name(to_te_name(mcore)) for mcore, _, _ in rows} == {mcore for mcore, _, _ in rows}
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_bridge_loads_and_exports_a_model_holding_the_te_names(megatron_single_rank, monkeypatch, tmp_path, arch):
+    """The bridge's table check, loading and export on a model whose parameters carry the TE spec's names: the
+    torch-spec model with each layer's norm weights moved where the TE spec keeps them (into linear_qkv and
+    linear_fc1, the norms replaced by IdentityOp, as in the TE spec). Only names are tested here, not TE."""
+    from megatron.core.transformer.identity_op import IdentityOp
+    from safetensors.torch import load_file
+
+    from megatron_bridge import Bridge
+    from tests.helpers import make_tiny_model
+
+    hf = make_tiny_model(str(tmp_path / "hf"), arch, tie_word_embeddings=False, num_layers=2)
+    bridge = Bridge.from_hf_pretrained(hf)
+    model = bridge.to_megatron_model(load_weights=False, attention="torch")[0]
+    for layer in model.decoder.layers:
+        layer.self_attention.linear_qkv.register_parameter("layer_norm_weight", layer.input_layernorm.weight)
+        layer.mlp.linear_fc1.register_parameter("layer_norm_weight", layer.pre_mlp_layernorm.weight)
+        layer.input_layernorm, layer.pre_mlp_layernorm = IdentityOp(), IdentityOp()
+    names = {name for name, _ in model.named_parameters()}
+    assert names == te_decoder_parameter_names(monkeypatch, bridge.arch, 2) | {
+        "embedding.word_embeddings.weight", "output_layer.weight"}
+    bridge.load_hf_weights([model])
+    exported = {name: t for bucket in bridge.export_hf_weights([model]) for name, t in bucket}
+    original = load_file(f"{hf}/model.safetensors")
+    assert sorted(exported) == sorted(original)
+    for name, tensor in original.items():
+        assert torch.equal(exported[name], tensor), name
+    del model.decoder.layers[0].mlp.linear_fc1.layer_norm_weight  # a TE name the model lacks: named by the check
+    with pytest.raises(KeyError, match=r"not in the model \['decoder.layers.0.pre_mlp_layernorm.weight'\]"):
+        bridge.load_hf_weights([model])
+
+
 def test_translation_is_the_pairs_megatrons_local_spec_declares():
     """Megatron's local spec maps its norm names to the TE spec's in sharded checkpoints: the same pairs."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
