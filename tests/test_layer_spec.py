@@ -158,12 +158,23 @@ def test_translated_table_is_exactly_the_te_specs_parameters(megatron_single_ran
     assert {to_local_name(to_te_name(mcore)) for mcore, _, _ in rows} == {mcore for mcore, _, _ in rows}
 
 
+def _holding_te_names(model):
+    """`model` (torch spec) with each layer's norm weights moved where the TE spec keeps them: registered on
+    linear_qkv / linear_fc1 as `layer_norm_weight`, the norms replaced by IdentityOp."""
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    for layer in model.decoder.layers:
+        layer.self_attention.linear_qkv.register_parameter("layer_norm_weight", layer.input_layernorm.weight)
+        layer.mlp.linear_fc1.register_parameter("layer_norm_weight", layer.pre_mlp_layernorm.weight)
+        layer.input_layernorm, layer.pre_mlp_layernorm = IdentityOp(), IdentityOp()
+    return model
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_bridge_loads_and_exports_a_model_holding_the_te_names(megatron_single_rank, monkeypatch, tmp_path, arch):
     """The bridge's table check, loading and export on a model whose parameters carry the TE spec's names: the
     torch-spec model with each layer's norm weights moved where the TE spec keeps them (into linear_qkv and
     linear_fc1, the norms replaced by IdentityOp, as in the TE spec). Only names are tested here, not TE."""
-    from megatron.core.transformer.identity_op import IdentityOp
     from safetensors.torch import load_file
 
     from megatron_bridge import Bridge
@@ -171,11 +182,7 @@ def test_bridge_loads_and_exports_a_model_holding_the_te_names(megatron_single_r
 
     hf = make_tiny_model(str(tmp_path / "hf"), arch, tie_word_embeddings=False, num_layers=2)
     bridge = Bridge.from_hf_pretrained(hf)
-    model = bridge.to_megatron_model(load_weights=False, attention="torch")[0]
-    for layer in model.decoder.layers:
-        layer.self_attention.linear_qkv.register_parameter("layer_norm_weight", layer.input_layernorm.weight)
-        layer.mlp.linear_fc1.register_parameter("layer_norm_weight", layer.pre_mlp_layernorm.weight)
-        layer.input_layernorm, layer.pre_mlp_layernorm = IdentityOp(), IdentityOp()
+    model = _holding_te_names(bridge.to_megatron_model(load_weights=False, attention="torch")[0])
     names = {name for name, _ in model.named_parameters()}
     assert names == te_decoder_parameter_names(monkeypatch, bridge.arch, 2) | {
         "embedding.word_embeddings.weight", "output_layer.weight"}
@@ -291,6 +298,24 @@ def test_checkpoint_loads_into_another_spec_leaving_te_extra_state_out(megatron_
     assert te_extra not in load_sharded(asking_also_for(te_extra), tmp_path / "ckpt")
     with pytest.raises(KeyError, match=r"lacks \['decoder.layers.self_attention.linear_qkv.layer_norm_bias'\]"):
         load_sharded(asking_also_for("decoder.layers.self_attention.linear_qkv.layer_norm_bias"), tmp_path / "ckpt")
+
+
+def test_checkpoint_of_the_torch_spec_loads_into_a_model_holding_the_te_names(megatron_single_rank, tmp_path):
+    """Megatron's local spec saves its norms under the TE spec's keys: a model holding the TE names reads them."""
+    from safetensors.torch import load_file
+
+    from megatron_bridge import Bridge
+    from megatron_bridge.checkpoint import load_checkpoint, save_checkpoint
+    from tests.helpers import make_tiny_model
+
+    hf = make_tiny_model(str(tmp_path / "hf"), "qwen3", tie_word_embeddings=True, num_layers=2)
+    bridge = Bridge.from_hf_pretrained(hf)
+    save_checkpoint(bridge, bridge.to_megatron_model(load_weights=True, attention="torch"), tmp_path / "ckpt")
+    model = _holding_te_names(bridge.to_megatron_model(load_weights=False, attention="torch")[0])
+    load_checkpoint([model], tmp_path / "ckpt")
+    exported = {name: t for bucket in bridge.export_hf_weights([model]) for name, t in bucket}
+    for name, tensor in load_file(f"{hf}/model.safetensors").items():
+        assert torch.equal(exported[name], tensor), name
 
 
 def test_model_state_loads_without_extra_state_but_not_without_a_weight():
