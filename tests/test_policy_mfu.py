@@ -48,7 +48,10 @@ def test_peaks_by_device_name():
 def test_tiny_run_end_to_end(tmp_path):
     command = [sys.executable, "benchmarks/policy_mfu.py", "--tiny", "--peak-tflops", "1",
                "--results-dir", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    # its own torch.distributed: not the rendezvous this test process may hold (MASTER_PORT of an earlier test)
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(next(tmp_path.glob("policy_mfu_*.json")).read_text())
