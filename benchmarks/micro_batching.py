@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="rl360-micro-") as tmp:
         model = make_model(Path(tmp) / "model")
         common = [f"model.path={model}", "data.train_files=[unused.parquet]", "rollout.n=2", "algorithm.kl_coef=0",
-                  f"data.batch_size={args.rows // 2}", f"actor.ppo_mini_batch_size={args.rows // 2}"]
+                  f"data.batch_size={args.rows // 2}", f"actor.ppo_mini_batch_size={args.rows // 2}",
+                  "model.attention=torch"]  # (local_fixed overrides it)
         runs = {}
         for name, extra in (("local_fixed", [f"actor.micro_batch_size={args.micro}", "model.attention=local"]),
                             ("fixed", [f"actor.micro_batch_size={args.micro}"]),

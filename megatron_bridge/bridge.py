@@ -22,6 +22,7 @@ from megatron_bridge import vision
 from megatron_bridge.arch import Architecture, get_architecture
 from megatron_bridge.arch.base import split_gate_up, split_qkv
 from megatron_bridge.config_map import check_supported, head_dim, num_query_groups, to_hf_config, to_megatron
+from megatron_bridge.layer_spec import layer_spec, resolve_attention, to_local_name
 from megatron_bridge.safetensors_io import INDEX_FILE, SINGLE_FILE, SafetensorsReader
 from megatron_bridge.sharding import VOCAB_PARAMS, TPSlice, gather_full, load_into
 from megatron_bridge.vl_model import vision_language_model_class
@@ -73,15 +74,16 @@ class Bridge:
     # ---- Hugging Face -> megatron --------------------------------------------------------------------
 
     def to_megatron_model(self, load_weights: bool = True, params_dtype: torch.dtype = torch.float32,
-                          training: dict | None = None, attention: str = "torch") -> list:
+                          training: dict | None = None, attention: str = "auto") -> list:
         """This rank's GPTModel chunks, built inside initialised megatron parallel state for its TP x PP position:
         one, or with virtual pipeline stages one per stage (chunk v holds the v-th of this rank's interleaved layer
         ranges), with the HF weights loaded when `load_weights` (a vision-language checkpoint gives a
         `VisionLanguageModel`, its vision tower on the first stage); `training`: TransformerConfig fields such as
-        activation recomputation (see `to_megatron`); `attention`: "torch" (`TorchCoreAttention`: SDPA kernels,
-        packed sequences) or "local" (megatron's unfused attention)."""
+        activation recomputation (see `to_megatron`); `attention`: the layer spec, "auto", "te", "torch" or
+        "local" (see `megatron_bridge.layer_spec`)."""
         from megatron.core import parallel_state
 
+        attention = resolve_attention(attention)
         virtual = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
         if virtual > 1 and self.arch.vision:
             raise ValueError(f"{self.arch.name}: virtual pipeline stages are not built for vision-language models "
@@ -91,44 +93,26 @@ class Bridge:
                                      parallel_state.get_pipeline_model_parallel_world_size(),
                                      self.vocab_divisible_by, training,
                                      parallel_state.get_context_parallel_world_size(), virtual)
-        layer_spec = self._layer_spec(config, attention)
-        chunks = [self._build_chunk(config, kwargs, layer_spec, params_dtype, vp_stage if virtual > 1 else None)
+        if attention == "local" and config.context_parallel_size > 1:
+            raise ValueError("context parallelism needs attention 'torch' or 'te' (megatron's local attention "
+                             "refuses it)")
+        spec = layer_spec(attention, self.arch.qk_layernorm)
+        chunks = [self._build_chunk(config, kwargs, spec, params_dtype, vp_stage if virtual > 1 else None)
                   for vp_stage in range(virtual)]
         if load_weights:
             self.load_hf_weights(chunks)
         return chunks
 
-    def _layer_spec(self, config, attention: str):
-        """megatron's local layer spec with our norms and, for `attention="torch"`, our core attention."""
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-        from megatron_bridge.norm import RMSNorm
-
-        spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.arch.qk_layernorm)
-        layer = spec.submodules  # every norm ours (megatron's torch fallback refuses sequence parallelism)
-        layer.input_layernorm = layer.pre_mlp_layernorm = RMSNorm
-        if self.arch.qk_layernorm:
-            layer.self_attention.submodules.q_layernorm = layer.self_attention.submodules.k_layernorm = RMSNorm
-        if attention == "torch":
-            from megatron_bridge.attention import TorchCoreAttention
-
-            spec.submodules.self_attention.submodules.core_attention = TorchCoreAttention
-        elif attention != "local":
-            raise ValueError(f"attention={attention!r}: choose 'torch' or 'local'")
-        elif config.context_parallel_size > 1:
-            raise ValueError("context parallelism needs attention='torch' (megatron's local attention refuses it)")
-        return spec
-
-    def _build_chunk(self, config, kwargs: dict, layer_spec, params_dtype: torch.dtype, vp_stage: int | None):
-        """One GPTModel chunk of this rank (`vp_stage`: its virtual pipeline stage, None without them)."""
+    def _build_chunk(self, config, kwargs: dict, spec: tuple, params_dtype: torch.dtype, vp_stage: int | None):
+        """One GPTModel chunk of this rank (`spec`: the layer spec and final norm, `vp_stage`: its virtual pipeline
+        stage, None without them)."""
         from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
         from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
-        from megatron_bridge.norm import RMSNorm
-
-        block = TransformerBlockSubmodules(layer_specs=[layer_spec] * get_num_layers_to_build(config, vp_stage),
-                                           layer_norm=RMSNorm)
+        layer, final_norm = spec
+        block = TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config, vp_stage),
+                                           layer_norm=final_norm)
         first = parallel_state.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage)
         last = parallel_state.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage)
         if self.arch.vision:
@@ -253,7 +237,8 @@ class Bridge:
         return rows
 
     def _rank_parameters(self, models: list) -> dict[str, torch.Tensor]:
-        """This rank's parameters by megatron name with global layer indices, checked against the table:
+        """This rank's parameters by megatron name (in the local spec's names, as the tables are written; see
+        `megatron_bridge.layer_spec`) with global layer indices, checked against the table:
         every row of this stage's layers (and its embedding / final norm / output layer) is present and
         nothing else, except the output layer that a last stage holds as a copy of tied embeddings."""
         params, layers = {}, set()
@@ -267,13 +252,14 @@ class Bridge:
                 parts = name.split(".")
                 if name.startswith("decoder.layers."):
                     parts[2] = str(global_index[parts[2]])
-                params[".".join(parts)] = param
+                params[to_local_name(".".join(parts))] = param  # the tables' names, whichever layer spec
         expected = {mcore for mcore, _, _ in self._all_rows() if _row_on_stage(mcore, layers, first, last)}
         tied_copy = {"output_layer.weight"} if self.tied_embeddings and last and not first else set()
         missing, unmapped = sorted(expected - set(params)), sorted(set(params) - expected - tied_copy)
         if missing or unmapped:
             raise KeyError(f"{self.arch.name} table and megatron model disagree: not in the model {missing}, "
-                           f"not in the table {unmapped}")
+                           f"not in the table {unmapped} (local-spec names; a TE-spec model's are translated, "
+                           "see megatron_bridge.layer_spec)")
         return params
 
     def _load_rows(self, params: dict[str, torch.Tensor]) -> list[Row]:

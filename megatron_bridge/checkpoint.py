@@ -18,6 +18,7 @@ from megatron_bridge.bridge import TOKENIZER_FILES, Bridge, _unwrap
 
 HF_SUBDIR = "hf"
 META_FILE = "rl360.json"
+EXTRA_STATE = "_extra_state"  # torch's key of a module's get_extra_state() (Transformer Engine: fp8 metadata)
 
 
 def save_checkpoint(bridge: Bridge, models: list, ckpt_dir: str | Path) -> Path:
@@ -70,11 +71,37 @@ def checkpoint_dtype(ckpt_dir: str | Path) -> torch.dtype:
 
 
 def load_checkpoint(models: list, ckpt_dir: str | Path) -> None:
-    """Load `ckpt_dir` into this rank's `models`, whatever TP x PP layout saved it."""
-    from megatron.core import dist_checkpointing
+    """Load `ckpt_dir` into this rank's `models`, whatever TP x PP layout and layer spec saved it."""
+    load_model_state(_unwrap(models[0]), load_sharded(_sharded_state_dict(models), ckpt_dir))
 
-    state = dist_checkpointing.load(_sharded_state_dict(models), str(ckpt_dir))
-    _unwrap(models[0]).load_state_dict(state, strict=True)
+
+def load_sharded(sharded_state_dict: dict, ckpt_dir: str | Path) -> dict:
+    """`dist_checkpointing.load`, allowing the one difference a checkpoint of another layer spec shows (the
+    specs' parameters save under the same keys, see `megatron_bridge.layer_spec`): Transformer Engine's core
+    attention and norms add `_extra_state` entries (fp8 metadata, empty without fp8) that a checkpoint saved from
+    the torch or local spec lacks. Those are left out of the load and the modules keep their own; any other entry
+    the checkpoint lacks is an error naming it. (A TE checkpoint's extra entries are simply not read by the
+    torch spec.)"""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    state, _, absent = dist_checkpointing.load(sharded_state_dict, str(ckpt_dir),
+                                               strict=StrictHandling.RETURN_UNEXPECTED)
+    wrong = sorted(key for key in absent if not key.endswith(EXTRA_STATE))
+    if wrong:
+        raise KeyError(f"{ckpt_dir} lacks {wrong[:8]}{f' and {len(wrong) - 8} more' if len(wrong) > 8 else ''}")
+    return state
+
+
+def load_model_state(model: torch.nn.Module, state: dict) -> None:
+    """`model.load_state_dict(state)`, strict except for `_extra_state` entries: those `load_sharded` left out, and
+    the one of TE's core attention, which its `sharded_state_dict` never saves (megatron-core 0.16.1
+    `TEDotProductAttention.sharded_state_dict`: only a learnable softmax offset), so no checkpoint holds it."""
+    result = model.load_state_dict(state, strict=False)
+    missing, unexpected = ([key for key in sorted(keys) if not key.endswith(EXTRA_STATE)]
+                           for keys in (result.missing_keys, result.unexpected_keys))
+    if missing or unexpected:
+        raise KeyError(f"the checkpoint's state and the model disagree: missing {missing}, unexpected {unexpected}")
 
 
 def _sharded_state_dict(models: list) -> dict:

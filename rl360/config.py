@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from megatron_bridge.layer_spec import ATTENTION_CHOICES
 from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.losses import AGG_MODES, KL_ESTIMATORS, ROLLOUT_IS_LEVELS, get_policy_loss
 
@@ -26,9 +27,10 @@ class ConfigError(ValueError):
 class ModelConfig:
     path: str = ""  # Hugging Face model directory (config.json, safetensors, tokenizer)
     dtype: str = "float32"  # trainer parameter dtype: float32 | bfloat16
-    # core attention of the Megatron model: torch (scaled_dot_product_attention kernels; packed sequences) or
-    # local (megatron's unfused attention, the whole score matrix in memory)
-    attention: str = "torch"
+    # the Megatron model's layer spec: auto (te where Transformer Engine imports and CUDA is available, else torch),
+    # te (megatron's Transformer Engine spec), torch (our core attention on scaled_dot_product_attention kernels)
+    # or local (megatron's unfused attention, the whole score matrix in memory; no packing, no context parallelism)
+    attention: str = "auto"
     # vision-language models: bounds on each image's resized area in pixels (0: the model's image processor's own)
     min_pixels: int = 0
     max_pixels: int = 0
@@ -89,8 +91,11 @@ class ParallelConfig:
     # layers divisible by pipeline x virtual_pipeline, and at least `pipeline` micro-batches per mini-batch)
     virtual_pipeline: int = 1
     # context-parallel size: each sequence split over this many ranks (attention gathers keys and values),
-    # for responses too long for one rank's activations; needs model.attention=torch
+    # for responses too long for one rank's activations; needs model.attention=auto, te or torch
     context: int = 1
+    # Transformer Engine's context-parallel attention (model.attention=te): p2p (keys and values passed around a
+    # ring, overlapped with compute), all_gather or a2a (heads scattered, Ulysses); torch's attention all-gathers
+    cp_comm_type: str = "p2p"
     # sequence parallelism (with tensor > 1): norms and residuals on 1/tensor of the tokens each, all-gathered
     # before and reduce-scattered after the tensor-parallel blocks instead of all-reduced
     sequence: bool = False
@@ -113,7 +118,7 @@ class ActorConfig:
     # (rows x the longest row), each cut to its longest row; micro_batch_size is then unused
     max_tokens_per_micro_batch: int = 0
     recompute: str = "none"  # activation recomputation: none | selective (core attention) | full (every layer)
-    # micro-batches as one packed row (thd: sequences back to back, no padding; needs model.attention=torch),
+    # micro-batches as one packed row (thd: sequences back to back, no padding; not with model.attention=local),
     # max_tokens_per_micro_batch then counts real tokens
     pack_sequences: bool = False
     freeze_vision_tower: bool = False  # vision-language models: the vision tower (merger included) stays as loaded
@@ -256,7 +261,8 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "actor.loss_agg_mode": AGG_MODES,
     "actor.rollout_correction": ("none", "tis", "mask"),
     "actor.recompute": ("none", "selective", "full"),
-    "model.attention": ("torch", "local"),
+    "model.attention": ATTENTION_CHOICES,
+    "actor.parallel.cp_comm_type": ("p2p", "all_gather", "a2a"),
     "actor.rollout_is_level": ROLLOUT_IS_LEVELS,
     "algorithm.filter_groups_metric": ("acc", "score"),
     "algorithm.kl_estimator": KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS),
@@ -387,9 +393,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.model.min_pixels < 0 or cfg.model.max_pixels < 0:
         raise ConfigError(f"model.min_pixels={cfg.model.min_pixels}, model.max_pixels={cfg.model.max_pixels}: "
                           "0 (the image processor's own) or a positive area")
-    if cfg.actor.parallel.context > 1 and cfg.model.attention != "torch":
-        raise ConfigError(f"actor.parallel.context={cfg.actor.parallel.context} needs model.attention=torch "
-                          f"(got {cfg.model.attention}: megatron's local attention refuses context parallelism)")
+    if cfg.actor.parallel.context > 1 and cfg.model.attention == "local":
+        raise ConfigError(f"actor.parallel.context={cfg.actor.parallel.context} needs model.attention=auto, te or "
+                          "torch (megatron's local attention refuses context parallelism)")
     if cfg.data.batch_size % cfg.actor.ppo_mini_batch_size:
         raise ConfigError(
             f"data.batch_size={cfg.data.batch_size} must be a multiple of "
@@ -417,9 +423,9 @@ def validate(cfg: RunConfig) -> None:
                           "and rollout.weight_sync=distributed or disk (tensor sync and colocation need the "
                           f"engines on the trainer's node; got engine={cfg.rollout.engine}, colocate="
                           f"{cfg.rollout.colocate}, weight_sync={cfg.rollout.weight_sync})")
-    if cfg.actor.pack_sequences and cfg.model.attention != "torch":
-        raise ConfigError("actor.pack_sequences=true needs model.attention=torch (megatron's local attention "
-                          "refuses packed sequences)")
+    if cfg.actor.pack_sequences and cfg.model.attention == "local":
+        raise ConfigError("actor.pack_sequences=true needs model.attention=auto, te or torch (megatron's local "
+                          "attention refuses packed sequences)")
     if cfg.rollout.partial and (cfg.rollout.engine == "hf" or cfg.rollout.mode != "async"):
         raise ConfigError("rollout.partial=true needs rollout.engine=server or sglang and rollout.mode=async "
                           f"(got engine={cfg.rollout.engine}, mode={cfg.rollout.mode}): only then can a weight "

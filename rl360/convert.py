@@ -54,15 +54,13 @@ def megatron_to_hf_rank(ckpt_dir: str, out_dir: str, tp: str, pp: str) -> None:
 
 
 def _load_nested_weights(models: list, ckpt_dir: str, key: str) -> None:
-    from megatron.core import dist_checkpointing
-
     from megatron_bridge.bridge import _unwrap
+    from megatron_bridge.checkpoint import load_model_state, load_sharded
 
     if len(models) != 1:
         raise ValueError(f"expected one model chunk per rank (no virtual pipeline stages), got {len(models)}")
     model = _unwrap(models[0])
-    state = dist_checkpointing.load({key: model.sharded_state_dict()}, ckpt_dir)
-    model.load_state_dict(state[key], strict=True)
+    load_model_state(model, load_sharded({key: model.sharded_state_dict()}, ckpt_dir)[key])
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

@@ -66,6 +66,8 @@ def train(cfg: RunConfig) -> Path:
                 raise ConfigError(f"{problem}; `rl360 plan` prints every term (trainer.memory_check=false to "
                                   "start anyway)")
         policy = PolicyGroup(WorkerGroup(PolicyWorker, policy_ranks, cfg, use_gpu=use_gpu, name="policy"))
+        attention = policy.call("attention_backend")[0]  # what model.attention (auto: te or torch) resolved to
+        print(f"policy layer spec: model.attention={cfg.model.attention} -> {attention}", flush=True)
         critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, use_gpu=use_gpu, name="critic")) \
             if use_critic else None
         # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer
@@ -86,7 +88,8 @@ def train(cfg: RunConfig) -> Path:
             first_step = state["step"] + 1
             rollouts.sync_weights(version=state["step"])
             print(f"resumed from {resumed} at step {first_step}", flush=True)
-        tracker = Tracker(out, to_dict(cfg), cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
+        run_config = {**to_dict(cfg), "resolved": {"model.attention": attention}}
+        tracker = Tracker(out, run_config, cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
                           cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None)
         ahead = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0
         generating: dict[int, concurrent.futures.Future] = {}

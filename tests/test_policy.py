@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from megatron_bridge.layer_spec import to_local_name, transformer_engine_missing
 from rl360.actor.batch import build_batch
 from rl360.actor.policy import PolicyWorker
 from rl360.config import load_config
@@ -243,8 +244,10 @@ def test_torch_attention_and_packed_sequences_match_megatrons_local_attention(me
     (one packed row per micro-batch, attention within each sequence) gives them too, at any token budget."""
     batch = _rollouts(HFEngine(model_dir), seed=6)
     results = {}
-    for name, overrides in {"local": ["model.attention=local"], "torch": [], "packed": ["actor.pack_sequences=true"],
-                            "packed_budget": ["actor.pack_sequences=true", "actor.max_tokens_per_micro_batch=20"]
+    for name, overrides in {"local": ["model.attention=local"], "torch": ["model.attention=torch"],
+                            "packed": ["model.attention=torch", "actor.pack_sequences=true"],
+                            "packed_budget": ["model.attention=torch", "actor.pack_sequences=true",
+                                              "actor.max_tokens_per_micro_batch=20"]
                             }.items():
         worker = PolicyWorker(_config(model_dir, *overrides, "actor.micro_batch_size=5"))
         logprobs = worker.compute_logprobs(batch)
@@ -260,3 +263,28 @@ def test_torch_attention_and_packed_sequences_match_megatrons_local_attention(me
         logprobs, grad = results[name]
         assert (logprobs - local_logprobs).abs().max().item() <= 1e-5, name
         assert (grad - local_grad).abs().max().item() <= 1e-6, name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(transformer_engine_missing() is not None,
+                    reason=f"needs Transformer Engine on CUDA: {transformer_engine_missing()}")
+def test_te_spec_policy_matches_the_torch_spec_at_bf16_tolerance(megatron_single_rank, model_dir):
+    """model.attention=te in bf16 (packed rows) is as close to the fp32 torch-spec policy as the torch spec in bf16
+    is (twice its distance, plus 0.01), in log-probs, and its gradient points the same way (cosine >= 0.99)."""
+    batch = _rollouts(HFEngine(model_dir), seed=7)
+    results = {}
+    for name, overrides in {"fp32": ["model.attention=torch"],
+                            "torch_bf16": ["model.attention=torch", "model.dtype=bfloat16"],
+                            "te_bf16": ["model.attention=te", "model.dtype=bfloat16"]}.items():
+        worker = PolicyWorker(_config(model_dir, *overrides, "actor.pack_sequences=true"))
+        logprobs = worker.compute_logprobs(batch)
+        batch.old_logprobs = logprobs.float() - 0.05
+        worker.accumulate_gradients(batch)
+        grads = {to_local_name(n): p.main_grad.flatten().float().cpu()  # one order for both specs' names
+                 for n, p in worker.models[0].module.named_parameters()}
+        results[name] = logprobs.float(), torch.cat([grads[n] for n in sorted(grads)])
+    (reference, grad), (torch_bf16, _), (te_bf16, te_grad) = results.values()
+    mask = batch.response_mask > 0
+    bf16_error = (torch_bf16 - reference)[mask].abs().max().item()
+    assert (te_bf16 - reference)[mask].abs().max().item() <= 2 * bf16_error + 1e-2
+    assert torch.nn.functional.cosine_similarity(te_grad, grad, dim=0).item() >= 0.99

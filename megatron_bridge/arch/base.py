@@ -50,7 +50,8 @@ def llama_style_layer_rows(qkv_bias: bool = False, qk_norm: bool = False) -> tup
 
     Megatron names are those of `GPTModel` built with `get_gpt_layer_local_spec(normalization="RMSNorm")`:
     its layer norms are separate modules (`input_layernorm`, `pre_mlp_layernorm`), not the
-    `linear_qkv.layer_norm_weight` / `linear_fc1.layer_norm_weight` of Transformer Engine's fused spec.
+    `linear_qkv.layer_norm_weight` / `linear_fc1.layer_norm_weight` of Transformer Engine's fused spec, which
+    `megatron_bridge.layer_spec.to_te_name` turns them into.
     """
     attn, mlp, layer = "model.layers.{i}.self_attn", "model.layers.{i}.mlp", "decoder.layers.{i}"
     rows: list[Row] = [

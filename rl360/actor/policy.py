@@ -17,6 +17,7 @@ import torch
 
 from megatron_bridge import Bridge
 from megatron_bridge.context_parallel import context_group, gather, local_part
+from megatron_bridge.layer_spec import resolve_attention
 from rl360.actor.batch import RolloutBatch, at_least, interleaved_micro_batches, interleaving_group, micro_batch_rows
 from rl360.actor.multimodal import MultimodalInputs
 from rl360.actor.offload import StateOffload
@@ -65,6 +66,7 @@ class PolicyWorker:
         self.dp_group = parallel_state.get_data_parallel_group()
         self.last_stage = parallel_state.is_pipeline_last_stage()
         self.bridge = Bridge.from_hf_pretrained(cfg.model.path)
+        self.attention = resolve_attention(cfg.model.attention)  # the layer spec that runs here (auto decided)
         self.multimodal = self._multimodal_inputs(parallel_state.is_pipeline_first_stage())
         dtype = DTYPES[cfg.model.dtype]
         self.models = _wrap_ddp(self._build_model(dtype), cfg.actor.distributed_optimizer)
@@ -120,8 +122,9 @@ class PolicyWorker:
     def _build_model(self, dtype: torch.dtype) -> list:
         chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype,
                                                training={**RECOMPUTE[self.cfg.actor.recompute],
-                                                         "sequence_parallel": self.cfg.actor.parallel.sequence},
-                                               attention=self.cfg.model.attention)
+                                                         "sequence_parallel": self.cfg.actor.parallel.sequence,
+                                                         "cp_comm_type": self.cfg.actor.parallel.cp_comm_type},
+                                               attention=self.attention)
         if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
             for chunk in chunks:                   # each activation's shape before the activation
                 chunk.config.variable_seq_lengths = True
@@ -132,6 +135,10 @@ class PolicyWorker:
                 if hasattr(chunk, "vision"):
                     chunk.vision.requires_grad_(False)
         return chunks
+
+    def attention_backend(self) -> str:
+        """The layer spec this rank runs: te, torch or local (`model.attention=auto` resolved)."""
+        return self.attention
 
     def layout(self) -> dict[str, int | bool]:
         """Where this rank sits: its data-parallel index, and whether it returns results (the first
@@ -429,8 +436,8 @@ class PolicyWorker:
                 json.dump({"distributed_optimizer": self.cfg.actor.distributed_optimizer}, f)
 
     def load_checkpoint(self, ckpt_dir: str) -> None:
-        """Restore what `save_checkpoint` wrote (the same TP x PP layout or another)."""
-        from megatron.core import dist_checkpointing
+        """Restore what `save_checkpoint` wrote (the same TP x PP layout or another, either layer spec)."""
+        from megatron_bridge.checkpoint import load_model_state, load_sharded
 
         kind_file = os.path.join(ckpt_dir, OPTIMIZER_KIND_FILE)
         saved = json.load(open(kind_file))["distributed_optimizer"] if os.path.exists(kind_file) else False
@@ -440,9 +447,9 @@ class PolicyWorker:
                              f"optimizer; this run has actor.distributed_optimizer={str(wanted).lower()} (resume with "
                              f"actor.distributed_optimizer={str(saved).lower()})")
         with self._resident("weights", "optimizer"):
-            state = dist_checkpointing.load(self._checkpoint_state(loading=True), ckpt_dir)
+            state = load_sharded(self._checkpoint_state(loading=True), ckpt_dir)  # (either layer spec's)
             for key, chunk in zip(self._model_keys(), self.models):
-                _unwrap(chunk).load_state_dict(state[key])
+                load_model_state(_unwrap(chunk), state[key])
             self.optimizer.load_state_dict(state["optimizer"])
 
     def _checkpoint_state(self, loading: bool = False) -> dict:
