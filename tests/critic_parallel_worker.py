@@ -13,12 +13,14 @@ from rl360.config import load_config
 from tests.dp_worker import fixed_batch
 
 
-def config(model_dir: str, mode: str, tp: int, pp: int, micro: int, cp: int = 1, sequence: bool = False):
+def config(model_dir: str, mode: str, tp: int, pp: int, micro: int, cp: int = 1, sequence: bool = False,
+           vpp: int = 1):
     return load_config(None, [f"model.path={model_dir}", "data.train_files=[unused.parquet]", "rollout.n=4",
                               "data.batch_size=4", "actor.ppo_mini_batch_size=4", f"actor.micro_batch_size={micro}",
                               f"actor.loss_agg_mode={mode}", "critic.cliprange_value=0.02",
                               f"actor.parallel.tensor={tp}", f"actor.parallel.pipeline={pp}",
-                              f"actor.parallel.context={cp}", f"actor.parallel.sequence={str(sequence).lower()}"])
+                              f"actor.parallel.context={cp}", f"actor.parallel.sequence={str(sequence).lower()}",
+                              f"actor.parallel.virtual_pipeline={vpp}"])
 
 
 def values_and_gradient(worker: CriticWorker) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
@@ -63,8 +65,8 @@ def _body_gradient_as_hf(worker: CriticWorker) -> dict[str, torch.Tensor]:
 
 
 def main(model_dir: str, out_dir: str, mode: str, tp: str, pp: str, micro: str, cp: str = "1",
-         sequence: str = "0") -> None:
-    worker = CriticWorker(config(model_dir, mode, int(tp), int(pp), int(micro), int(cp), sequence == "1"),
+         sequence: str = "0", vpp: str = "1") -> None:
+    worker = CriticWorker(config(model_dir, mode, int(tp), int(pp), int(micro), int(cp), sequence == "1", int(vpp)),
                           rank=int(os.environ["RANK"]),
                           world_size=int(os.environ["WORLD_SIZE"]), master_port=int(os.environ["MASTER_PORT"]))
     values, gradient = values_and_gradient(worker)

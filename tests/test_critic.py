@@ -75,6 +75,16 @@ def test_model_parallel_critic_matches_one_rank(megatron_single_rank, model_dir,
     gathered from both halves of each sequence) and TP=2 with sequence parallelism (hidden states gathered before
     the head): the same values and the same gradient, body and head, as the one-rank critic, with uneven
     micro-batches."""
+    _assert_parallel_critic_matches_one_rank(model_dir, tmp_path, mode, tp, pp, cp, sp)
+
+
+def test_virtual_pipeline_critic_matches_one_rank(megatron_single_rank, tmp_path):
+    """PP=2 x VPP=2: the value head on rank 1's second chunk, the embedding on rank 0's first."""
+    model_dir = make_tiny_qwen2(str(tmp_path / "hf"), tie_word_embeddings=True, seed=6, num_layers=4)
+    _assert_parallel_critic_matches_one_rank(model_dir, tmp_path, "token-mean", 1, 2, vpp=2)
+
+
+def _assert_parallel_critic_matches_one_rank(model_dir, tmp_path, mode, tp, pp, cp=1, sp=0, vpp=1):
     from safetensors.torch import load_file
 
     from rl360.cluster.launch import run_ranks
@@ -83,7 +93,7 @@ def test_model_parallel_critic_matches_one_rank(megatron_single_rank, model_dir,
     expected_values, expected_gradient = values_and_gradient(CriticWorker(config(model_dir, mode, 1, 1, 3)))
     world = tp * pp * cp
     run_ranks("tests.critic_parallel_worker:main", world,
-              [model_dir, str(tmp_path), mode, str(tp), str(pp), "3", str(cp), str(sp)], timeout_s=600)
+              [model_dir, str(tmp_path), mode, str(tp), str(pp), "3", str(cp), str(sp), str(vpp)], timeout_s=600)
     last_stage = list(range(world - tp * cp, world))
     assert [r for r in range(world) if (tmp_path / f"values_rank{r}.pt").exists()] == last_stage
     assert expected_values.abs().max() > 0
