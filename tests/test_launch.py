@@ -19,7 +19,7 @@ from rl360.plan import plan
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = sorted((REPO / "launchers" / "slurm").glob("*.sbatch"))
-SCRIPTS = sorted((REPO / "launchers").rglob("*.sh")) + TEMPLATES
+SCRIPTS = sorted((REPO / "launchers").rglob("*.sh")) + sorted((REPO / "benchmarks").glob("*.sh")) + TEMPLATES
 SHAPES = {  # the released models' config.json fields the planner reads
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
