@@ -10,9 +10,11 @@ model's vision tower is counted whole on the first stage (it is replicated there
 - weights: parameters x `model.dtype` bytes; gradients: megatron's fp32 gradient buffer (4 bytes a parameter);
   optimizer: Adam's two fp32 moments, plus the fp32 main copy of bf16 weights (megatron's mixed precision),
   split over the data-parallel ranks with `actor.distributed_optimizer`; the reference model (weights only)
-  when a KL term needs it; the critic (its own weights, gradients and optimizer) for PPO. With `actor.offload`
-  the gradients, optimizer and reference are counted only while training (and the weights too, with
-  colocated engines).
+  when a KL term needs it; the critic (its own weights, gradients and optimizer) for PPO. Each term is counted in
+  the phases it is on the GPU in: the forward and backward passes (train), the optimizer step that ends each
+  mini-batch (step) and the rollouts (rollout). With `actor.offload` the gradients and reference are there only
+  while training, the optimizer only for its steps (and the weights only while training, with colocated
+  engines); the activations are there only in the passes.
 - activations of the micro-batches in flight (1F1B keeps up to PP of them on the first stage; with
   `actor.parallel.virtual_pipeline` = V the interleaved schedule keeps up to (V + 1) x PP - 1 chunk passes of
   1/V of the stage's layers each, about 1 + (PP - 1) / (PP x V) times as much): per layer and
@@ -51,11 +53,22 @@ RESERVED_GIB = 2.0  # CUDA context, NCCL buffers, fragmentation
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
+# when a term is on the GPU: the forward and backward passes of an update (and log-prob passes), the optimizer
+# step that ends each mini-batch, and the rollouts (colocated engines generating)
+PHASES = ("train", "step", "rollout")
+PHASE_NAMES = {"train": "training (forward and backward)", "step": "the optimizer step",
+               "rollout": "generating"}
+
+
 @dataclass
 class Term:
     name: str
     bytes: float
-    phase: str  # "train" (while the policy updates), "rollout" (while colocated engines generate) or "both"
+    phases: tuple[str, ...] = PHASES  # the phases it is on the GPU in
+
+    @property
+    def phase(self) -> str:
+        return "all" if set(self.phases) == set(PHASES) else "+".join(self.phases)
 
 
 @dataclass
@@ -65,17 +78,17 @@ class Plan:
     engine_lines: list[str]  # what the engines' own GPUs hold (disaggregated engines)
 
     def total(self, phase: str) -> float:
-        return sum(term.bytes for term in self.terms if term.phase in (phase, "both")) + RESERVED_GIB * GIB
+        return sum(term.bytes for term in self.terms if phase in term.phases) + RESERVED_GIB * GIB
 
     def largest(self, phase: str) -> Term:
-        return max((term for term in self.terms if term.phase in (phase, "both")), key=lambda term: term.bytes)
+        return max((term for term in self.terms if phase in term.phases), key=lambda term: term.bytes)
 
     def fits(self) -> bool:
-        return all(self.total(phase) <= self.gpu_memory_gb * GIB for phase in ("train", "rollout"))
+        return all(self.total(phase) <= self.gpu_memory_gb * GIB for phase in PHASES)
 
     def problem(self) -> str | None:
         """None when it fits; else which phase does not, by how much, and its largest term."""
-        for phase in ("train", "rollout"):
+        for phase in PHASES:
             total = self.total(phase)
             if total > self.gpu_memory_gb * GIB:
                 big = self.largest(phase)
@@ -86,10 +99,10 @@ class Plan:
     def report(self) -> str:
         lines = [f"{'term':44} {'GiB':>8}  phase"]
         lines += [f"{term.name:44} {term.bytes / GIB:8.2f}  {term.phase}" for term in self.terms]
-        lines.append(f"{'reserved (CUDA context, NCCL, fragmentation)':44} {RESERVED_GIB:8.2f}  both")
-        for phase in ("train", "rollout"):
-            lines.append(f"{'total while ' + ('training' if phase == 'train' else 'generating'):44} "
-                         f"{self.total(phase) / GIB:8.2f}  of {self.gpu_memory_gb:g}")
+        lines.append(f"{'reserved (CUDA context, NCCL, fragmentation)':44} {RESERVED_GIB:8.2f}  all")
+        for phase in PHASES:
+            lines.append(f"{'total during ' + PHASE_NAMES[phase]:44} {self.total(phase) / GIB:8.2f}  of "
+                         f"{self.gpu_memory_gb:g}")
         lines += self.engine_lines
         problem = self.problem()
         lines.append("fits" if problem is None else f"does not fit: {problem}")
@@ -136,25 +149,25 @@ def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
     hf = language_config(hf) if is_vision_language(hf) else hf  # the language model's fields from here on
     optimizer_bytes = 8 + (4 if dtype == 2 else 0)
     shards = parallel.data if actor.distributed_optimizer else 1
-    # offload: optimizer, gradients and reference are on the GPU only while training (an update, reference
-    # log-probs); the weights leave too between calls when colocated engines take the memory
-    parked = "train" if actor.offload else "both"
-    weights_phase = "train" if actor.offload and rollout.colocate else "both"
+    # offload: gradients and the reference model are on the GPU only while training (an update, reference
+    # log-probs), the optimizer only for its steps; the weights leave too between calls when colocated engines
+    # take the memory
+    updating = ("train", "step") if actor.offload else PHASES
     sharded = f", 1/{shards}" if shards > 1 else ""  # the distributed optimizer's share
-    terms = [Term("policy weights", params * dtype, weights_phase),
-             Term("policy gradients (fp32 buffer)", params * 4, parked),
+    terms = [Term("policy weights", params * dtype, updating if rollout.colocate else PHASES),
+             Term("policy gradients (fp32 buffer)", params * 4, updating),
              Term(f"policy optimizer (Adam{' + fp32 main weights' if dtype == 2 else ''}{sharded})",
-                  params * optimizer_bytes / shards, parked)]
+                  params * optimizer_bytes / shards, ("step",) if actor.offload else PHASES)]
     if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
-        terms.append(Term("reference model weights", params * dtype, parked))
+        terms.append(Term("reference model weights", params * dtype, ("train",) if actor.offload else PHASES))
     if cfg.algorithm.adv_estimator == "gae":
         terms.append(Term("critic weights, gradients, optimizer",
-                          params * (dtype + 4 + optimizer_bytes / shards), parked))
-    terms.append(Term(f"activations (recompute={actor.recompute})", activation_bytes(cfg, hf), "train"))
+                          params * (dtype + 4 + optimizer_bytes / shards), updating))
+    terms.append(Term(f"activations (recompute={actor.recompute})", activation_bytes(cfg, hf), ("train",)))
     engine_lines = []
     if rollout.colocate:
         terms.append(Term(f"colocated engine (mem_fraction {rollout.mem_fraction:g})",
-                          rollout.mem_fraction * gpu_memory_gb * GIB, "rollout"))
+                          rollout.mem_fraction * gpu_memory_gb * GIB, ("rollout",)))
     elif rollout.engine == "sglang":
         engine_lines = engine_report(cfg, hf, gpu_memory_gb)
     return Plan(terms, gpu_memory_gb, engine_lines)

@@ -57,6 +57,29 @@ def test_offloaded_training_is_bitwise_the_resident_one(megatron_single_rank, mo
     assert parked > optimizer_bytes
 
 
+def test_the_optimizer_state_is_on_the_device_only_for_its_steps(megatron_single_rank, model_dir):
+    """An update's forward and backward passes (its largest memory: activations) run without the optimizer state;
+    each optimizer step has it, and the gradients with it."""
+    worker = PolicyWorker(_config(model_dir, "model.dtype=bfloat16", "actor.offload=true"))
+    seen = {"passes": [], "steps": []}
+    schedule, step = worker._schedule, worker.optimizer.step
+
+    def recording_schedule(*args, **kwargs):
+        seen["passes"].append(worker.offload.resident_bytes())
+        return schedule(*args, **kwargs)
+
+    def recording_step():
+        seen["steps"].append(worker.offload.resident_bytes())
+        return step()
+
+    worker._schedule, worker.optimizer.step = recording_schedule, recording_step
+    _train(worker)
+    updates = [held for held in seen["passes"] if held["grads"] > 0]  # (log-prob passes have no gradients)
+    assert updates and all(held["optimizer"] == 0 and held["weights"] > 0 for held in updates)
+    assert seen["steps"] and all(held["optimizer"] > 0 and held["grads"] > 0 for held in seen["steps"])
+    assert worker.offload.resident_bytes()["optimizer"] == 0
+
+
 def test_colocated_engines_get_the_weights_memory_too(megatron_single_rank, model_dir):
     worker = PolicyWorker(_config(model_dir, "actor.offload=true", "rollout.colocate=true", "rollout.engine=server"))
     before = _weights(worker)

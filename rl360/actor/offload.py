@@ -10,9 +10,11 @@ them. Storages shared between groups (fp32 parameters are their own main weights
 that names them, in the order above.
 
 `PolicyWorker` keeps resident only what a call needs (`StateOffload.using`): log-probs need the weights,
-reference log-probs the reference weights, an update the weights, gradients and optimizer, weight export and
-checkpoints the weights (and the optimizer). Between calls the weights stay on the GPU, unless the engines
-are colocated (`rollout.colocate`), whose memory they then give to the engines while those generate.
+reference log-probs the reference weights, an update the weights and gradients, and the optimizer state only for
+each optimizer step (`StateOffload.only_during`: the forward and backward passes, whose activations are the
+update's largest memory, run without it), weight export and checkpoints the weights (and the optimizer).
+Between calls the weights stay on the GPU, unless the engines are colocated (`rollout.colocate`), whose memory
+they then give to the engines while those generate.
 """
 
 from __future__ import annotations
@@ -101,6 +103,19 @@ class StateOffload:
             self._depth -= 1
             if self._depth == 0:
                 self.park()
+
+    @contextlib.contextmanager
+    def only_during(self, *names: str) -> Iterator[None]:
+        """Inside a call: `names` resident for the body alone, back to the host at its end (those that were
+        offloaded when it began)."""
+        loaded = [name for name in names if name in self.offloaded]
+        for name in loaded:
+            self.reload(name)
+        try:
+            yield
+        finally:
+            for name in loaded:
+                self.offload(name)
 
     def park(self) -> None:
         """Every group not kept between calls to the host."""

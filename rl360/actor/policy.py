@@ -190,7 +190,7 @@ class PolicyWorker:
         generator = torch.Generator().manual_seed(self.cfg.seed)
         totals: dict[str, float] = {}
         steps = 0
-        with self._resident("weights", "grads", "optimizer"):
+        with self._resident("weights", "grads"):  # the optimizer state comes for each step (`_optimizer_step`)
             for chunk in self.models:
                 chunk.train()
             for _ in range(cfg.ppo_epochs):
@@ -204,7 +204,8 @@ class PolicyWorker:
 
     def _optimizer_step(self, mini: RolloutBatch) -> dict[str, float]:
         reports = self.accumulate_gradients(mini)
-        ok, grad_norm, _ = self.optimizer.step()
+        with self.offload.only_during("optimizer") if self.offload is not None else contextlib.nullcontext():
+            ok, grad_norm, _ = self.optimizer.step()
         metrics = {key: sum(r[key] for r in reports) for key in reports[0]} if reports else {}
         metrics[f"{self.metric_prefix}/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         metrics[f"{self.metric_prefix}/update_skipped"] = 0.0 if ok else 1.0
