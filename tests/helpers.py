@@ -87,3 +87,17 @@ def png_bytes(width: int, height: int, colour: tuple[int, int, int]) -> bytes:
     out = io.BytesIO()
     Image.new("RGB", (width, height), colour).save(out, format="PNG")
     return out.getvalue()
+
+
+def assert_every_rank_exported_the_checkpoint(hf_dir: str, out_dir, ranks: int) -> dict:
+    """Each rank's `exported_rank<r>.safetensors` (tests.bridge_worker) holds every tensor of `hf_dir`'s checkpoint,
+    bit for bit; returns the checkpoint."""
+    from safetensors.torch import load_file
+
+    original = load_file(f"{hf_dir}/model.safetensors")
+    for rank in range(ranks):
+        exported = load_file(f"{out_dir}/exported_rank{rank}.safetensors")
+        assert sorted(exported) == sorted(original), rank
+        for name, tensor in original.items():
+            assert torch.equal(exported[name], tensor), (rank, name)
+    return original

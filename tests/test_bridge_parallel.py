@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from megatron_bridge import Bridge
 from rl360.cluster.launch import RankFailed, run_ranks
 from tests.bridge_worker import token_ids
-from tests.helpers import make_tiny_model
+from tests.helpers import assert_every_rank_exported_the_checkpoint, make_tiny_model
 
 ARCHS = ["qwen2", "qwen3", "llama"]
 
@@ -23,13 +23,8 @@ ARCHS = ["qwen2", "qwen3", "llama"]
 def test_tp2_pp2_round_trip_is_bitwise_and_logits_match_transformers(tmp_path, arch, tied):
     hf = make_tiny_model(str(tmp_path / "hf"), arch, tie_word_embeddings=tied, seed=ARCHS.index(arch))
     run_ranks("tests.bridge_worker:export_and_logits", 4, [hf, str(tmp_path), "2", "2"], timeout_s=600)
-    original = load_file(f"{hf}/model.safetensors")
+    original = assert_every_rank_exported_the_checkpoint(hf, tmp_path, 4)  # the whole model, on every rank
     assert ("lm_head.weight" in original) != tied
-    for rank in range(4):  # every rank yields the whole model, identical to the input
-        exported = load_file(tmp_path / f"exported_rank{rank}.safetensors")
-        assert sorted(exported) == sorted(original), rank
-        for name, tensor in original.items():
-            assert torch.equal(exported[name], tensor), (rank, name)
     reference = AutoModelForCausalLM.from_pretrained(hf).eval()
     with torch.no_grad():
         expected = reference(token_ids()).logits
@@ -46,12 +41,7 @@ def test_virtual_pipeline_chunks_round_trip_bitwise_and_match_transformers(tmp_p
     them."""
     hf = make_tiny_model(str(tmp_path / "hf"), "qwen3", tie_word_embeddings=tied, seed=3)
     run_ranks("tests.bridge_worker:export_and_logits", 2, [hf, str(tmp_path), "1", "2", "2"], timeout_s=600)
-    original = load_file(f"{hf}/model.safetensors")
-    for rank in range(2):
-        exported = load_file(tmp_path / f"exported_rank{rank}.safetensors")
-        assert sorted(exported) == sorted(original), rank
-        for name, tensor in original.items():
-            assert torch.equal(exported[name], tensor), (rank, name)
+    assert_every_rank_exported_the_checkpoint(hf, tmp_path, 2)
     reference = AutoModelForCausalLM.from_pretrained(hf).eval()
     with torch.no_grad():
         expected = reference(token_ids()).logits

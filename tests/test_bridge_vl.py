@@ -12,6 +12,7 @@ from megatron_bridge.mrope import MRoPE, batch_mrope_positions, mrope_positions
 from rl360.cluster.launch import run_ranks
 from rl360.quickstart.vision_assets import build_vision_quickstart_model
 from tests.bridge_worker import export_all, vision_batch, vision_pipeline_logits
+from tests.helpers import assert_every_rank_exported_the_checkpoint
 
 TEXTS = ["What colour?"]
 
@@ -116,12 +117,7 @@ def test_saved_checkpoint_loads_in_transformers(megatron_single_rank, tiny_vl, t
 def test_tp2_pp2_round_trip_is_bitwise_and_logits_match_transformers(tmp_path, family, tied):
     hf = str(build_vision_quickstart_model(tmp_path / "hf", TEXTS, seed=5, family=family, tie_word_embeddings=tied))
     run_ranks("tests.bridge_worker:export_and_vision_logits", 4, [hf, str(tmp_path), "2", "2"], timeout_s=600)
-    original = load_file(f"{hf}/model.safetensors")
-    for rank in range(4):
-        exported = load_file(tmp_path / f"exported_rank{rank}.safetensors")
-        assert sorted(exported) == sorted(original), rank
-        for name, tensor in original.items():
-            assert torch.equal(exported[name], tensor), (rank, name)
+    assert_every_rank_exported_the_checkpoint(hf, tmp_path, 4)
     batch = vision_batch(hf)
     expected = _reference_logits(hf, batch)
     for rank in (2, 3):
