@@ -13,8 +13,10 @@ from rl360.network import free_port
 
 
 def init_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0,
-                  context_parallel: int = 1) -> None:
-    """Initialise torch.distributed (gloo on CPU, nccl on CUDA) and megatron's TP x CP x PP x DP groups.
+                  context_parallel: int = 1, expert_parallel: int = 1) -> None:
+    """Initialise torch.distributed (gloo on CPU, nccl on CUDA) and megatron's TP x CP x PP x DP groups, and
+    for a mixture of experts its expert groups: EP ranks taken from DP x CP, each holding 1/EP of the experts
+    (their gradients averaged over the remaining expert-data-parallel ranks).
 
     Rank and world size come from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, defaulting to a single
     process. Calling it again with the same sizes does nothing.
@@ -26,9 +28,10 @@ def init_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: in
     if parallel_state.model_parallel_is_initialized():
         sizes = (parallel_state.get_tensor_model_parallel_world_size(),
                  parallel_state.get_pipeline_model_parallel_world_size(),
-                 parallel_state.get_context_parallel_world_size())
-        if sizes != (tensor_parallel, pipeline_parallel, context_parallel):
-            raise RuntimeError(f"megatron parallel state already initialised with TP x PP x CP = {sizes}")
+                 parallel_state.get_context_parallel_world_size(),
+                 parallel_state.get_expert_model_parallel_world_size())
+        if sizes != (tensor_parallel, pipeline_parallel, context_parallel, expert_parallel):
+            raise RuntimeError(f"megatron parallel state already initialised with TP x PP x CP x EP = {sizes}")
         return
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -41,7 +44,8 @@ def init_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: in
                                 timeout=timedelta(minutes=30))
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel,
                                              pipeline_model_parallel_size=pipeline_parallel,
-                                             context_parallel_size=context_parallel)
+                                             context_parallel_size=context_parallel,
+                                             expert_model_parallel_size=expert_parallel)
     model_parallel_cuda_manual_seed(seed)
 
 
