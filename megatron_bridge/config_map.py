@@ -206,6 +206,9 @@ def moe_fields(hf: Mapping[str, Any], expert_parallel: int = 1, aux_loss_coeff: 
     `output_router_logits`, so the bridge does not take it from config.json (`actor.moe_aux_loss_coef` sets it)."""
     experts = num_experts(hf)
     if not experts:
+        if aux_loss_coeff:
+            raise ValueError(f"moe_aux_loss_coeff={aux_loss_coeff} needs a mixture-of-experts model "
+                             "(config.json has no num_experts)")
         return {}
     shared = int(hf.get("shared_expert_intermediate_size") or 0)
     return dict(

@@ -1,4 +1,5 @@
-"""Policy ranks at TP x PP for tests/test_policy_parallel.py, started by `rl360.cluster.launch.run_ranks`."""
+"""Policy ranks at TP x PP (or EP) for tests/test_policy_parallel.py and tests/test_policy_moe.py, started by
+`rl360.cluster.launch.run_ranks`."""
 
 from __future__ import annotations
 
@@ -50,3 +51,28 @@ def main(model_dir: str, out_dir: str, mode: str, tp: str, pp: str, micro: str, 
     save_file(gradient, f"{out_dir}/gradient_rank{rank}.safetensors")
     if logprobs is not None:
         torch.save(logprobs, f"{out_dir}/logprobs_rank{rank}.pt")
+
+
+def expert_parallel(model_dir: str, out_dir: str, mode: str, micro: str, extra: str = "") -> None:
+    """Two data-parallel ranks at EP=2, each with its half of the fixed batch: its log-probs, the (all-reduced)
+    gradient, and a checkpoint of the policy saved to `out_dir`/ckpt."""
+    from megatron_bridge.checkpoint import write_checkpoint_info
+
+    worker = PolicyWorker(config(model_dir, mode, 1, 1, int(micro), "actor.parallel.data=2", "actor.parallel.expert=2",
+                                 *filter(None, extra.split(" "))),
+                          rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                          master_port=int(os.environ["MASTER_PORT"]))
+    rank = dist.get_rank()
+    assert worker.layout()["exports"]  # the two EP ranks together hold every expert: both take part
+    batch = fixed_batch()
+    half = len(batch) // 2
+    mine = batch.select(slice(rank * half, (rank + 1) * half))
+    logprobs = worker.compute_logprobs(mine)
+    reference = worker.compute_logprobs(mine, True)
+    mine.old_logprobs, mine.ref_logprobs = logprobs - 0.05, reference + 0.02
+    worker.save_checkpoint(f"{out_dir}/ckpt")  # before the gradient lands in the weights (see gradient_as_hf)
+    if rank == 0:
+        write_checkpoint_info(f"{out_dir}/ckpt", worker.bridge, 1, 1, "float32", model_state_key="model")
+    worker.accumulate_gradients(mine)
+    save_file(gradient_as_hf(worker), f"{out_dir}/gradient_rank{rank}.safetensors")
+    torch.save(logprobs, f"{out_dir}/logprobs_rank{rank}.pt")

@@ -115,6 +115,19 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: 
     return RolloutBatch(input_ids, response_start, response_ids, response_mask, rollout_logprobs, images=kept)
 
 
+def split_to_count(groups: list[torch.Tensor], count: int) -> list[torch.Tensor]:
+    """`groups` of rows made `count` groups by halving the largest one until there are as many (each row stays
+    in one group, and the groups keep their order); `ValueError` if there are fewer rows than `count`."""
+    groups = list(groups)
+    if sum(len(group) for group in groups) < count:
+        raise ValueError(f"{sum(len(g) for g in groups)} rows cannot make {count} micro-batches")
+    while len(groups) < count:
+        largest = max(range(len(groups)), key=lambda k: len(groups[k]))
+        half = len(groups[largest]) // 2
+        groups[largest:largest + 1] = [groups[largest][:half], groups[largest][half:]]
+    return groups
+
+
 def micro_batch_rows(lengths: torch.Tensor, size: int, max_tokens: int = 0,
                      packed: bool = False) -> list[torch.Tensor]:
     """The rows of each micro-batch. `max_tokens` 0: `size` rows each, in order. Otherwise rows longest first,

@@ -17,7 +17,7 @@ import torch
 
 from megatron_bridge import Bridge
 from megatron_bridge.context_parallel import context_group, gather, local_part
-from rl360.actor.batch import RolloutBatch, micro_batch_rows
+from rl360.actor.batch import RolloutBatch, micro_batch_rows, split_to_count
 from rl360.actor.multimodal import MultimodalInputs
 from rl360.actor.offload import StateOffload
 from rl360.actor.parallel import init_parallel
@@ -51,7 +51,8 @@ class PolicyWorker:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
             torch.device("cpu")
         parallel = cfg.actor.parallel
-        init_parallel(parallel.tensor, parallel.pipeline, seed=cfg.seed, context_parallel=parallel.context)
+        init_parallel(parallel.tensor, parallel.pipeline, seed=cfg.seed, context_parallel=parallel.context,
+                      expert_parallel=parallel.expert)
         from megatron.core import parallel_state
 
         self.context, self.context_group = parallel.context, context_group()
@@ -119,7 +120,8 @@ class PolicyWorker:
     def _build_model(self, dtype: torch.dtype) -> list:
         chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype,
                                                training={**RECOMPUTE[self.cfg.actor.recompute],
-                                                         "sequence_parallel": self.cfg.actor.parallel.sequence},
+                                                         "sequence_parallel": self.cfg.actor.parallel.sequence,
+                                                         "moe_aux_loss_coeff": self.cfg.actor.moe_aux_loss_coef},
                                                attention=self.cfg.model.attention)
         if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
             for chunk in chunks:                   # each activation's shape before the activation
@@ -132,11 +134,15 @@ class PolicyWorker:
 
     def layout(self) -> dict[str, int | bool]:
         """Where this rank sits: its data-parallel index, and whether it returns results (the first
-        tensor- and context-parallel rank of the last pipeline stage) and takes part in weight export (replica 0)."""
+        tensor- and context-parallel rank of the last pipeline stage) and takes part in weight export (replica 0;
+        with expert parallelism the ranks of the first expert-data-parallel replica, which together hold every
+        expert)."""
         from megatron.core import parallel_state
 
         dp_rank = parallel_state.get_data_parallel_rank()
-        return {"dp_rank": dp_rank, "dp_size": self.dp_size, "exports": dp_rank == 0,
+        exports = parallel_state.get_expert_data_parallel_rank() == 0 if self.cfg.actor.parallel.expert > 1 \
+            else dp_rank == 0
+        return {"dp_rank": dp_rank, "dp_size": self.dp_size, "exports": exports,
                 "returns": self.last_stage and parallel_state.get_tensor_model_parallel_rank() == 0
                 and parallel_state.get_context_parallel_rank() == 0}
 
@@ -161,8 +167,9 @@ class PolicyWorker:
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits of the current policy for right-padded `input_ids` (tests and eval at
         TP = PP = 1)."""
-        if self.cfg.actor.parallel.tensor * self.cfg.actor.parallel.pipeline != 1:
-            raise NotImplementedError("PolicyWorker.logits runs at TP = PP = 1 only")
+        parallel = self.cfg.actor.parallel
+        if parallel.tensor * parallel.pipeline * parallel.expert != 1:
+            raise NotImplementedError("PolicyWorker.logits runs at TP = PP = EP = 1 only")
         input_ids = input_ids.to(self.device)
         positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
         if self.multimodal is not None:  # text: the same position on M-RoPE's three axes
@@ -272,8 +279,19 @@ class PolicyWorker:
         longest row; `_in_batch_order` puts their per-row results back in `batch`'s order."""
         rows = micro_batch_rows(batch.sequence_lengths(), self.micro_batch_size,
                                 self.cfg.actor.max_tokens_per_micro_batch, self.cfg.actor.pack_sequences)
+        if self.cfg.actor.parallel.expert > 1:  # every layer's all-to-all needs each EP rank's micro-batch
+            rows = split_to_count(rows, self._expert_parallel_max(len(rows)))
         self._micro_rows = torch.cat(rows)
         return [batch.select(group).cropped() for group in rows]
+
+    def _expert_parallel_max(self, count: int) -> int:
+        """The largest `count` of the expert-parallel ranks (token budgets can split their shards differently)."""
+        from megatron.core import parallel_state
+
+        most = torch.tensor([count], dtype=torch.long, device=self.device)
+        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX,
+                                     group=parallel_state.get_expert_model_parallel_group())
+        return int(most.item())
 
     def _in_batch_order(self, outputs: list[torch.Tensor]) -> torch.Tensor:
         """Per-row results of the last `_micro_batches` split, concatenated in the batch's row order."""
