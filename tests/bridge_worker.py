@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
@@ -56,6 +58,7 @@ def export_and_logits(hf_dir: str, out_dir: str, tp: str, pp: str, ep: str = "1"
     bridge = Bridge.from_hf_pretrained(hf_dir)
     models = bridge.to_megatron_model(load_weights=True)
     save_file(export_all(bridge, models), f"{out_dir}/exported_rank{rank}.safetensors")
+    (Path(out_dir) / f"parameters_rank{rank}.txt").write_text(str(sum(p.numel() for p in models[0].parameters())))
     if save == "1":
         bridge.save_hf_pretrained(models, f"{out_dir}/saved", max_shard_bytes=100_000)
     logits = pipeline_logits(models, token_ids(), bridge.vocab_size)

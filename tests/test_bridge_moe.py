@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from megatron_bridge import Bridge
 from megatron_bridge.config_map import check_supported, to_hf_config, to_megatron
 from rl360.cluster.launch import run_ranks
+from rl360.plan import rank_parameters
 from tests.bridge_worker import export_all, token_ids
 from tests.helpers import make_tiny_model
 
@@ -94,6 +95,10 @@ def test_parallel_round_trip_is_bitwise_and_logits_match_transformers(tiny, tmp_
     original = load_file(f"{hf}/model.safetensors")
     for rank in range(ranks):
         _assert_bitwise(load_file(tmp_path / f"exported_rank{rank}.safetensors"), original, rank)
+    hf_config = _config(tiny, arch)
+    for rank in range(ranks):  # `rl360 plan`'s count of each rank's share: megatron's own tensors
+        held = int((tmp_path / f"parameters_rank{rank}.txt").read_text())
+        assert rank_parameters(hf_config, tp, pp, stage=rank // (ranks // pp), expert=ep) == held, rank
     expected = _transformers_logits(hf)
     last_stage = range(ranks - ranks // pp, ranks)
     for rank in last_stage:
