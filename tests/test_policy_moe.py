@@ -85,3 +85,38 @@ def test_expert_parallel_policy_matches_one_rank(megatron_single_rank, moe_dirs,
     assert sorted(converted) == sorted(original)
     for name, tensor in original.items():
         assert torch.equal(converted[name], tensor), name
+
+
+def test_update_then_sync_keeps_engine_and_trainer_identical(megatron_single_rank, moe_dirs):
+    """Per-expert HF weights from the trainer land in the HF engine's fused experts (transformers 5)."""
+    model_dir = moe_dirs["qwen3_moe"]
+    worker = PolicyWorker(_config(model_dir))
+    engine = HFEngine(model_dir)
+    batch = _rollouts(engine, seed=1)
+    batch.old_logprobs = worker.compute_logprobs(batch)
+    assert worker.update(batch)["actor/grad_norm"] > 0
+    for bucket in worker.export_weights():
+        engine.update_weights(bucket, version=1)
+    assert engine.finish_weight_update(1) == 1
+    fresh = _rollouts(engine, seed=11)  # sampled from the synced weights
+    diff = (worker.compute_logprobs(fresh) - fresh.rollout_logprobs).abs() * fresh.response_mask
+    assert diff.sum() / fresh.response_mask.sum() <= 1e-6 and diff.max().item() <= 1e-5
+    for bucket in worker.export_weights():  # a bucket without one expert's up projection leaves it unset
+        engine.update_weights([(n, t) for n, t in bucket if n != "model.layers.1.mlp.experts.3.up_proj.weight"], 2)
+    with pytest.raises(RuntimeError, match=r"left parameters unset: \['model.layers.1.mlp.experts.gate_up_proj'\]"):
+        engine.finish_weight_update(2)
+
+
+def test_router_load_balancing_loss_reaches_the_router_only_when_configured(megatron_single_rank, moe_dirs):
+    model_dir = moe_dirs["qwen2_moe"]
+    batch = fixed_batch()
+    grads = {}
+    for coef in (0.0, 0.1):
+        worker = PolicyWorker(_config(model_dir, f"actor.moe_aux_loss_coef={coef}"))
+        batch.old_logprobs = worker.compute_logprobs(batch) - 0.05
+        worker.accumulate_gradients(batch)
+        grads[coef] = {name: p.main_grad.clone() for name, p in worker.models[0].module.named_parameters()}
+    router = "decoder.layers.1.mlp.router.weight"
+    assert (grads[0.1][router] - grads[0.0][router]).abs().max() > 1e-6
+    last_expert = "decoder.layers.1.mlp.experts.local_experts.0.linear_fc2.weight"  # after the router: untouched
+    torch.testing.assert_close(grads[0.1][last_expert], grads[0.0][last_expert], atol=1e-7, rtol=0)
