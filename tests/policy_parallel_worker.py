@@ -53,26 +53,65 @@ def main(model_dir: str, out_dir: str, mode: str, tp: str, pp: str, micro: str, 
         torch.save(logprobs, f"{out_dir}/logprobs_rank{rank}.pt")
 
 
-def expert_parallel(model_dir: str, out_dir: str, mode: str, micro: str, extra: str = "") -> None:
-    """Two data-parallel ranks at EP=2, each with its half of the fixed batch: its log-probs, the (all-reduced)
-    gradient, and a checkpoint of the policy saved to `out_dir`/ckpt."""
-    from megatron_bridge.checkpoint import write_checkpoint_info
+def _expert_parallel_worker(model_dir: str, mode: str, micro: int, extra: str = "") -> PolicyWorker:
+    return PolicyWorker(config(model_dir, mode, 1, 1, micro, "actor.parallel.data=2", "actor.parallel.expert=2",
+                               *filter(None, extra.split(" "))),
+                        rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                        master_port=int(os.environ["MASTER_PORT"]))
 
-    worker = PolicyWorker(config(model_dir, mode, 1, 1, int(micro), "actor.parallel.data=2", "actor.parallel.expert=2",
-                                 *filter(None, extra.split(" "))),
-                          rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                          master_port=int(os.environ["MASTER_PORT"]))
-    rank = dist.get_rank()
-    assert worker.layout()["exports"]  # the two EP ranks together hold every expert: both take part
+
+def _half_batch(rank: int):
     batch = fixed_batch()
     half = len(batch) // 2
-    mine = batch.select(slice(rank * half, (rank + 1) * half))
+    return batch.select(slice(rank * half, (rank + 1) * half))
+
+
+def expert_parallel(model_dir: str, out_dir: str, mode: str, micro: str, extra: str = "") -> None:
+    """Two data-parallel ranks at EP=2, each with its half of the fixed batch: its log-probs and the (all-reduced)
+    gradient."""
+    worker = _expert_parallel_worker(model_dir, mode, int(micro), extra)
+    rank = dist.get_rank()
+    assert worker.layout()["exports"]  # the two EP ranks together hold every expert: both take part
+    mine = _half_batch(rank)
     logprobs = worker.compute_logprobs(mine)
     reference = worker.compute_logprobs(mine, True)
     mine.old_logprobs, mine.ref_logprobs = logprobs - 0.05, reference + 0.02
-    worker.save_checkpoint(f"{out_dir}/ckpt")  # before the gradient lands in the weights (see gradient_as_hf)
-    if rank == 0:
-        write_checkpoint_info(f"{out_dir}/ckpt", worker.bridge, 1, 1, "float32", model_state_key="model")
     worker.accumulate_gradients(mine)
     save_file(gradient_as_hf(worker), f"{out_dir}/gradient_rank{rank}.safetensors")
     torch.save(logprobs, f"{out_dir}/logprobs_rank{rank}.pt")
+
+
+def expert_parallel_checkpoint(model_dir: str, out_dir: str) -> None:
+    """EP=2: one update, the policy's checkpoint saved to `out_dir`/ckpt, weights and optimizer state spoiled and
+    loaded back (each rank checks them against what it saved); rank 0 writes the whole model as exported then."""
+    from megatron_bridge.checkpoint import write_checkpoint_info
+
+    worker = _expert_parallel_worker(model_dir, "token-mean", 3)
+    rank = dist.get_rank()
+    mine = _half_batch(rank)
+    mine.old_logprobs = worker.compute_logprobs(mine) - 0.05
+    mine.ref_logprobs = worker.compute_logprobs(mine, True)
+    assert worker.update(mine)["actor/grad_norm"] > 0
+    def state() -> list[tuple[str, torch.Tensor]]:  # (loading the optimizer replaces its state tensors: fetched anew)
+        out = [(name, param) for name, param in worker.models[0].named_parameters()]
+        for part in getattr(worker.optimizer, "chained_optimizers", [worker.optimizer]):
+            inner = part.optimizer
+            for group in inner.param_groups:
+                for param in group["params"]:
+                    out += [(f"{tuple(param.shape)} {key}", value)
+                            for key, value in sorted(inner.state.get(param, {}).items()) if torch.is_tensor(value)]
+        return out
+
+    saved = [(name, tensor.detach().clone()) for name, tensor in state()]
+    worker.save_checkpoint(f"{out_dir}/ckpt")
+    if rank == 0:
+        write_checkpoint_info(f"{out_dir}/ckpt", worker.bridge, 1, 1, "float32", model_state_key="model")
+    with torch.no_grad():
+        for _, tensor in state():
+            tensor.add_(1.0)
+    worker.load_checkpoint(f"{out_dir}/ckpt")
+    for (name, tensor), (saved_name, before) in zip(state(), saved, strict=True):
+        assert name == saved_name and torch.equal(tensor, before), f"rank {rank}: {name} not restored"
+    exported = {name: t for bucket in worker.export_weights() for name, t in bucket}
+    if rank == 0:
+        save_file(exported, f"{out_dir}/exported.safetensors")

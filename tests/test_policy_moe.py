@@ -1,6 +1,7 @@
-"""The Megatron policy of a mixture-of-experts model: its log-probs equal the HF engine's, and at EP=2 (two
-data-parallel gloo ranks, two experts each) its log-probs and gradient equal one rank's; the checkpoint the EP
-ranks save converts back to the HF weights at EP=1."""
+"""The Megatron policy of a mixture-of-experts model: its log-probs equal the HF engine's, before and after an
+update and weight sync; at EP=2 (two data-parallel gloo ranks, two experts each) its log-probs and gradient equal
+one rank's; after an update at EP=2 its checkpoint restores the weights and Adam state, and converts to the same HF
+weights at EP=1."""
 
 import subprocess
 import sys
@@ -77,13 +78,23 @@ def test_expert_parallel_policy_matches_one_rank(megatron_single_rank, moe_dirs,
         assert sorted(gradient) == sorted(expected_gradient)
         for name, tensor in expected_gradient.items():
             assert (gradient[name] - tensor).abs().max().item() <= 1e-6, (rank, name)
-    # the checkpoint saved at EP=2 (experts split over the two ranks) converts to the HF weights at EP=1
+
+
+def test_expert_parallel_checkpoint_round_trip_and_conversion(moe_dirs, tmp_path):
+    """After an update at EP=2 the policy's checkpoint restores every rank's weights and Adam state; converted at
+    EP=1 it gives the weights the EP ranks exported, bitwise."""
+    model_dir = moe_dirs["qwen2_moe"]
+    run_ranks("tests.policy_parallel_worker:expert_parallel_checkpoint", 2, [model_dir, str(tmp_path)],
+              timeout_s=600)
     subprocess.run([sys.executable, "-m", "rl360.cli", "convert", "megatron-to-hf", "--ckpt", str(tmp_path / "ckpt"),
                     "--out", str(tmp_path / "back")], check=True, timeout=600)
-    original = load_file(f"{model_dir}/model.safetensors")
+    exported = load_file(tmp_path / "exported.safetensors")
     converted = load_file(tmp_path / "back" / "model.safetensors")
-    assert sorted(converted) == sorted(original)
-    for name, tensor in original.items():
+    original = load_file(f"{model_dir}/model.safetensors")
+    assert sorted(converted) == sorted(exported) == sorted(original)
+    assert not torch.equal(exported["model.layers.0.mlp.experts.3.down_proj.weight"],
+                           original["model.layers.0.mlp.experts.3.down_proj.weight"])  # the update moved them
+    for name, tensor in exported.items():
         assert torch.equal(converted[name], tensor), name
 
 
