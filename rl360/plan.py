@@ -247,10 +247,10 @@ def _run(args: argparse.Namespace) -> int:
     parallel = cfg.actor.parallel
     ranks = parallel.ranks
     context = f" x CP {parallel.context}" if parallel.context > 1 else ""
-    context += f" (EP {parallel.expert})" if parallel.expert > 1 else ""
+    experts = f" (EP {parallel.expert} within them)" if parallel.expert > 1 else ""
     nodes = -(-ranks // args.gpus_per_node)
-    print(f"{cfg.model.path}: policy TP {parallel.tensor}{context} x PP {parallel.pipeline} x DP {parallel.data} = "
-          f"{ranks} GPU(s) ({nodes} node(s) of {args.gpus_per_node}), dtype {cfg.model.dtype}")
+    print(f"{cfg.model.path}: policy TP {parallel.tensor}{context} x PP {parallel.pipeline} x DP {parallel.data}"
+          f"{experts} = {ranks} GPU(s) ({nodes} node(s) of {args.gpus_per_node}), dtype {cfg.model.dtype}")
     result = plan(cfg, args.gpu_memory_gb)
     print(result.report())
     return 0 if result.fits() else 1

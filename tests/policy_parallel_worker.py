@@ -81,12 +81,12 @@ def expert_parallel(model_dir: str, out_dir: str, mode: str, micro: str, extra: 
     torch.save(logprobs, f"{out_dir}/logprobs_rank{rank}.pt")
 
 
-def expert_parallel_checkpoint(model_dir: str, out_dir: str) -> None:
+def expert_parallel_checkpoint(model_dir: str, out_dir: str, extra: str = "") -> None:
     """EP=2: one update, the policy's checkpoint saved to `out_dir`/ckpt, weights and optimizer state spoiled and
     loaded back (each rank checks them against what it saved); rank 0 writes the whole model as exported then."""
     from megatron_bridge.checkpoint import write_checkpoint_info
 
-    worker = _expert_parallel_worker(model_dir, "token-mean", 3)
+    worker = _expert_parallel_worker(model_dir, "token-mean", 3, extra)
     rank = dist.get_rank()
     mine = _half_batch(rank)
     mine.old_logprobs = worker.compute_logprobs(mine) - 0.05

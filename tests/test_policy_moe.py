@@ -81,11 +81,12 @@ def test_expert_parallel_policy_matches_one_rank(megatron_single_rank, moe_dirs,
 
 
 def test_expert_parallel_checkpoint_round_trip_and_conversion(moe_dirs, tmp_path):
-    """After an update at EP=2 the policy's checkpoint restores every rank's weights and Adam state; converted at
+    """After an update at EP=2 (with the distributed optimizer: expert state split over the expert-data-parallel
+    ranks, the rest over DP) the policy's checkpoint restores every rank's weights and Adam state; converted at
     EP=1 it gives the weights the EP ranks exported, bitwise."""
     model_dir = moe_dirs["qwen2_moe"]
-    run_ranks("tests.policy_parallel_worker:expert_parallel_checkpoint", 2, [model_dir, str(tmp_path)],
-              timeout_s=600)
+    run_ranks("tests.policy_parallel_worker:expert_parallel_checkpoint", 2,
+              [model_dir, str(tmp_path), "actor.distributed_optimizer=true"], timeout_s=600)
     subprocess.run([sys.executable, "-m", "rl360.cli", "convert", "megatron-to-hf", "--ckpt", str(tmp_path / "ckpt"),
                     "--out", str(tmp_path / "back")], check=True, timeout=600)
     exported = load_file(tmp_path / "exported.safetensors")

@@ -434,6 +434,7 @@ class PolicyWorker:
         if torch.distributed.get_rank() == 0:  # the optimizer's kind: the two keep their state in different forms
             with open(os.path.join(ckpt_dir, OPTIMIZER_KIND_FILE), "w") as f:
                 json.dump({"distributed_optimizer": self.cfg.actor.distributed_optimizer}, f)
+        torch.distributed.barrier()  # complete on every rank's return (a load right after reads the kind)
 
     def load_checkpoint(self, ckpt_dir: str) -> None:
         """Restore what `save_checkpoint` wrote (the same TP x PP layout or another)."""
