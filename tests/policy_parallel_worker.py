@@ -53,26 +53,30 @@ def main(model_dir: str, out_dir: str, mode: str, tp: str, pp: str, micro: str, 
         torch.save(logprobs, f"{out_dir}/logprobs_rank{rank}.pt")
 
 
-def _expert_parallel_worker(model_dir: str, mode: str, micro: int, extra: str = "") -> PolicyWorker:
-    return PolicyWorker(config(model_dir, mode, 1, 1, micro, "actor.parallel.data=2", "actor.parallel.expert=2",
+def _expert_parallel_worker(model_dir: str, mode: str, micro: int, extra: str = "", dp: int = 2,
+                            ep: int = 2) -> PolicyWorker:
+    return PolicyWorker(config(model_dir, mode, 1, 1, micro, f"actor.parallel.data={dp}", f"actor.parallel.expert={ep}",
                                *filter(None, extra.split(" "))),
                         rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
                         master_port=int(os.environ["MASTER_PORT"]))
 
 
-def _half_batch(rank: int):
+def _share(rank: int, ranks: int = 2):
+    """Data-parallel rank `rank`'s contiguous share of the fixed batch."""
     batch = fixed_batch()
-    half = len(batch) // 2
-    return batch.select(slice(rank * half, (rank + 1) * half))
+    size = len(batch) // ranks
+    return batch.select(slice(rank * size, (rank + 1) * size))
 
 
-def expert_parallel(model_dir: str, out_dir: str, mode: str, micro: str, extra: str = "") -> None:
-    """Two data-parallel ranks at EP=2, each with its half of the fixed batch: its log-probs and the (all-reduced)
-    gradient."""
-    worker = _expert_parallel_worker(model_dir, mode, int(micro), extra)
+def expert_parallel(model_dir: str, out_dir: str, mode: str, micro: str, extra: str = "", dp: str = "2",
+                    ep: str = "2") -> None:
+    """`dp` data-parallel ranks at EP=`ep`, each with its share of the fixed batch: its log-probs and the
+    (all-reduced) gradient."""
+    worker = _expert_parallel_worker(model_dir, mode, int(micro), extra, int(dp), int(ep))
     rank = dist.get_rank()
-    assert worker.layout()["exports"]  # the two EP ranks together hold every expert: both take part
-    mine = _half_batch(rank)
+    # the first EP group (ranks 0 .. ep-1: EP varies faster than expert-data-parallel) holds every expert once
+    assert worker.layout()["exports"] == (rank < int(ep))
+    mine = _share(rank, int(dp))
     logprobs = worker.compute_logprobs(mine)
     reference = worker.compute_logprobs(mine, True)
     mine.old_logprobs, mine.ref_logprobs = logprobs - 0.05, reference + 0.02
@@ -88,7 +92,7 @@ def expert_parallel_checkpoint(model_dir: str, out_dir: str, extra: str = "") ->
 
     worker = _expert_parallel_worker(model_dir, "token-mean", 3, extra)
     rank = dist.get_rank()
-    mine = _half_batch(rank)
+    mine = _share(rank)
     mine.old_logprobs = worker.compute_logprobs(mine) - 0.05
     mine.ref_logprobs = worker.compute_logprobs(mine, True)
     assert worker.update(mine)["actor/grad_norm"] > 0

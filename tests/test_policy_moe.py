@@ -54,26 +54,29 @@ def test_token_budget_splits_the_halves_unevenly_and_split_to_count_evens_them()
         split_to_count(rows[0], 9)
 
 
-@pytest.mark.parametrize("arch, mode, extra", [
-    ("qwen3_moe", "token-mean", ""),
+@pytest.mark.parametrize("arch, mode, extra, dp, ep", [
+    ("qwen3_moe", "token-mean", "", 2, 2),
     # token budgets split the two ranks' halves into different numbers of micro-batches: the policy evens them
-    ("qwen2_moe", "seq-mean-token-sum-norm", f"actor.max_tokens_per_micro_batch={UNEVEN_BUDGET}"),
-])
-def test_expert_parallel_policy_matches_one_rank(megatron_single_rank, moe_dirs, tmp_path, arch, mode, extra):
+    ("qwen2_moe", "seq-mean-token-sum-norm", f"actor.max_tokens_per_micro_batch={UNEVEN_BUDGET}", 2, 2),
+    # two expert-data-parallel replicas: each expert's gradient all-reduced over the two ranks that hold it
+    ("qwen2_moe", "token-mean", "", 4, 2),
+], ids=["qwen3_moe-dp2ep2", "qwen2_moe-dp2ep2-token-budget", "qwen2_moe-dp4ep2"])
+def test_expert_parallel_policy_matches_one_rank(megatron_single_rank, moe_dirs, tmp_path, arch, mode, extra, dp,
+                                                 ep):
     model_dir, micro = moe_dirs[arch], 3
     expected_logprobs, expected_gradient = logprobs_and_gradient(
         PolicyWorker(config(model_dir, mode, 1, 1, micro, *filter(None, [extra]))))
-    run_ranks("tests.policy_parallel_worker:expert_parallel", 2, [model_dir, str(tmp_path), mode, str(micro), extra],
-              timeout_s=600)
-    half = len(expected_logprobs) // 2
-    for rank in range(2):  # each data-parallel rank's half of the batch
+    run_ranks("tests.policy_parallel_worker:expert_parallel", dp,
+              [model_dir, str(tmp_path), mode, str(micro), extra, str(dp), str(ep)], timeout_s=600)
+    share = len(expected_logprobs) // dp
+    for rank in range(dp):  # each data-parallel rank's share of the batch
         got = torch.load(tmp_path / f"logprobs_rank{rank}.pt")
-        mine = expected_logprobs[rank * half:(rank + 1) * half]
+        mine = expected_logprobs[rank * share:(rank + 1) * share]
         torch.testing.assert_close(got, mine[:, :got.shape[1]], atol=1e-5, rtol=0)
         assert mine[:, got.shape[1]:].abs().sum() == 0
     expert_rows = [name for name in expected_gradient if ".mlp.experts." in name]
     assert all(expected_gradient[name].abs().sum() > 0 for name in expert_rows)  # every expert got tokens
-    for rank in range(2):
+    for rank in range(dp):
         gradient = load_file(tmp_path / f"gradient_rank{rank}.safetensors")
         assert sorted(gradient) == sorted(expected_gradient)
         for name, tensor in expected_gradient.items():
