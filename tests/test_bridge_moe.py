@@ -163,3 +163,14 @@ def test_aux_loss_is_off_unless_configured(tiny):
     assert (off.moe_router_load_balancing_type, off.moe_aux_loss_coeff) == ("none", 0.0)
     on, _ = to_megatron(config, arch, training={"moe_aux_loss_coeff": 0.01})  # ... the run's is
     assert (on.moe_router_load_balancing_type, on.moe_aux_loss_coeff) == ("aux_loss", 0.01)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_other_routing_would_show_in_the_logits(megatron_single_rank, tiny, arch):
+    """norm_topk_prob flipped (megatron's other routing) moves the logits far past the 1e-4 the tests allow."""
+    from tests.bridge_worker import pipeline_logits
+
+    config = _config(tiny, arch)
+    bridge = Bridge(tiny[arch], config | {"norm_topk_prob": not config["norm_topk_prob"]})
+    logits = pipeline_logits(bridge.to_megatron_model(load_weights=True), token_ids(), bridge.vocab_size)
+    assert (logits - _transformers_logits(tiny[arch])).abs().max().item() > 0.1
