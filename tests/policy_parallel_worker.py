@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -87,7 +88,8 @@ def expert_parallel(model_dir: str, out_dir: str, mode: str, micro: str, extra: 
 
 def expert_parallel_checkpoint(model_dir: str, out_dir: str, extra: str = "") -> None:
     """EP=2: one update, the policy's checkpoint saved to `out_dir`/ckpt, weights and optimizer state spoiled and
-    loaded back (each rank checks them against what it saved); rank 0 writes the whole model as exported then."""
+    loaded back (each rank checks them against what it saved); rank 0 writes the whole model as exported then.
+    Each rank also writes the bytes its optimizer state holds."""
     from megatron_bridge.checkpoint import write_checkpoint_info
 
     worker = _expert_parallel_worker(model_dir, "token-mean", 3, extra)
@@ -96,6 +98,7 @@ def expert_parallel_checkpoint(model_dir: str, out_dir: str, extra: str = "") ->
     mine.old_logprobs = worker.compute_logprobs(mine) - 0.05
     mine.ref_logprobs = worker.compute_logprobs(mine, True)
     assert worker.update(mine)["actor/grad_norm"] > 0
+    (Path(out_dir) / f"optimizer_bytes_rank{rank}.txt").write_text(str(worker.state_bytes()["optimizer"]))
     def state() -> list[tuple[str, torch.Tensor]]:  # (loading the optimizer replaces its state tensors: fetched anew)
         out = [(name, param) for name, param in worker.models[0].named_parameters()]
         for part in getattr(worker.optimizer, "chained_optimizers", [worker.optimizer]):

@@ -86,10 +86,20 @@ def test_expert_parallel_policy_matches_one_rank(megatron_single_rank, moe_dirs,
 def test_expert_parallel_checkpoint_round_trip_and_conversion(moe_dirs, tmp_path):
     """After an update at EP=2 (with the distributed optimizer: expert state split over the expert-data-parallel
     ranks, the rest over DP) the policy's checkpoint restores every rank's weights and Adam state; converted at
-    EP=1 it gives the weights the EP ranks exported, bitwise."""
+    EP=1 it gives the weights the EP ranks exported, bitwise. Each rank's optimizer state is what `rl360 plan`
+    counts."""
+    from rl360.plan import plan
+
     model_dir = moe_dirs["qwen2_moe"]
     run_ranks("tests.policy_parallel_worker:expert_parallel_checkpoint", 2,
               [model_dir, str(tmp_path), "actor.distributed_optimizer=true"], timeout_s=600)
+    # `rl360 plan`'s optimizer term: the dense state split over the 2 DP ranks, each expert's whole on its EP rank
+    terms = {term.name.split(" (")[0]: term.bytes for term in plan(config(
+        model_dir, "token-mean", 1, 1, 3, "actor.parallel.data=2", "actor.parallel.expert=2",
+        "actor.distributed_optimizer=true")).terms}
+    for rank in range(2):
+        measured = int((tmp_path / f"optimizer_bytes_rank{rank}.txt").read_text())
+        assert terms["policy optimizer"] == pytest.approx(measured, rel=0.01), (rank, terms, measured)
     subprocess.run([sys.executable, "-m", "rl360.cli", "convert", "megatron-to-hf", "--ckpt", str(tmp_path / "ckpt"),
                     "--out", str(tmp_path / "back")], check=True, timeout=600)
     exported = load_file(tmp_path / "exported.safetensors")
