@@ -233,10 +233,24 @@ class Bridge:
                     full = full[:self.vocab_size]
                 tensors = self._split(full, layout)
             if expert is not None and shard.size > 1 and stage == my_stage:
-                tensors = _broadcast_tensors(tensors, ep_ranks[shard.owner(expert)], ep_group)
+                tensors = _broadcast_tensors(tensors, ep_ranks[shard.owner(expert)], ep_group,
+                                             known=self._expert_meta(mcore, layout, params, shard))
             if len(pp_ranks) > 1:
                 tensors = _broadcast_tensors(tensors, pp_ranks[stage], pp_group)
             yield from zip(hf_names, tensors)
+
+    def _expert_meta(self, mcore: str, layout: str, params: dict[str, torch.Tensor], shard: ExpertShard) -> Meta:
+        """Shapes and dtypes of the HF tensors of expert row `mcore`: those of this rank's own first expert in
+        the same place (every expert alike), so the EP broadcast needs no metadata round."""
+        own = shard.global_name(mcore.replace(f".local_experts.{expert_index(mcore)}.", ".local_experts.0.", 1))
+        param = params[own]
+        where = TPSlice.current(own, param)
+        shape = list(param.shape)
+        if where.dim is not None:
+            shape[where.dim] *= where.size
+        if layout == "gate_up":
+            return [((shape[0] // 2, *shape[1:]), param.dtype)] * 2
+        return [(tuple(shape), param.dtype)]
 
     # ---- rows of the table on this rank --------------------------------------------------------------
 
@@ -334,10 +348,17 @@ def _router_of(expert_param: str) -> str:
     return expert_param.split(".mlp.experts.")[0] + ".mlp.router.weight"
 
 
-def _broadcast_tensors(tensors: tuple[torch.Tensor, ...] | None, src: int, group) -> tuple[torch.Tensor, ...]:
-    """`tensors` of the rank `src` (global rank) on every rank of `group`: shapes and dtypes first."""
-    meta = [[(tuple(t.shape), t.dtype) for t in tensors] if tensors is not None else None]
-    dist.broadcast_object_list(meta, src=src, group=group)
+Meta = list[tuple[tuple[int, ...], torch.dtype]]
+
+
+def _broadcast_tensors(tensors: tuple[torch.Tensor, ...] | None, src: int, group,
+                       known: Meta | None = None) -> tuple[torch.Tensor, ...]:
+    """`tensors` of the rank `src` (global rank) on every rank of `group`: shapes and dtypes first, unless every
+    rank `known`s them already."""
+    meta = [known]
+    if known is None:
+        meta = [[(tuple(t.shape), t.dtype) for t in tensors] if tensors is not None else None]
+        dist.broadcast_object_list(meta, src=src, group=group)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     if tensors is None:
         tensors = tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in meta[0])
