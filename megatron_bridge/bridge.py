@@ -1,8 +1,9 @@
 """`Bridge`: build megatron-core models from Hugging Face checkpoints and stream weights back in HF names.
 
-Any TP x PP layout: each rank builds its pipeline stage's chunk, reads only its tensor-parallel slices
-from the safetensors files, and on export every rank yields the whole model in HF names and order,
-gathered over TP (all-gather) and PP (broadcast from the stage that holds each layer). Every rank of a
+Any TP x PP (x EP for a mixture of experts) layout: each rank builds its pipeline stage's chunk, reads only
+its tensor-parallel slices (and its experts) from the safetensors files, and on export every rank yields the
+whole model in HF names and order, gathered over TP (all-gather), EP (broadcast from the rank holding each
+expert) and PP (broadcast from the stage that holds each layer). Every rank of a
 model-parallel group must take part in `export_hf_weights` / `save_hf_pretrained` (they are collectives).
 """
 
@@ -21,10 +22,17 @@ from safetensors.torch import save_file
 from megatron_bridge import vision
 from megatron_bridge.arch import Architecture, get_architecture
 from megatron_bridge.arch.base import split_gate_up, split_qkv
-from megatron_bridge.config_map import check_supported, head_dim, num_query_groups, to_hf_config, to_megatron
+from megatron_bridge.config_map import (
+    check_supported,
+    head_dim,
+    num_experts,
+    num_query_groups,
+    to_hf_config,
+    to_megatron,
+)
 from megatron_bridge.layer_spec import layer_spec, resolve_attention, to_local_name
 from megatron_bridge.safetensors_io import INDEX_FILE, SINGLE_FILE, SafetensorsReader
-from megatron_bridge.sharding import VOCAB_PARAMS, TPSlice, gather_full, load_into
+from megatron_bridge.sharding import VOCAB_PARAMS, ExpertShard, TPSlice, expert_index, gather_full, load_into
 from megatron_bridge.vl_model import vision_language_model_class
 
 # files copied beside the saved weights so tokenizer, chat template and generation defaults come along
@@ -63,6 +71,11 @@ class Bridge:
         return int(self.lm_config["vocab_size"])
 
     @property
+    def num_experts(self) -> int:
+        """Routed experts per layer (0 for a dense model)."""
+        return num_experts(self.lm_config) if self.arch.moe else 0
+
+    @property
     def tied_embeddings(self) -> bool:
         return bool(self.lm_config.get("tie_word_embeddings"))
 
@@ -88,15 +101,18 @@ class Bridge:
         if virtual > 1 and self.arch.vision:
             raise ValueError(f"{self.arch.name}: virtual pipeline stages are not built for vision-language models "
                              f"(actor.parallel.virtual_pipeline={virtual}; use 1)")
+        if self.num_experts:
+            _define_te_general_gemm()
         config, kwargs = to_megatron(self.lm_config, self.arch, params_dtype,
                                      parallel_state.get_tensor_model_parallel_world_size(),
                                      parallel_state.get_pipeline_model_parallel_world_size(),
                                      self.vocab_divisible_by, training,
-                                     parallel_state.get_context_parallel_world_size(), virtual)
+                                     parallel_state.get_context_parallel_world_size(), virtual_pipeline=virtual,
+                                     expert_parallel=parallel_state.get_expert_model_parallel_world_size())
         if attention == "local" and config.context_parallel_size > 1:
             raise ValueError("context parallelism needs attention 'torch' or 'te' (megatron's local attention "
                              "refuses it)")
-        spec = layer_spec(attention, self.arch.qk_layernorm)
+        spec = layer_spec(attention, self.arch.qk_layernorm, self.num_experts)
         chunks = [self._build_chunk(config, kwargs, spec, params_dtype, vp_stage if virtual > 1 else None)
                   for vp_stage in range(virtual)]
         if load_weights:
@@ -130,16 +146,12 @@ class Bridge:
 
     def load_hf_weights(self, models: list) -> None:
         """Copy the HF safetensors weights into this rank's `models`, reading only this rank's slices."""
-        from megatron.core import parallel_state
-
         params = self._rank_parameters(models)
-        tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        tp_size = parallel_state.get_tensor_model_parallel_world_size()
         with SafetensorsReader(self.hf_dir) as reader:  # (leaving it waits for copies still on their way)
             self._check_checkpoint_names(reader.names())
             for mcore, hf_names, layout in self._load_rows(params):
                 target = params[mcore]
-                where = TPSlice.of(mcore, target, tp_rank, tp_size)
+                where = TPSlice.current(mcore, target)
                 try:
                     load_into(reader, hf_names, layout, where, num_query_groups(self.lm_config), target.data)
                 except ValueError as error:
@@ -203,32 +215,52 @@ class Bridge:
                     shutil.copy2(self.hf_dir / name, out / name)
 
     def _iter_hf_tensors(self, models: list) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every HF tensor in table order: gathered over TP by its stage, broadcast over PP."""
+        """Every HF tensor in table order: gathered over TP by its stage (a routed expert over expert TP by
+        its EP rank, then broadcast to the stage's other EP ranks), broadcast over PP."""
         from megatron.core import parallel_state
 
         params = self._rank_parameters(models)
-        tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        tp_size = parallel_state.get_tensor_model_parallel_world_size()
         pp_group = parallel_state.get_pipeline_model_parallel_group()
         pp_ranks = dist.get_process_group_ranks(pp_group) if dist.is_initialized() else [0]
         owners = self._stage_owners(params, pp_group, len(pp_ranks))
         my_stage = parallel_state.get_pipeline_model_parallel_rank()
+        shard = ExpertShard.current(self.num_experts)
+        ep_group = parallel_state.get_expert_model_parallel_group() if shard.size > 1 else None
+        ep_ranks = dist.get_process_group_ranks(ep_group) if ep_group is not None else [0]
         for mcore, hf_names, layout in self._all_rows():
             tensors = None
-            if owners[mcore] == my_stage:
+            expert = expert_index(mcore)
+            stage = owners[mcore if expert is None else _router_of(mcore)]
+            if stage == my_stage and mcore in params:
                 param = params[mcore]  # (detach() would drop megatron's partition attributes)
-                full = gather_full(param.detach(), layout, TPSlice.of(mcore, param, tp_rank, tp_size))
+                full = gather_full(param.detach(), layout, TPSlice.current(mcore, param))
                 if mcore in VOCAB_PARAMS:
                     full = full[:self.vocab_size]
                 tensors = self._split(full, layout)
+            if expert is not None and shard.size > 1 and stage == my_stage:
+                tensors = _broadcast_tensors(tensors, ep_ranks[shard.owner(expert)], ep_group,
+                                             known=self._expert_meta(mcore, layout, params, shard))
             if len(pp_ranks) > 1:
-                tensors = _broadcast_tensors(tensors, pp_ranks[owners[mcore]], pp_group)
+                tensors = _broadcast_tensors(tensors, pp_ranks[stage], pp_group)
             yield from zip(hf_names, tensors)
+
+    def _expert_meta(self, mcore: str, layout: str, params: dict[str, torch.Tensor], shard: ExpertShard) -> Meta:
+        """Shapes and dtypes of the HF tensors of expert row `mcore`: those of this rank's own first expert in
+        the same place (every expert alike), so the EP broadcast needs no metadata round."""
+        own = shard.global_name(mcore.replace(f".local_experts.{expert_index(mcore)}.", ".local_experts.0.", 1))
+        param = params[own]
+        where = TPSlice.current(own, param)
+        shape = list(param.shape)
+        if where.dim is not None:
+            shape[where.dim] *= where.size
+        if layout == "gate_up":
+            return [((shape[0] // 2, *shape[1:]), param.dtype)] * 2
+        return [(tuple(shape), param.dtype)]
 
     # ---- rows of the table on this rank --------------------------------------------------------------
 
     def _all_rows(self) -> list[Row]:
-        rows = self.arch.rows(self.lm_config["num_hidden_layers"], self.tied_embeddings)
+        rows = self.arch.rows(self.lm_config["num_hidden_layers"], self.tied_embeddings, self.num_experts)
         if self.arch.vision:
             if self._vision_rows is None:
                 self._vision_rows = [(vision.MEGATRON_PREFIX + name, (vision.HF_PREFIX + name,), "same")
@@ -238,9 +270,11 @@ class Bridge:
 
     def _rank_parameters(self, models: list) -> dict[str, torch.Tensor]:
         """This rank's parameters by megatron name (in the local spec's names, as the tables are written; see
-        `megatron_bridge.layer_spec`) with global layer indices, checked against the table:
-        every row of this stage's layers (and its embedding / final norm / output layer) is present and
-        nothing else, except the output layer that a last stage holds as a copy of tied embeddings."""
+        `megatron_bridge.layer_spec`) with global layer (and expert) indices, checked against the table: every
+        row of this stage's layers (its experts only, for a mixture of experts) and its embedding / final norm /
+        output layer is present and nothing else, except the output layer that a last stage holds as a copy of
+        tied embeddings."""
+        shard = ExpertShard.current(self.num_experts)
         params, layers = {}, set()
         first = last = False
         for model in models:
@@ -252,8 +286,9 @@ class Bridge:
                 parts = name.split(".")
                 if name.startswith("decoder.layers."):
                     parts[2] = str(global_index[parts[2]])
-                params[to_local_name(".".join(parts))] = param  # the tables' names, whichever layer spec
-        expected = {mcore for mcore, _, _ in self._all_rows() if _row_on_stage(mcore, layers, first, last)}
+                params[to_local_name(shard.global_name(".".join(parts)))] = param  # the tables' names
+        expected = {mcore for mcore, _, _ in self._all_rows()
+                    if _row_on_stage(mcore, layers, first, last) and shard.holds(mcore)}
         tied_copy = {"output_layer.weight"} if self.tied_embeddings and last and not first else set()
         missing, unmapped = sorted(expected - set(params)), sorted(set(params) - expected - tied_copy)
         if missing or unmapped:
@@ -306,10 +341,31 @@ def _row_on_stage(mcore: str, layers: set[int], first: bool, last: bool) -> bool
     return first if mcore.startswith(("embedding.", vision.MEGATRON_PREFIX)) else last
 
 
-def _broadcast_tensors(tensors: tuple[torch.Tensor, ...] | None, src: int, group) -> tuple[torch.Tensor, ...]:
-    """`tensors` of the rank `src` (global rank) on every rank of `group`: shapes and dtypes first."""
-    meta = [[(tuple(t.shape), t.dtype) for t in tensors] if tensors is not None else None]
-    dist.broadcast_object_list(meta, src=src, group=group)
+def _define_te_general_gemm() -> None:
+    """megatron-core 0.16.1's router tests `te_general_gemm is not None` but, without Transformer Engine, never
+    defines the name (a NameError at the first forward): define it as None, which selects its torch matmul."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def _router_of(expert_param: str) -> str:
+    """The router of an expert's layer: every EP rank of the layer's stage holds it (see `_stage_owners`)."""
+    return expert_param.split(".mlp.experts.")[0] + ".mlp.router.weight"
+
+
+Meta = list[tuple[tuple[int, ...], torch.dtype]]
+
+
+def _broadcast_tensors(tensors: tuple[torch.Tensor, ...] | None, src: int, group,
+                       known: Meta | None = None) -> tuple[torch.Tensor, ...]:
+    """`tensors` of the rank `src` (global rank) on every rank of `group`: shapes and dtypes first, unless every
+    rank `known`s them already."""
+    meta = [known]
+    if known is None:
+        meta = [[(tuple(t.shape), t.dtype) for t in tensors] if tensors is not None else None]
+        dist.broadcast_object_list(meta, src=src, group=group)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     if tensors is None:
         tensors = tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in meta[0])

@@ -45,8 +45,36 @@ def check_supported(hf: Mapping[str, Any]) -> None:
     groups = hf.get("num_key_value_heads") or heads
     if heads % groups:
         problems.append(f"num_key_value_heads={groups!r} does not divide num_attention_heads={heads!r}")
+    problems += _moe_problems(hf)
     if problems:
         raise ValueError("config.json fields the bridge cannot honour: " + "; ".join(problems))
+
+
+def num_experts(hf: Mapping[str, Any]) -> int:
+    """Routed experts per layer, 0 for a dense model: `num_experts` (released Qwen-MoE configs) or
+    `num_local_experts` (what transformers 5 writes for Qwen3-MoE)."""
+    return int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+
+
+def _moe_problems(hf: Mapping[str, Any]) -> list[str]:
+    """Every layer sparse (megatron's MoE layer spec for all of them), top-k routing it can reproduce."""
+    experts = num_experts(hf)
+    if not experts:
+        return []
+    problems = []
+    if hf.get("decoder_sparse_step", 1) != 1:
+        problems.append(f"decoder_sparse_step={hf['decoder_sparse_step']!r} (only 1: every layer a MoE layer)")
+    if hf.get("mlp_only_layers"):
+        problems.append(f"mlp_only_layers={hf['mlp_only_layers']!r} (only []: every layer a MoE layer)")
+    topk = hf.get("num_experts_per_tok")
+    if not isinstance(topk, int) or not 1 <= topk <= experts:
+        problems.append(f"num_experts_per_tok={topk!r} (between 1 and the {experts} experts)")
+    elif topk == 1 and hf.get("norm_topk_prob"):  # megatron's top-1 routing keeps the softmax probability
+        problems.append("norm_topk_prob=True with num_experts_per_tok=1 (megatron's top-1 weight is the "
+                        "softmax probability, not 1)")
+    if not hf.get("moe_intermediate_size"):
+        problems.append(f"moe_intermediate_size={hf.get('moe_intermediate_size')!r} (the experts' width is needed)")
+    return problems
 
 
 # megatron-core applies llama3 RoPE scaling with these fixed values; only `factor` is a parameter
@@ -109,16 +137,19 @@ def num_query_groups(hf: Mapping[str, Any]) -> int:
 def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture, params_dtype: torch.dtype = torch.float32,
                 tensor_parallel: int = 1, pipeline_parallel: int = 1,
                 vocab_divisible_by: int = 128, training: Mapping[str, Any] | None = None,
-                context_parallel: int = 1, virtual_pipeline: int = 1) -> tuple[Any, dict[str, Any]]:
+                context_parallel: int = 1, virtual_pipeline: int = 1,
+                expert_parallel: int = 1) -> tuple[Any, dict[str, Any]]:
     """(TransformerConfig, GPTModel keyword arguments) describing the HF model at TP x PP (x `virtual_pipeline`
-    chunks per pipeline rank), with CPU-safe settings: no fused kernels, no dropout, parameters created in
-    `params_dtype`; `training` sets further TransformerConfig fields that do not change the model (activation
-    recomputation, ...)."""
+    chunks per pipeline rank, x EP for a mixture of experts), with CPU-safe settings: no fused kernels, no
+    dropout, parameters created in `params_dtype`; `training` sets further TransformerConfig fields that do not
+    change the model (activation recomputation, `moe_aux_loss_coeff`, ...)."""
     from megatron.core.transformer import TransformerConfig
 
     hf = as_dict(hf)
     check_supported(hf)
-    _check_divisible(hf, tensor_parallel, pipeline_parallel, virtual_pipeline)
+    _check_divisible(hf, tensor_parallel, pipeline_parallel, virtual_pipeline, expert_parallel)
+    training = dict(training or {})
+    moe = moe_fields(hf, expert_parallel, float(training.pop("moe_aux_loss_coeff", 0.0)))
     rope = rope_scaling(hf)[1]
     config = TransformerConfig(
         tensor_model_parallel_size=tensor_parallel,
@@ -150,7 +181,8 @@ def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture, params_dtype: t
         persist_layer_norm=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
-        **(training or {}),
+        **moe,
+        **training,
     )
     model_kwargs = dict(
         vocab_size=padded_vocab_size(hf["vocab_size"], tensor_parallel, vocab_divisible_by),
@@ -164,13 +196,57 @@ def to_megatron(hf: Mapping[str, Any] | Any, arch: Architecture, params_dtype: t
     return config, model_kwargs
 
 
+def moe_fields(hf: Mapping[str, Any], expert_parallel: int = 1, aux_loss_coeff: float = 0.0) -> dict[str, Any]:
+    """TransformerConfig fields of a mixture-of-experts model ({} for a dense one).
+
+    Routing: HF takes the softmax over all experts, then the top k, renormalised over them when
+    `norm_topk_prob`. Megatron's default (top k of the logits, softmax over those k) is that renormalised
+    form; `moe_router_pre_softmax` (softmax over all, then top k, as is) is the other. Dropless (no capacity
+    factor), experts one `SequentialMLP` each (no grouped GEMM), tokens exchanged by the all-to-all
+    dispatcher (gloo on CPU runs it too). The load-balancing loss is off unless `aux_loss_coeff` > 0: RL
+    fine-tunes an already balanced router, and HF's own `router_aux_loss_coef` only enters its loss with
+    `output_router_logits`, so the bridge does not take it from config.json (`actor.moe_aux_loss_coef` sets it)."""
+    experts = num_experts(hf)
+    if not experts:
+        if aux_loss_coeff:
+            raise ValueError(f"moe_aux_loss_coeff={aux_loss_coeff} needs a mixture-of-experts model "
+                             "(config.json has no num_experts)")
+        return {}
+    shared = int(hf.get("shared_expert_intermediate_size") or 0)
+    return dict(
+        num_moe_experts=experts,
+        moe_router_topk=int(hf["num_experts_per_tok"]),
+        moe_ffn_hidden_size=int(hf["moe_intermediate_size"]),
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not hf.get("norm_topk_prob", False),
+        moe_shared_expert_intermediate_size=shared or None,
+        moe_shared_expert_gate=bool(shared),  # Qwen2-MoE: sigmoid(shared_expert_gate(x)) x shared expert
+        moe_grouped_gemm=False,
+        moe_token_dispatcher_type="alltoall",
+        moe_expert_capacity_factor=None,
+        moe_permute_fusion=False,
+        moe_router_load_balancing_type="aux_loss" if aux_loss_coeff > 0 else "none",
+        moe_aux_loss_coeff=aux_loss_coeff,
+        expert_model_parallel_size=expert_parallel,
+    )
+
+
 def _check_divisible(hf: Mapping[str, Any], tensor_parallel: int, pipeline_parallel: int,
-                     virtual_pipeline: int = 1) -> None:
+                     virtual_pipeline: int = 1, expert_parallel: int = 1) -> None:
     layer_split = f"PP={pipeline_parallel}" + (f" x VPP={virtual_pipeline}" if virtual_pipeline > 1 else "")
     sizes = {"num_attention_heads": (hf["num_attention_heads"], tensor_parallel, f"TP={tensor_parallel}"),
              "num_key_value_heads": (num_query_groups(hf), tensor_parallel, f"TP={tensor_parallel}"),
-             "intermediate_size": (hf["intermediate_size"], tensor_parallel, f"TP={tensor_parallel}"),
              "num_hidden_layers": (hf["num_hidden_layers"], pipeline_parallel * virtual_pipeline, layer_split)}
+    if num_experts(hf):  # every layer sparse: the dense `intermediate_size` is not built
+        sizes["moe_intermediate_size"] = (hf["moe_intermediate_size"], tensor_parallel, f"TP={tensor_parallel}")
+        sizes["shared_expert_intermediate_size"] = (hf.get("shared_expert_intermediate_size") or 0,
+                                                    tensor_parallel, f"TP={tensor_parallel}")
+        sizes["num_experts"] = (num_experts(hf), expert_parallel, f"EP={expert_parallel}")
+    else:
+        sizes["intermediate_size"] = (hf["intermediate_size"], tensor_parallel, f"TP={tensor_parallel}")
+        if expert_parallel > 1:
+            raise ValueError(f"expert parallelism EP={expert_parallel} needs a mixture-of-experts model "
+                             f"(config.json has no num_experts)")
     bad = [f"{field}={value} is not divisible by {name}"
            for field, (value, size, name) in sizes.items() if value % size]
     if bad:
@@ -197,6 +273,17 @@ def to_hf_config(hf: Mapping[str, Any] | Any, model: Any, dtype: torch.dtype,
         "tie_word_embeddings": (model.share_embeddings_and_output_weights, bool(lm.get("tie_word_embeddings"))),
         "rope_theta": (float(model.rotary_base), rope_theta(lm)),
     }
+    if num_experts(lm):
+        expected.update({
+            "num_experts": (config.num_moe_experts, num_experts(lm)),
+            "num_experts_per_tok": (config.moe_router_topk, lm["num_experts_per_tok"]),
+            "moe_intermediate_size": (config.moe_ffn_hidden_size, lm["moe_intermediate_size"]),
+            "norm_topk_prob": (not config.moe_router_pre_softmax, bool(lm.get("norm_topk_prob", False))),
+            "shared_expert_intermediate_size": (config.moe_shared_expert_intermediate_size or 0,
+                                                int(lm.get("shared_expert_intermediate_size") or 0)),
+        })
+    else:
+        expected["num_experts"] = (config.num_moe_experts, None)
     mismatched = [f"{name}: megatron {ours!r} vs config.json {theirs!r}"
                   for name, (ours, theirs) in expected.items() if ours != theirs]
     if mismatched:

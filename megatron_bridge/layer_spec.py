@@ -87,20 +87,22 @@ def resolve_attention(attention: str) -> str:
     return attention
 
 
-def layer_spec(attention: str, qk_layernorm: bool) -> tuple[Any, type]:
-    """(decoder layer ModuleSpec, final norm class) for a resolved `attention` (te, torch or local)."""
+def layer_spec(attention: str, qk_layernorm: bool, num_experts: int = 0) -> tuple[Any, type]:
+    """(decoder layer ModuleSpec, final norm class) for a resolved `attention` (te, torch or local); with
+    `num_experts` a mixture-of-experts layer (a router and one `SequentialMLP` per expert, no grouped GEMM)."""
+    moe = {"num_experts": num_experts or None, "moe_grouped_gemm": False}
     if attention == "te":
         from megatron.core.extensions.transformer_engine import TENorm
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm), TENorm
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm, **moe), TENorm
     if attention not in ("torch", "local"):
         raise ValueError(f"attention={attention!r}: resolve it first (resolve_attention); te, torch or local")
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from megatron_bridge.norm import RMSNorm
 
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_layernorm)
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_layernorm, **moe)
     layer = spec.submodules  # every norm ours (megatron's torch fallback refuses sequence parallelism)
     layer.input_layernorm = layer.pre_mlp_layernorm = RMSNorm
     if qk_layernorm:

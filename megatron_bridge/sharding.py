@@ -9,10 +9,16 @@ row-parallel linears). For the fused layouts the split is not a plain slice of t
   by splitting every rank's slice into gate and up first.
 Vocabulary rows are padded (see `config_map.padded_vocab_size`): the padding rows are zeros when
 loading and dropped when gathering.
+
+Expert parallelism (a mixture-of-experts model): EP rank r holds routed experts [r*E/ep, (r+1)*E/ep) as
+`local_experts.0 ...`; `ExpertShard` maps those names to the tables' global expert index and says which EP
+rank holds an expert. An expert's linears are split over the expert-tensor-parallel group (megatron's
+default: the same size as TP), the rest of the layer over TP as usual.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +28,51 @@ from megatron_bridge.arch.base import fuse_gate_up, split_gate_up
 from megatron_bridge.safetensors_io import SafetensorsReader
 
 VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
+_EXPERT = re.compile(r"^(decoder\.layers\.\d+\.mlp\.experts\.local_experts\.)(\d+)(\..*)$")
+
+
+def expert_index(name: str) -> int | None:
+    """The expert index in a routed expert's megatron parameter name, None for any other parameter."""
+    match = _EXPERT.match(name)
+    return int(match.group(2)) if match else None
+
+
+@dataclass(frozen=True)
+class ExpertShard:
+    """Which routed experts this rank holds: an equal, contiguous share of `num_experts` per EP rank."""
+
+    rank: int
+    size: int
+    num_experts: int
+
+    @classmethod
+    def current(cls, num_experts: int) -> ExpertShard:
+        from megatron.core import parallel_state
+
+        if not num_experts:
+            return cls(0, 1, 0)
+        return cls(parallel_state.get_expert_model_parallel_rank(),
+                   parallel_state.get_expert_model_parallel_world_size(), num_experts)
+
+    @property
+    def local(self) -> int:
+        return self.num_experts // self.size
+
+    def owner(self, expert: int) -> int:
+        """The EP rank holding `expert`."""
+        return expert // self.local
+
+    def holds(self, name: str) -> bool:
+        """Whether this rank has the parameter `name` (global expert index): every non-expert one does."""
+        expert = expert_index(name)
+        return expert is None or self.owner(expert) == self.rank
+
+    def global_name(self, name: str) -> str:
+        """A parameter name of this rank's model with its local expert index made global."""
+        match = _EXPERT.match(name)
+        if not match:
+            return name
+        return f"{match.group(1)}{self.rank * self.local + int(match.group(2))}{match.group(3)}"
 
 
 @dataclass(frozen=True)
@@ -32,12 +83,30 @@ class TPSlice:
     rank: int
     size: int
     padded_rows: int | None = None  # the padded vocabulary, for embedding / output layer
+    expert: bool = False  # a routed expert's: split over the expert-tensor-parallel group
 
     @classmethod
-    def of(cls, name: str, param: torch.Tensor, rank: int, size: int) -> TPSlice:
+    def of(cls, name: str, param: torch.Tensor, rank: int, size: int, expert: bool = False) -> TPSlice:
         split = bool(getattr(param, "tensor_model_parallel", False)) and size > 1
         padded = param.shape[0] * (size if split else 1) if name in VOCAB_PARAMS else None
-        return cls(getattr(param, "partition_dim", 0) if split else None, rank, size, padded)
+        return cls(getattr(param, "partition_dim", 0) if split else None, rank, size, padded, expert)
+
+    @classmethod
+    def current(cls, name: str, param: torch.Tensor) -> TPSlice:
+        """The slice of `param` (megatron name `name`) this rank holds, from megatron's parallel state."""
+        from megatron.core import parallel_state as ps
+
+        if expert_index(name) is not None:
+            return cls.of(name, param, ps.get_expert_tensor_parallel_rank(),
+                          ps.get_expert_tensor_parallel_world_size(), expert=True)
+        return cls.of(name, param, ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size())
+
+    def group(self):
+        """The process group this parameter is split over."""
+        from megatron.core import parallel_state
+
+        return (parallel_state.get_expert_tensor_parallel_group() if self.expert
+                else parallel_state.get_tensor_model_parallel_group())
 
     def bounds(self, full: int) -> tuple[int, int]:
         """[start, stop) of this rank's part of a dimension of size `full` (before padding)."""
@@ -131,10 +200,8 @@ def gather_full(local: torch.Tensor, layout: str, where: TPSlice) -> torch.Tenso
     if where.dim is None:
         full = local
     else:
-        from megatron.core import parallel_state
-
         parts = [torch.empty_like(local) for _ in range(where.size)]
-        dist.all_gather(parts, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
+        dist.all_gather(parts, local.contiguous(), group=where.group())
         if layout == "gate_up":
             gates, ups = zip(*(split_gate_up(part) for part in parts))
             full = fuse_gate_up(torch.cat(gates), torch.cat(ups))

@@ -100,6 +100,10 @@ class ParallelConfig:
     # before and reduce-scattered after the tensor-parallel blocks instead of all-reduced
     sequence: bool = False
     data: int = 1  # data-parallel size (policy ranks = tensor * pipeline * context * data)
+    # expert-parallel size (mixture-of-experts models): each rank holds 1/expert of every layer's routed experts,
+    # tokens sent to them by all-to-all; the EP ranks are taken from data x context (it must divide that, and
+    # config.json's num_experts); no extra ranks
+    expert: int = 1
 
     @property
     def ranks(self) -> int:
@@ -122,6 +126,9 @@ class ActorConfig:
     # max_tokens_per_micro_batch then counts real tokens
     pack_sequences: bool = False
     freeze_vision_tower: bool = False  # vision-language models: the vision tower (merger included) stays as loaded
+    # mixture-of-experts models: weight of megatron's router load-balancing loss (0: off; config.json's
+    # router_aux_loss_coef is not used: RL fine-tunes an already balanced router)
+    moe_aux_loss_coef: float = 0.0
     # ZeRO-1 (megatron's distributed optimizer): the fp32 main weights and Adam moments are split over the
     # data-parallel ranks; gradients are reduce-scattered and each rank's updated slice all-gathered after a step
     distributed_optimizer: bool = False
@@ -276,9 +283,8 @@ POSITIVE = (
     "data.batch_size", "data.max_prompt_length", "rollout.n", "rollout.max_response_length",
     "rollout.num_engines", "rollout.temperature", "actor.ppo_mini_batch_size", "actor.micro_batch_size",
     "actor.ppo_epochs", "actor.parallel.tensor", "actor.parallel.pipeline", "actor.parallel.data",
-    "actor.parallel.context", "actor.parallel.virtual_pipeline", "trainer.total_steps", "trainer.weight_bucket_mb",
-    "reward.timeout_s",
-    "tracking.log_every",
+    "actor.parallel.context", "actor.parallel.virtual_pipeline", "actor.parallel.expert", "trainer.total_steps",
+    "trainer.weight_bucket_mb", "reward.timeout_s", "tracking.log_every",
     "actor.rollout_is_threshold", "algorithm.kl_in_reward_horizon", "reward.judge.max_concurrency",
     "trainer.keep_checkpoints", "rollout.request_timeout_s", "rollout.startup_timeout_s",
     "rollout.engine_tensor_parallel", "rollout.mem_fraction", "rollout.max_staleness",
@@ -294,7 +300,7 @@ NON_NEGATIVE = (
     "critic.grad_clip", "critic.cliprange_value", "critic.warmup_steps", "critic.micro_batch_size",
     "algorithm.gamma", "algorithm.lam",
     "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every", "rollout.max_engine_restarts",
-    "actor.max_tokens_per_micro_batch",
+    "actor.max_tokens_per_micro_batch", "actor.moe_aux_loss_coef",
 )
 
 
@@ -381,8 +387,13 @@ def validate(cfg: RunConfig) -> None:
             f"actor.ppo_mini_batch_size * rollout.n = {cfg.actor.ppo_mini_batch_size * cfg.rollout.n} must be a "
             f"multiple of actor.parallel.data={cfg.actor.parallel.data}"
         )
-    if cfg.actor.parallel.virtual_pipeline > 1 and cfg.actor.parallel.pipeline == 1:
-        raise ConfigError(f"actor.parallel.virtual_pipeline={cfg.actor.parallel.virtual_pipeline} interleaves layer "
+    parallel = cfg.actor.parallel
+    if (parallel.data * parallel.context) % parallel.expert:
+        raise ConfigError(f"actor.parallel.expert={parallel.expert} must divide actor.parallel.data x "
+                          f"actor.parallel.context = {parallel.data * parallel.context} (megatron takes the "
+                          "expert-parallel ranks from the data- and context-parallel ones)")
+    if parallel.virtual_pipeline > 1 and parallel.pipeline == 1:
+        raise ConfigError(f"actor.parallel.virtual_pipeline={parallel.virtual_pipeline} interleaves layer "
                           "chunks over pipeline stages: it needs actor.parallel.pipeline > 1")
     if cfg.actor.parallel.sequence and cfg.actor.parallel.tensor == 1:
         raise ConfigError("actor.parallel.sequence=true splits tokens over the tensor-parallel ranks: it needs "

@@ -3,13 +3,15 @@
     rl360 plan configs/my_run.yaml [key=value ...] [--gpu-memory-gb 80] [--gpus-per-node 8]
 
 Counted for the fullest policy rank (the pipeline stage holding the most; tensor-parallel slices as megatron
-makes them, the vocabulary padded as the bridge pads it) from the model's `config.json` alone. A Qwen-VL
-model's vision tower is counted whole on the first stage (it is replicated there); its activations are not
-(a few thousand image tokens against the language model's tens of thousands of sequence tokens).
+makes them, the vocabulary padded as the bridge pads it; a mixture of experts' routed experts 1/EP on each rank)
+from the model's `config.json` alone. A Qwen-VL model's vision tower is counted whole on the first stage (it is
+replicated there); its activations are not (a few thousand image tokens against the language model's tens of
+thousands of sequence tokens).
 
 - weights: parameters x `model.dtype` bytes; gradients: megatron's fp32 gradient buffer (4 bytes a parameter);
   optimizer: Adam's two fp32 moments, plus the fp32 main copy of bf16 weights (megatron's mixed precision),
-  split over the data-parallel ranks with `actor.distributed_optimizer`; the reference model (weights only)
+  split over the data-parallel ranks with `actor.distributed_optimizer` (routed experts' over the
+  data x context / EP expert-data-parallel ranks); the reference model (weights only)
   when a KL term needs it; the critic (its own weights, gradients and optimizer) for PPO. Each term is counted in
   the phases it is on the GPU in: the forward and backward passes (train), the optimizer step that ends each
   mini-batch (step) and the rollouts (rollout). With `actor.offload` the gradients and reference are there only
@@ -23,6 +25,8 @@ model's vision tower is counted whole on the first stage (it is replicated there
   (5 x heads x sequence bytes per token / TP); `actor.recompute=selective` keeps no scores, `full` keeps each
   layer's input (2 x hidden bytes, / TP with sequence parallelism) and one layer's working set; the last stage
   adds the vocabulary logits (its slice) in the dtype and in fp32.
+  A mixture of experts' layers are counted as dense ones of the same hidden size (the routed tokens' copies,
+  top-k x hidden a token, and the experts' intermediates are not added).
   Tokens per micro-batch: `actor.max_tokens_per_micro_batch`, else micro_batch_size x (prompt + response),
   divided over `actor.parallel.context` ranks.
 - rollout engines: `rollout.colocate` puts them on the trainer's GPUs, taking `rollout.mem_fraction` of each
@@ -44,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_bridge.arch import get_architecture
-from megatron_bridge.config_map import head_dim, num_query_groups, padded_vocab_size
+from megatron_bridge.config_map import head_dim, num_experts, num_query_groups, padded_vocab_size
 from megatron_bridge.vision import is_vision_language, language_config, vision_parameter_count
 from rl360.actor.batch import interleaved_micro_batches, interleaving_group
 
@@ -110,19 +114,37 @@ class Plan:
 
 
 def rank_parameters(hf: dict[str, Any], tensor: int = 1, pipeline: int = 1, stage: int = 0,
-                    vocab_divisible_by: int = 128) -> int:
-    """Parameters one tensor-parallel rank of pipeline `stage` holds in the bridge's megatron model."""
+                    vocab_divisible_by: int = 128, expert: int = 1) -> int:
+    """Parameters one tensor-parallel rank of pipeline `stage` (and, for a mixture of experts, expert-parallel
+    rank of `expert`) holds in the bridge's megatron model."""
+    return sum(rank_parameter_split(hf, tensor, pipeline, stage, vocab_divisible_by, expert))
+
+
+def rank_parameter_split(hf: dict[str, Any], tensor: int = 1, pipeline: int = 1, stage: int = 0,
+                         vocab_divisible_by: int = 128, expert: int = 1) -> tuple[int, int]:
+    """(parameters outside the routed experts, routed experts' parameters) of one rank, as `rank_parameters`
+    counts them: the routed experts are split over EP (each rank 1/`expert` of them) and expert TP (megatron's
+    default: TP); the router, and Qwen2-MoE's shared expert and its gate, are dense parts of the layer."""
     arch = get_architecture(hf)
     vision_tower = vision_parameter_count(hf) if arch.vision and stage == 0 else 0  # replicated on the first stage
     hf = language_config(hf) if arch.vision else hf
-    hidden, ffn, layers = hf["hidden_size"], hf["intermediate_size"], hf["num_hidden_layers"]
+    hidden, layers = hf["hidden_size"], hf["num_hidden_layers"]
     heads, groups, width = hf["num_attention_heads"], num_query_groups(hf), head_dim(hf)
     qkv_rows = (heads + 2 * groups) * width // tensor
     per_layer = (qkv_rows * hidden + (qkv_rows if arch.qkv_bias else 0)  # linear_qkv
                  + hidden * heads * width // tensor  # linear_proj
-                 + 2 * ffn // tensor * hidden + hidden * ffn // tensor  # gate/up and down
                  + 2 * hidden  # input and pre-MLP norms
                  + (2 * width if arch.qk_layernorm else 0))
+    experts = num_experts(hf) if arch.moe else 0
+    per_layer_experts = 0
+    if experts:
+        shared = int(hf.get("shared_expert_intermediate_size") or 0)
+        per_layer += experts * hidden  # router
+        per_layer += 3 * shared // tensor * hidden + (hidden if shared else 0)  # shared expert and its gate
+        per_layer_experts = experts // expert * 3 * (hf["moe_intermediate_size"] // tensor) * hidden
+    else:
+        ffn = hf["intermediate_size"]
+        per_layer += 2 * ffn // tensor * hidden + hidden * ffn // tensor  # gate/up and down
     count = per_layer * layers // pipeline
     embedding = padded_vocab_size(hf["vocab_size"], tensor, vocab_divisible_by) // tensor * hidden
     first, last = stage == 0, stage == pipeline - 1
@@ -132,7 +154,7 @@ def rank_parameters(hf: dict[str, Any], tensor: int = 1, pipeline: int = 1, stag
         count += hidden  # final norm
         if not hf.get("tie_word_embeddings") or not first:  # an output layer of its own (tied: a copy at PP > 1)
             count += embedding
-    return count + vision_tower
+    return count + vision_tower, per_layer_experts * layers // pipeline
 
 
 def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
@@ -143,12 +165,16 @@ def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
         raise ConfigError(f"model.path={cfg.model.path}: no config.json there to plan from")
     hf = json.loads(config_file.read_text())
     parallel, actor, rollout = cfg.actor.parallel, cfg.actor, cfg.rollout
-    tp, pp = parallel.tensor, parallel.pipeline
+    tp, pp, ep = parallel.tensor, parallel.pipeline, parallel.expert
     dtype = DTYPE_BYTES[cfg.model.dtype]
-    params = max(rank_parameters(hf, tp, pp, stage) for stage in range(pp))
+    dense, experts = max((rank_parameter_split(hf, tp, pp, stage, expert=ep) for stage in range(pp)), key=sum)
+    params = dense + experts
     hf = language_config(hf) if is_vision_language(hf) else hf  # the language model's fields from here on
     optimizer_bytes = 8 + (4 if dtype == 2 else 0)
     shards = parallel.data if actor.distributed_optimizer else 1
+    # the distributed optimizer splits the routed experts' state over their expert-data-parallel ranks
+    expert_shards = max(1, parallel.data * parallel.context // ep) if actor.distributed_optimizer else 1
+    optimizer_params = dense / shards + experts / expert_shards
     # offload: gradients and the reference model are on the GPU only while training (an update, reference
     # log-probs), the optimizer only for its steps; the weights leave too between calls when colocated engines
     # take the memory
@@ -157,12 +183,12 @@ def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
     terms = [Term("policy weights", params * dtype, updating if rollout.colocate else PHASES),
              Term("policy gradients (fp32 buffer)", params * 4, updating),
              Term(f"policy optimizer (Adam{' + fp32 main weights' if dtype == 2 else ''}{sharded})",
-                  params * optimizer_bytes / shards, ("step",) if actor.offload else PHASES)]
+                  optimizer_params * optimizer_bytes, ("step",) if actor.offload else PHASES)]
     if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
         terms.append(Term("reference model weights", params * dtype, ("train",) if actor.offload else PHASES))
     if cfg.algorithm.adv_estimator == "gae":
         terms.append(Term("critic weights, gradients, optimizer",
-                          params * (dtype + 4 + optimizer_bytes / shards), updating))
+                          params * (dtype + 4) + optimizer_params * optimizer_bytes, updating))
     terms.append(Term(f"activations (recompute={actor.recompute})", activation_bytes(cfg, hf), ("train",)))
     engine_lines = []
     if rollout.colocate:
@@ -242,9 +268,10 @@ def _run(args: argparse.Namespace) -> int:
     parallel = cfg.actor.parallel
     ranks = parallel.ranks
     context = f" x CP {parallel.context}" if parallel.context > 1 else ""
+    experts = f" (EP {parallel.expert} within them)" if parallel.expert > 1 else ""
     nodes = -(-ranks // args.gpus_per_node)
-    print(f"{cfg.model.path}: policy TP {parallel.tensor}{context} x PP {parallel.pipeline} x DP {parallel.data} = "
-          f"{ranks} GPU(s) ({nodes} node(s) of {args.gpus_per_node}), dtype {cfg.model.dtype}")
+    print(f"{cfg.model.path}: policy TP {parallel.tensor}{context} x PP {parallel.pipeline} x DP {parallel.data}"
+          f"{experts} = {ranks} GPU(s) ({nodes} node(s) of {args.gpus_per_node}), dtype {cfg.model.dtype}")
     result = plan(cfg, args.gpu_memory_gb)
     print(result.report())
     return 0 if result.fits() else 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
@@ -53,14 +55,18 @@ def export_all(bridge: Bridge, models: list, bucket_bytes: int = 30_000) -> dict
             for name, tensor in bucket}
 
 
-def export_and_logits(hf_dir: str, out_dir: str, tp: str, pp: str, vpp: str = "1") -> None:
-    """Load `hf_dir` at TP x PP (x VPP chunks); every rank writes what it exported; the last stage writes the
-    logits."""
-    init_parallel(int(tp), int(pp), virtual_pipeline=int(vpp))
+def export_and_logits(hf_dir: str, out_dir: str, tp: str, pp: str, ep: str = "1", save: str = "0",
+                      vpp: str = "1") -> None:
+    """Load `hf_dir` at TP x PP (x EP, x VPP chunks); every rank writes what it exported; the last stage writes
+    the logits; with `save` "1" the ranks also save the model to `out_dir`/saved."""
+    init_parallel(int(tp), int(pp), expert_parallel=int(ep), virtual_pipeline=int(vpp))
     rank = dist.get_rank()
     bridge = Bridge.from_hf_pretrained(hf_dir)
     models = bridge.to_megatron_model(load_weights=True)
     save_file(export_all(bridge, models), f"{out_dir}/exported_rank{rank}.safetensors")
+    (Path(out_dir) / f"parameters_rank{rank}.txt").write_text(str(sum(p.numel() for p in models[0].parameters())))
+    if save == "1":
+        bridge.save_hf_pretrained(models, f"{out_dir}/saved", max_shard_bytes=100_000)
     logits = pipeline_logits(models, token_ids(), bridge.vocab_size)
     if logits is not None:
         torch.save(logits, f"{out_dir}/logits_rank{rank}.pt")

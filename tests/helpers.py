@@ -33,8 +33,20 @@ def make_tiny_model(out_dir: str, arch: str, tie_word_embeddings: bool, seed: in
     """Save a random tiny `arch` ("qwen2", "qwen3" or "llama") with GQA (4 heads, 2 key/value groups) and a
     vocabulary that does not split evenly (so the bridge's padding is exercised); return `out_dir`.
 
-    Qwen3 gets a head_dim different from hidden/heads, Llama the llama3 RoPE scaling of Llama 3.1."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    Qwen3 gets a head_dim different from hidden/heads, Llama the llama3 RoPE scaling of Llama 3.1. The
+    mixtures of experts ("qwen3_moe", "qwen2_moe") have 4 experts of width 32, top-2 routing: Qwen3-MoE's
+    renormalised over the two (norm_topk_prob, as Qwen3-30B-A3B), Qwen2-MoE's not (as Qwen1.5-MoE-A2.7B),
+    beside its gated shared expert of width 48."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
     common = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
                   num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
@@ -43,6 +55,14 @@ def make_tiny_model(out_dir: str, arch: str, tie_word_embeddings: bool, seed: in
         model = Qwen2ForCausalLM(Qwen2Config(**common, rope_theta=1_000_000.0))
     elif arch == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=32, rope_theta=1_000_000.0))
+    elif arch == "qwen3_moe":
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, head_dim=32, rope_theta=1_000_000.0, num_experts=4,
+                                                   num_experts_per_tok=2, moe_intermediate_size=32,
+                                                   norm_topk_prob=True))
+    elif arch == "qwen2_moe":
+        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(**common, rope_theta=1_000_000.0, num_experts=4,
+                                                   num_experts_per_tok=2, moe_intermediate_size=32,
+                                                   shared_expert_intermediate_size=48, norm_topk_prob=False))
     elif arch == "llama":
         rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192, "rope_theta": 10000.0}

@@ -1,8 +1,10 @@
-"""Policy ranks at TP x PP for tests/test_policy_parallel.py, started by `rl360.cluster.launch.run_ranks`."""
+"""Policy ranks at TP x PP (or EP) for tests/test_policy_parallel.py and tests/test_policy_moe.py, started by
+`rl360.cluster.launch.run_ranks`."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -90,3 +92,73 @@ def train_and_checkpoint(model_dir: str, out_dir: str, tp: str, pp: str, extra: 
     if rank == dist.get_world_size() - 1:
         torch.save(reports, f"{out_dir}/reports.pt")
     dist.barrier()
+
+
+def _expert_parallel_worker(model_dir: str, mode: str, micro: int, extra: str = "", dp: int = 2,
+                            ep: int = 2) -> PolicyWorker:
+    return PolicyWorker(config(model_dir, mode, 1, 1, micro, f"actor.parallel.data={dp}", f"actor.parallel.expert={ep}",
+                               *filter(None, extra.split(" "))),
+                        rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                        master_port=int(os.environ["MASTER_PORT"]))
+
+
+def _share(rank: int, ranks: int = 2):
+    """Data-parallel rank `rank`'s contiguous share of the fixed batch."""
+    batch = fixed_batch()
+    size = len(batch) // ranks
+    return batch.select(slice(rank * size, (rank + 1) * size))
+
+
+def expert_parallel(model_dir: str, out_dir: str, mode: str, micro: str, extra: str = "", dp: str = "2",
+                    ep: str = "2") -> None:
+    """`dp` data-parallel ranks at EP=`ep`, each with its share of the fixed batch: its log-probs and the
+    (all-reduced) gradient."""
+    worker = _expert_parallel_worker(model_dir, mode, int(micro), extra, int(dp), int(ep))
+    rank = dist.get_rank()
+    # the first EP group (ranks 0 .. ep-1: EP varies faster than expert-data-parallel) holds every expert once
+    assert worker.layout()["exports"] == (rank < int(ep))
+    mine = _share(rank, int(dp))
+    logprobs = worker.compute_logprobs(mine)
+    reference = worker.compute_logprobs(mine, True)
+    mine.old_logprobs, mine.ref_logprobs = logprobs - 0.05, reference + 0.02
+    worker.accumulate_gradients(mine)
+    save_file(gradient_as_hf(worker), f"{out_dir}/gradient_rank{rank}.safetensors")
+    torch.save(logprobs, f"{out_dir}/logprobs_rank{rank}.pt")
+
+
+def expert_parallel_checkpoint(model_dir: str, out_dir: str, extra: str = "") -> None:
+    """EP=2: one update, the policy's checkpoint saved to `out_dir`/ckpt, weights and optimizer state spoiled and
+    loaded back (each rank checks them against what it saved); rank 0 writes the whole model as exported then.
+    Each rank also writes the bytes its optimizer state holds."""
+    from megatron_bridge.checkpoint import write_checkpoint_info
+
+    worker = _expert_parallel_worker(model_dir, "token-mean", 3, extra)
+    rank = dist.get_rank()
+    mine = _share(rank)
+    mine.old_logprobs = worker.compute_logprobs(mine) - 0.05
+    mine.ref_logprobs = worker.compute_logprobs(mine, True)
+    assert worker.update(mine)["actor/grad_norm"] > 0
+    (Path(out_dir) / f"optimizer_bytes_rank{rank}.txt").write_text(str(worker.state_bytes()["optimizer"]))
+    def state() -> list[tuple[str, torch.Tensor]]:  # (loading the optimizer replaces its state tensors: fetched anew)
+        out = [(name, param) for name, param in worker.models[0].named_parameters()]
+        for part in getattr(worker.optimizer, "chained_optimizers", [worker.optimizer]):
+            inner = part.optimizer
+            for group in inner.param_groups:
+                for param in group["params"]:
+                    out += [(f"{tuple(param.shape)} {key}", value)
+                            for key, value in sorted(inner.state.get(param, {}).items()) if torch.is_tensor(value)]
+        return out
+
+    saved = [(name, tensor.detach().clone()) for name, tensor in state()]
+    worker.save_checkpoint(f"{out_dir}/ckpt")
+    if rank == 0:
+        write_checkpoint_info(f"{out_dir}/ckpt", worker.bridge, 1, 1, "float32", model_state_key="model")
+    with torch.no_grad():
+        for _, tensor in state():
+            tensor.add_(1.0)
+    worker.load_checkpoint(f"{out_dir}/ckpt")
+    for (name, tensor), (saved_name, before) in zip(state(), saved, strict=True):
+        assert name == saved_name and torch.equal(tensor, before), f"rank {rank}: {name} not restored"
+    exported = {name: t for bucket in worker.export_weights() for name, t in bucket}
+    if rank == 0:
+        save_file(exported, f"{out_dir}/exported.safetensors")

@@ -102,3 +102,15 @@ def test_clip_range_defaults_follow_the_loss_unless_set():
     assert clipped("gspo") and clipped("gspo_token") and not clipped("vanilla")
     actor.clip_ratio_high = 0.28  # set: every loss takes it
     assert not clipped("gspo")
+
+
+def test_expert_parallel_size_must_divide_data_times_context():
+    base = ["model.path=/m", "data.train_files=[x.parquet]", "actor.ppo_mini_batch_size=4", "data.batch_size=4"]
+    cfg = load_config(None, [*base, "actor.parallel.data=2", "actor.parallel.context=2", "actor.parallel.expert=4"])
+    assert cfg.actor.parallel.expert == 4 and cfg.actor.parallel.ranks == 4  # EP takes no ranks of its own
+    with pytest.raises(ConfigError, match=r"actor\.parallel\.expert=4 must divide .* = 2"):
+        load_config(None, [*base, "actor.parallel.data=2", "actor.parallel.expert=4"])
+    with pytest.raises(ConfigError, match=r"actor\.parallel\.expert=0 must be > 0"):
+        load_config(None, [*base, "actor.parallel.expert=0"])
+    with pytest.raises(ConfigError, match=r"actor\.moe_aux_loss_coef=-0\.1 must be >= 0"):
+        load_config(None, [*base, "actor.moe_aux_loss_coef=-0.1"])

@@ -37,6 +37,18 @@ def test_parameter_count_of_qwen2_5_vl_7b_counts_its_vision_tower_on_the_first_s
     assert first - last == 676_550_144 - 3584  # the same layers; the tower and embedding vs the final norm and head
 
 
+def test_parameter_count_of_qwen3_30b_a3b_and_its_expert_parallel_share():
+    """Qwen3-30B-A3B's config.json as released: 30,532,122,624 parameters on its model card; at EP=8 a rank holds
+    16 of each layer's 128 experts and everything else whole."""
+    hf = json.loads((FIXTURES / "qwen3-30b-a3b.json").read_text())
+    assert rank_parameters(hf) == 30_532_122_624
+    experts = 48 * 128 * 3 * 768 * 2048  # layers x experts x (gate, up, down) x moe_intermediate_size x hidden
+    assert rank_parameters(hf, expert=8) == 30_532_122_624 - experts + experts // 8
+    assert rank_parameters(hf, tensor=2, expert=8) == rank_parameters(hf, expert=8) - (
+        # halved: attention and output projections, experts, embedding, output layer; whole: norms, router
+        48 * ((32 + 8) * 128 * 2048 + 2048 * 32 * 128 + 16 * 3 * 768 * 2048) + 2 * 151936 * 2048) // 2
+
+
 @pytest.mark.parametrize("preset", ["", "8gpu", "16gpu", "32gpu", "64gpu"])
 def test_deepvision_recipe_and_presets_fit_on_80_gb(tmp_path, monkeypatch, preset):
     (tmp_path / "config.json").write_text((FIXTURES / "qwen2.5-vl-7b.json").read_text())
@@ -55,7 +67,8 @@ def _config(model_dir, *overrides):
                               *overrides])
 
 
-@pytest.mark.parametrize("arch, tied", [("qwen2", True), ("qwen3", False), ("llama", False)])
+@pytest.mark.parametrize("arch, tied", [("qwen2", True), ("qwen3", False), ("llama", False), ("qwen3_moe", False),
+                                        ("qwen2_moe", True)])
 def test_weights_gradients_and_optimizer_terms_are_what_megatron_allocates(megatron_single_rank, tmp_path,
                                                                             arch, tied):
     model_dir = make_tiny_model(str(tmp_path / arch), arch, tie_word_embeddings=tied)
@@ -68,7 +81,7 @@ def test_weights_gradients_and_optimizer_terms_are_what_megatron_allocates(megat
     terms = {term.name: term.bytes for term in plan(cfg).terms}
     assert terms["policy weights"] == sum(p.numel() * p.element_size() for p in params)
     grad_buffer = sum(buffer.grad_data.numel() * buffer.grad_data.element_size()
-                      for buffer in worker.models[0].buffers)
+                      for buffer in worker.models[0].buffers + worker.models[0].expert_parallel_buffers)
     assert terms["policy gradients (fp32 buffer)"] <= grad_buffer <= terms["policy gradients (fp32 buffer)"] * 1.01
     for param in params:  # one optimizer step allocates Adam's moments
         param.main_grad.normal_()

@@ -119,10 +119,13 @@ def test_dynamic_sampling_filters_on_the_chosen_metric(tmp_path, metric):
             assert record["dynamic_sampling/filled_groups"] < 4
 
 
-def _short_run(tmp_path, *overrides: str, rows: list[dict] | None = None) -> tuple:
-    """Two steps of the quickstart model on `rows` (default: eight addition prompts); overrides (presets or
-    key=value) follow the base settings. Returns (output dir, metric records)."""
+def _short_run(tmp_path, *overrides: str, rows: list[dict] | None = None, moe: bool = False) -> tuple:
+    """Two steps of the quickstart model (with `moe`, a Qwen2-MoE of its tokenizer instead) on `rows` (default:
+    eight addition prompts); overrides (presets or key=value) follow the base settings. Returns (output dir,
+    metric records)."""
     model = build_quickstart_model(tmp_path / "model")
+    if moe:
+        _replace_with_qwen2_moe(model)
     rows = rows or [_row(f"{a}+{a}", str(2 * a)) for a in range(8)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
     cfg = load_config("configs/quickstart.yaml", [
@@ -149,6 +152,38 @@ def test_model_parallel_run_keeps_engine_and_trainer_in_step(tmp_path, tp, pp):
     assert all(r["rollout/logprob_abs_diff"] <= 1e-6 and r["rollout/logprob_abs_diff_max"] <= 1e-5
                and r["actor/pg_loss"] is not None for r in records)
     AutoModelForCausalLM.from_pretrained(out / "hf")
+
+
+def _replace_with_qwen2_moe(model_dir) -> None:
+    """The quickstart directory's model swapped for a tiny Qwen2-MoE (4 experts, top-2, a shared expert) over the
+    same tokenizer."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    dense = json.loads((model_dir / "config.json").read_text())
+    torch.manual_seed(0)
+    config = Qwen2MoeConfig(vocab_size=dense["vocab_size"], hidden_size=64, intermediate_size=128,
+                            moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
+                            num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=256, tie_word_embeddings=True, initializer_range=0.1,
+                            eos_token_id=dense["eos_token_id"], pad_token_id=dense["pad_token_id"], bos_token_id=None)
+    (model_dir / "model.safetensors").unlink()
+    Qwen2MoeForCausalLM(config).save_pretrained(str(model_dir))
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
+                    reason="two NCCL ranks need two GPUs (on CPU the ranks use gloo)")
+def test_mixture_of_experts_run_with_expert_parallelism_keeps_engine_and_trainer_in_step(tmp_path):
+    """Qwen2-MoE at DP=2 x EP=2: both ranks stream their experts into the engine after each update, whose
+    log-probs then equal the trainer's; the experts move, and the saved model loads in transformers."""
+    out, records = _short_run(tmp_path, "actor.parallel.data=2", "actor.parallel.expert=2",
+                              "actor.micro_batch_size=3", moe=True)
+    for record in records:
+        assert record["actor/grad_norm"] > 0 and math.isfinite(record["actor/pg_loss"]), record
+        assert record["rollout/logprob_abs_diff"] <= 1e-6 and record["rollout/logprob_abs_diff_max"] <= 1e-5
+    initial = AutoModelForCausalLM.from_pretrained(tmp_path / "model").state_dict()
+    trained = AutoModelForCausalLM.from_pretrained(out / "hf").state_dict()
+    moved = [name for name in initial if not torch.equal(initial[name], trained[name])]
+    assert any(".mlp.experts." in name for name in moved) and any(".mlp.gate." in name for name in moved), moved
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 8,

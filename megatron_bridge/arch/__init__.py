@@ -6,10 +6,12 @@ from typing import Any
 from megatron_bridge.arch.base import Architecture
 from megatron_bridge.arch.llama import LLAMA
 from megatron_bridge.arch.qwen2 import QWEN2
+from megatron_bridge.arch.qwen2_moe import QWEN2_MOE
 from megatron_bridge.arch.qwen2_vl import QWEN2_5_VL, QWEN2_VL
 from megatron_bridge.arch.qwen3 import QWEN3
+from megatron_bridge.arch.qwen3_moe import QWEN3_MOE
 
-_TABLES = (QWEN2, QWEN3, LLAMA, QWEN2_VL, QWEN2_5_VL)
+_TABLES = (QWEN2, QWEN3, LLAMA, QWEN2_VL, QWEN2_5_VL, QWEN2_MOE, QWEN3_MOE)
 ARCHITECTURES: dict[str, Architecture] = {name: arch for arch in _TABLES for name in arch.hf_architectures}
 MODEL_TYPES: dict[str, Architecture] = {arch.model_type: arch for arch in _TABLES}
 

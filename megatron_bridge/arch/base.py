@@ -1,6 +1,7 @@
 """What an architecture file declares, and the q/k/v and gate/up layouts shared by all of them.
 
-A table row is `(megatron name, HF name or names, layout)`; `{i}` stands for the layer index. Layouts:
+A table row is `(megatron name, HF name or names, layout)`; `{i}` stands for the layer index and, in a
+mixture-of-experts table's `expert_weights`, `{e}` for the (global) expert index. Layouts:
 - "same": one tensor, copied as is;
 - "qkv": HF q/k/v projections fused into megatron's `linear_qkv`, interleaved per query group
   (each group's query heads, then its key head, then its value head);
@@ -24,13 +25,20 @@ class Architecture:
     hf_architectures: tuple[str, ...]  # HF `architectures` entries this table describes
     global_weights: tuple[Row, ...]  # outside the decoder layers
     layer_weights: tuple[Row, ...]  # per decoder layer, with `{i}` for the layer index
+    expert_weights: tuple[Row, ...] = ()  # per layer and routed expert (`{i}`, `{e}`): a mixture-of-experts model
     qkv_bias: bool = False
     qk_layernorm: bool = False
     vision: bool = False  # a vision tower on the first stage (its rows come from `megatron_bridge.vision`)
     ignored_hf_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)  # buffers some checkpoints carry
 
-    def rows(self, num_layers: int, tied_embeddings: bool) -> list[tuple[str, tuple[str, ...], str]]:
-        """Every (megatron name, HF names, layout) of a model with `num_layers` layers, in HF order.
+    @property
+    def moe(self) -> bool:
+        return bool(self.expert_weights)
+
+    def rows(self, num_layers: int, tied_embeddings: bool,
+             num_experts: int = 0) -> list[tuple[str, tuple[str, ...], str]]:
+        """Every (megatron name, HF names, layout) of a model with `num_layers` layers (and `num_experts`
+        routed experts in each, for a mixture-of-experts table), in HF order.
 
         With tied embeddings the output layer is the embedding, so its row is left out."""
         out = []
@@ -42,18 +50,22 @@ class Architecture:
             for mcore, hf, layout in self.layer_weights:
                 names = hf if isinstance(hf, tuple) else (hf,)
                 out.append((mcore.format(i=i), tuple(n.format(i=i) for n in names), layout))
+            for e in range(num_experts if self.moe else 0):
+                for mcore, hf, layout in self.expert_weights:
+                    names = hf if isinstance(hf, tuple) else (hf,)
+                    out.append((mcore.format(i=i, e=e), tuple(n.format(i=i, e=e) for n in names), layout))
         return out
 
 
-def llama_style_layer_rows(qkv_bias: bool = False, qk_norm: bool = False) -> tuple[Row, ...]:
-    """The decoder-layer rows shared by Llama-style models (RMSNorm, GQA attention, SwiGLU MLP).
+def llama_style_attention_rows(qkv_bias: bool = False, qk_norm: bool = False) -> tuple[Row, ...]:
+    """A Llama-style decoder layer's rows up to its MLP: the norms and GQA attention.
 
     Megatron names are those of `GPTModel` built with `get_gpt_layer_local_spec(normalization="RMSNorm")`:
     its layer norms are separate modules (`input_layernorm`, `pre_mlp_layernorm`), not the
     `linear_qkv.layer_norm_weight` / `linear_fc1.layer_norm_weight` of Transformer Engine's fused spec, which
     `megatron_bridge.layer_spec.to_te_name` turns them into.
     """
-    attn, mlp, layer = "model.layers.{i}.self_attn", "model.layers.{i}.mlp", "decoder.layers.{i}"
+    attn, layer = "model.layers.{i}.self_attn", "decoder.layers.{i}"
     rows: list[Row] = [
         (f"{layer}.input_layernorm.weight", "model.layers.{i}.input_layernorm.weight", "same"),
         (f"{layer}.self_attention.linear_qkv.weight",
@@ -68,10 +80,41 @@ def llama_style_layer_rows(qkv_bias: bool = False, qk_norm: bool = False) -> tup
     rows += [
         (f"{layer}.self_attention.linear_proj.weight", f"{attn}.o_proj.weight", "same"),
         (f"{layer}.pre_mlp_layernorm.weight", "model.layers.{i}.post_attention_layernorm.weight", "same"),
-        (f"{layer}.mlp.linear_fc1.weight", (f"{mlp}.gate_proj.weight", f"{mlp}.up_proj.weight"), "gate_up"),
-        (f"{layer}.mlp.linear_fc2.weight", f"{mlp}.down_proj.weight", "same"),
     ]
     return tuple(rows)
+
+
+def swiglu_rows(megatron: str, hf: str) -> tuple[Row, ...]:
+    """A SwiGLU MLP: HF `{hf}.gate_proj/up_proj/down_proj` <-> megatron `{megatron}.linear_fc1/linear_fc2`."""
+    return ((f"{megatron}.linear_fc1.weight", (f"{hf}.gate_proj.weight", f"{hf}.up_proj.weight"), "gate_up"),
+            (f"{megatron}.linear_fc2.weight", f"{hf}.down_proj.weight", "same"))
+
+
+def llama_style_layer_rows(qkv_bias: bool = False, qk_norm: bool = False) -> tuple[Row, ...]:
+    """The decoder-layer rows shared by Llama-style models (RMSNorm, GQA attention, SwiGLU MLP)."""
+    return llama_style_attention_rows(qkv_bias, qk_norm) + swiglu_rows("decoder.layers.{i}.mlp", "model.layers.{i}.mlp")
+
+
+def moe_layer_rows(qkv_bias: bool = False, qk_norm: bool = False, shared_expert: bool = False) -> tuple[Row, ...]:
+    """A Qwen-MoE decoder layer without its routed experts (see `EXPERT_ROWS`): attention, the router
+    (HF `mlp.gate`) and, with `shared_expert`, Qwen2-MoE's always-on expert and its sigmoid gate.
+
+    Megatron names are those of `get_gpt_layer_local_spec(num_experts=..., moe_grouped_gemm=False)`:
+    `TopKRouter`, `SequentialMLP` experts, `SharedExpertMLP` (its gate a [1, hidden] `gate_weight`)."""
+    rows = llama_style_attention_rows(qkv_bias, qk_norm)
+    rows += (("decoder.layers.{i}.mlp.router.weight", "model.layers.{i}.mlp.gate.weight", "same"),)
+    if shared_expert:
+        rows += swiglu_rows("decoder.layers.{i}.mlp.shared_experts", "model.layers.{i}.mlp.shared_expert")
+        rows += (("decoder.layers.{i}.mlp.shared_experts.gate_weight", "model.layers.{i}.mlp.shared_expert_gate.weight",
+                  "same"),)
+    return rows
+
+
+# one routed expert `{e}` of layer `{i}`, as released checkpoints store it (transformers 5 fuses the experts
+# in memory, but saves and loads this per-expert form); megatron's `{e}` is global here, `sharding.ExpertShard`
+# maps it to a rank's local index
+EXPERT_ROWS: tuple[Row, ...] = swiglu_rows("decoder.layers.{i}.mlp.experts.local_experts.{e}",
+                                           "model.layers.{i}.mlp.experts.{e}")
 
 
 LLAMA_STYLE_GLOBAL_ROWS: tuple[Row, ...] = (

@@ -140,14 +140,16 @@ def micro_batch_rows(lengths: torch.Tensor, size: int, max_tokens: int = 0,
 
 def at_least(groups: list[torch.Tensor], count: int) -> list[torch.Tensor]:
     """`groups` of rows split until there are at least `count` of them: the largest group halved each time (the
-    gradient does not depend on how rows are grouped). A batch of fewer than `count` rows is a `ValueError`."""
+    gradient does not depend on how rows are grouped; the groups keep their order). The schedules that need it:
+    expert parallelism (every EP rank as many micro-batches as the others) and virtual pipeline stages (see
+    `interleaved_micro_batches`). A batch of fewer than `count` rows is a `ValueError`."""
     groups = list(groups)
     while len(groups) < count:
         largest = max(range(len(groups)), key=lambda i: len(groups[i]))
         if len(groups[largest]) < 2:
             rows = sum(len(group) for group in groups)
-            raise ValueError(f"{rows} rows on this rank cannot make {count} micro-batches: virtual pipeline stages "
-                             f"need at least actor.parallel.pipeline={count} micro-batches per (mini-)batch")
+            raise ValueError(f"{rows} rows on this rank cannot make {count} micro-batches (expert parallelism and "
+                             "virtual pipeline stages need that many per mini-batch: give each rank more rows)")
         group = groups.pop(largest)
         half = (len(group) + 1) // 2
         groups[largest:largest] = [group[:half], group[half:]]

@@ -9,7 +9,8 @@ What megatron-core 0.16 asks of CUDA on the paths rl360 uses, and the CPU answer
   generator, so each tracker state is really seeded; note that `model_parallel_cuda_manual_seed(seed)`
   therefore also reseeds the process's default CPU generator;
 - `torch.cuda.synchronize` (pipeline p2p) and the stream API (`current_stream`, `default_stream`,
-  `Stream`, `stream`: DDP with overlapped reduction) -> no-ops;
+  `Stream`, `stream`: DDP with overlapped reduction; a stream's recorded event: the MoE all-to-all
+  dispatcher's device-to-host copies) -> no-ops;
 - gradient clipping asserts `torch.cuda.FloatTensor` grads -> the same clipping without the assert;
 - tensors created with a literal `device="cuda"` or moved with `.cuda()` / `.to("cuda")` (pipeline
   schedules, the optimizer's loss scale) -> created on / kept on the CPU, by a `TorchFunctionMode`; the same
@@ -22,6 +23,9 @@ What megatron-core 0.16 asks of CUDA on the paths rl360 uses, and the CPU answer
   checkpoint, which carries the step once, in its param groups (restored from there, as one tensor shared by
   every parameter: torch's Adam increments each parameter's step in place) -> the loader gives each parameter
   its own copy of the restored step and leaves it as it is;
+- the MoE all-to-all dispatcher turns its split sizes into numpy arrays (`maybe_move_tensor_to_cpu(...,
+  as_numpy=True)`) only when they are on a GPU, and gloo's `all_to_all_single` refuses tensors as split
+  sizes -> the CPU tensors become numpy arrays there too;
 - activation recomputation re-runs layers (`device="cuda"` masks included) during the backward pass, where
   the mode is off (megatron starts it through a call the mode handles) -> the recomputing backward enters it;
 - pipeline p2p: megatron posts a stage's sends to its previous and next stage (and, with variable shapes, the
@@ -60,6 +64,7 @@ def activate_cpu_compat() -> None:
         _patch_megatron_clip_grads()
         _patch_megatron_recompute()
         _patch_megatron_distributed_optimizer_step()
+        _patch_megatron_moe_splits()
         torch.distributed.ring_exchange = ring_exchange
         _PATCHED = True
     if not getattr(_THREAD, "mode_entered", False):
@@ -139,6 +144,19 @@ def _patch_megatron_distributed_optimizer_step() -> None:
     distrib_optimizer.DistributedOptimizer._set_main_param_and_optimizer_states = set_states
 
 
+def _patch_megatron_moe_splits() -> None:
+    from megatron.core.transformer.moe import token_dispatcher
+
+    original = token_dispatcher.maybe_move_tensor_to_cpu
+
+    def move_to_cpu(tensor, as_numpy: bool = False, record_stream: bool = False):
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:  # already on the CPU: only the numpy
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    token_dispatcher.maybe_move_tensor_to_cpu = move_to_cpu
+
+
 # p2p tags of the two directions: activations travel to the next stage, gradients to the previous one
 FORWARD_TAG, BACKWARD_TAG = 1, 2
 
@@ -181,13 +199,26 @@ class _NullStream:
         pass
 
     def record_event(self, *args):
-        return None
+        return _NullEvent()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         pass
+
+
+class _NullEvent:
+    """Stands in for `torch.cuda.Event` (the MoE all-to-all dispatcher waits on one): always complete."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, *args) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
 
 
 def _is_cuda(device) -> bool:

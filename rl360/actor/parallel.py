@@ -13,9 +13,11 @@ from rl360.network import free_port
 
 
 def init_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0,
-                  context_parallel: int = 1, virtual_pipeline: int = 1) -> None:
+                  context_parallel: int = 1, virtual_pipeline: int = 1, expert_parallel: int = 1) -> None:
     """Initialise torch.distributed (gloo on CPU, nccl on CUDA) and megatron's TP x CP x PP x DP groups, with
-    `virtual_pipeline` model chunks per pipeline rank (megatron's interleaved schedule) when it is > 1.
+    `virtual_pipeline` model chunks per pipeline rank (megatron's interleaved schedule) when it is > 1, and for a
+    mixture of experts its expert groups: EP ranks taken from DP x CP, each holding 1/EP of the experts (their
+    gradients averaged over the remaining expert-data-parallel ranks).
 
     Rank and world size come from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, defaulting to a single
     process. Calling it again with the same sizes does nothing.
@@ -28,9 +30,10 @@ def init_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: in
         sizes = (parallel_state.get_tensor_model_parallel_world_size(),
                  parallel_state.get_pipeline_model_parallel_world_size(),
                  parallel_state.get_context_parallel_world_size(),
-                 parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1)
-        if sizes != (tensor_parallel, pipeline_parallel, context_parallel, virtual_pipeline):
-            raise RuntimeError(f"megatron parallel state already initialised with TP x PP x CP x VPP = {sizes}")
+                 parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1,
+                 parallel_state.get_expert_model_parallel_world_size())
+        if sizes != (tensor_parallel, pipeline_parallel, context_parallel, virtual_pipeline, expert_parallel):
+            raise RuntimeError(f"megatron parallel state already initialised with TP x PP x CP x VPP x EP = {sizes}")
         return
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -45,7 +48,8 @@ def init_parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: in
                                              pipeline_model_parallel_size=pipeline_parallel,
                                              context_parallel_size=context_parallel,
                                              virtual_pipeline_model_parallel_size=virtual_pipeline
-                                             if virtual_pipeline > 1 else None)
+                                             if virtual_pipeline > 1 else None,
+                                             expert_model_parallel_size=expert_parallel)
     model_parallel_cuda_manual_seed(seed)
 
 

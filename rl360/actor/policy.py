@@ -53,7 +53,7 @@ class PolicyWorker:
             torch.device("cpu")
         parallel = cfg.actor.parallel
         init_parallel(parallel.tensor, parallel.pipeline, seed=cfg.seed, context_parallel=parallel.context,
-                      virtual_pipeline=parallel.virtual_pipeline)
+                      virtual_pipeline=parallel.virtual_pipeline, expert_parallel=parallel.expert)
         from megatron.core import parallel_state
 
         self.context, self.context_group = parallel.context, context_group()
@@ -123,7 +123,8 @@ class PolicyWorker:
         chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype,
                                                training={**RECOMPUTE[self.cfg.actor.recompute],
                                                          "sequence_parallel": self.cfg.actor.parallel.sequence,
-                                                         "cp_comm_type": self.cfg.actor.parallel.cp_comm_type},
+                                                         "cp_comm_type": self.cfg.actor.parallel.cp_comm_type,
+                                                         "moe_aux_loss_coeff": self.cfg.actor.moe_aux_loss_coef},
                                                attention=self.attention)
         if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
             for chunk in chunks:                   # each activation's shape before the activation
@@ -142,11 +143,15 @@ class PolicyWorker:
 
     def layout(self) -> dict[str, int | bool]:
         """Where this rank sits: its data-parallel index, and whether it returns results (the first
-        tensor- and context-parallel rank of the last pipeline stage) and takes part in weight export (replica 0)."""
+        tensor- and context-parallel rank of the last pipeline stage) and takes part in weight export (replica 0;
+        with expert parallelism the ranks of the first expert-data-parallel replica, which together hold every
+        expert)."""
         from megatron.core import parallel_state
 
         dp_rank = parallel_state.get_data_parallel_rank()
-        return {"dp_rank": dp_rank, "dp_size": self.dp_size, "exports": dp_rank == 0,
+        exports = parallel_state.get_expert_data_parallel_rank() == 0 if self.cfg.actor.parallel.expert > 1 \
+            else dp_rank == 0
+        return {"dp_rank": dp_rank, "dp_size": self.dp_size, "exports": exports,
                 "returns": self.last_stage and parallel_state.get_tensor_model_parallel_rank() == 0
                 and parallel_state.get_context_parallel_rank() == 0}
 
@@ -171,8 +176,9 @@ class PolicyWorker:
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits of the current policy for right-padded `input_ids` (tests and eval at
         TP = PP = 1)."""
-        if self.cfg.actor.parallel.tensor * self.cfg.actor.parallel.pipeline != 1:
-            raise NotImplementedError("PolicyWorker.logits runs at TP = PP = 1 only")
+        parallel = self.cfg.actor.parallel
+        if parallel.tensor * parallel.pipeline * parallel.expert != 1:
+            raise NotImplementedError("PolicyWorker.logits runs at TP = PP = EP = 1 only")
         input_ids = input_ids.to(self.device)
         positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
         if self.multimodal is not None:  # text: the same position on M-RoPE's three axes
@@ -283,11 +289,22 @@ class PolicyWorker:
         longest row; `_in_batch_order` puts their per-row results back in `batch`'s order."""
         rows = micro_batch_rows(batch.sequence_lengths(), self.micro_batch_size,
                                 self.cfg.actor.max_tokens_per_micro_batch, self.cfg.actor.pack_sequences)
+        if self.cfg.actor.parallel.expert > 1:  # every layer's all-to-all needs each EP rank's micro-batch
+            rows = at_least(rows, self._expert_parallel_max(len(rows)))
         if len(self.models) > 1:  # virtual pipeline stages: enough micro-batches for the interleaved schedule
             rows = at_least(rows, interleaved_micro_batches(len(rows), self.cfg.actor.parallel.pipeline,
                                                             len(self.models)))
         self._micro_rows = torch.cat(rows)
         return [batch.select(group).cropped() for group in rows]
+
+    def _expert_parallel_max(self, count: int) -> int:
+        """The largest `count` of the expert-parallel ranks (token budgets can split their shards differently)."""
+        from megatron.core import parallel_state
+
+        most = torch.tensor([count], dtype=torch.long, device=self.device)
+        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX,
+                                     group=parallel_state.get_expert_model_parallel_group())
+        return int(most.item())
 
     def _in_batch_order(self, outputs: list[torch.Tensor]) -> torch.Tensor:
         """Per-row results of the last `_micro_batches` split, concatenated in the batch's row order."""
@@ -435,6 +452,7 @@ class PolicyWorker:
         if torch.distributed.get_rank() == 0:  # the optimizer's kind: the two keep their state in different forms
             with open(os.path.join(ckpt_dir, OPTIMIZER_KIND_FILE), "w") as f:
                 json.dump({"distributed_optimizer": self.cfg.actor.distributed_optimizer}, f)
+        torch.distributed.barrier()  # complete on every rank's return (a load right after reads the kind)
 
     def load_checkpoint(self, ckpt_dir: str) -> None:
         """Restore what `save_checkpoint` wrote (the same TP x PP layout or another, either layer spec)."""

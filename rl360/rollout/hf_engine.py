@@ -87,6 +87,7 @@ class HFEngine:
                          for name, param in self.model.named_parameters(remove_duplicate=False)}
         self._names: dict[str, str] = {}  # incoming weight name -> parameter, as resolved so far
         self._loaded: set[str] = set()
+        self._pieces: dict[str, set[tuple[int, int]]] = {}  # fused experts: the (expert, first row) pieces loaded
 
     # ---- sampling ----
     @torch.no_grad()
@@ -231,16 +232,26 @@ class HFEngine:
             raise ValueError(f"weight version {version} is older than the served version {self.version}")
         with torch.no_grad():
             for name, tensor in bucket:
-                target_name = self.parameter_name(name)
-                target = self._params[target_name]
+                slot = _fused_expert_slot(name, self._params)
+                if slot is not None:  # one expert's projection, a piece of transformers 5's fused experts
+                    target_name, expert, rows = slot
+                    target = self._params[target_name][expert, rows]
+                    self._pieces.setdefault(target_name, set()).add((expert, rows.start))
+                else:
+                    target_name = self.parameter_name(name)
+                    target = self._params[target_name]
                 if target.shape != tensor.shape:
                     raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != engine's {tuple(target.shape)}")
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
-                self._loaded.add(target_name)
+                whole = slot is None or len(self._pieces[target_name]) == _fused_pieces(target_name,
+                                                                                        self._params[target_name])
+                if whole:
+                    self._loaded.add(target_name)
 
     def finish_weight_update(self, version: int) -> int:
         missing = sorted(set(self._params) - self._loaded)  # tied weights appear once in _params
         self._loaded.clear()
+        self._pieces.clear()
         if missing:
             raise RuntimeError(f"weight update {version} left parameters unset: {missing[:8]}")
         self.version = version
@@ -278,6 +289,33 @@ def _check_image_tokens(ids: list[int], grid: torch.Tensor, image_token_id: int,
         raise ValueError(f"prompt {index}: its ids hold image-token runs of lengths {runs}, but its "
                          f"{len(expected)} image(s) give {expected} tokens with this engine's processor (expanded "
                          "with other min/max pixels, or a placeholder missing?)")
+
+
+# one routed expert's projection in a released mixture-of-experts checkpoint (Qwen2-MoE, Qwen3-MoE)
+_EXPERT_WEIGHT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def _fused_expert_slot(name: str, params: dict[str, torch.Tensor]) -> tuple[str, int, slice] | None:
+    """Where the per-expert checkpoint weight `name` goes in a model whose experts transformers 5 fuses
+    (`experts.gate_up_proj` [experts, 2 x width, hidden], gate rows first; `experts.down_proj` [experts, hidden,
+    width]): (parameter, expert, rows); None for any other weight, or a model that keeps experts apart."""
+    match = _EXPERT_WEIGHT.match(name)
+    if match is None:
+        return None
+    prefix, expert, projection = match.group(1), int(match.group(2)), match.group(3)
+    fused = f"{prefix}.down_proj" if projection == "down_proj" else f"{prefix}.gate_up_proj"
+    if fused not in params:
+        return None
+    rows = params[fused].shape[1]
+    if projection == "down_proj":
+        return fused, expert, slice(0, rows)
+    half = rows // 2
+    return (fused, expert, slice(0, half)) if projection == "gate_proj" else (fused, expert, slice(half, rows))
+
+
+def _fused_pieces(name: str, param: torch.Tensor) -> int:
+    """Pieces that fill the fused experts parameter `name`: gate and up of each expert, or each expert's down."""
+    return param.shape[0] * (2 if name.endswith(".gate_up_proj") else 1)
 
 
 def _checkpoint_rename(model: Any, name: str, parameters: dict[str, str]) -> str:
