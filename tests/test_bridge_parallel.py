@@ -40,7 +40,8 @@ def test_virtual_pipeline_chunks_round_trip_bitwise_and_match_transformers(tmp_p
     the embedding in rank 0's first chunk, the output layer in rank 1's last) and the interleaved schedule runs
     them."""
     hf = make_tiny_model(str(tmp_path / "hf"), "qwen3", tie_word_embeddings=tied, seed=3)
-    run_ranks("tests.bridge_worker:export_and_logits", 2, [hf, str(tmp_path), "1", "2", "2"], timeout_s=600)
+    run_ranks("tests.bridge_worker:export_and_logits", 2, [hf, str(tmp_path), "1", "2", "1", "0", "2"],
+              timeout_s=600)  # TP=1, PP=2, EP=1, no save, VPP=2
     assert_every_rank_exported_the_checkpoint(hf, tmp_path, 2)
     reference = AutoModelForCausalLM.from_pretrained(hf).eval()
     with torch.no_grad():
