@@ -119,13 +119,15 @@ def test_dynamic_sampling_filters_on_the_chosen_metric(tmp_path, metric):
             assert record["dynamic_sampling/filled_groups"] < 4
 
 
-def _short_run(tmp_path, *overrides: str, rows: list[dict] | None = None, moe: bool = False) -> tuple:
-    """Two steps of the quickstart model (with `moe`, a Qwen2-MoE of its tokenizer instead) on `rows` (default:
+def _short_run(tmp_path, *overrides: str, rows: list[dict] | None = None, moe: bool = False,
+               moe_layers: int = 2) -> tuple:
+    """Two steps of the quickstart model (with `moe`, a Qwen2-MoE of `moe_layers` layers over its tokenizer instead)
+    on `rows` (default:
     eight addition prompts); overrides (presets or key=value) follow the base settings. Returns (output dir,
     metric records)."""
     model = build_quickstart_model(tmp_path / "model")
     if moe:
-        _replace_with_qwen2_moe(model)
+        _replace_with_qwen2_moe(model, moe_layers)
     rows = rows or [_row(f"{a}+{a}", str(2 * a)) for a in range(8)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
     cfg = load_config("configs/quickstart.yaml", [
@@ -154,7 +156,7 @@ def test_model_parallel_run_keeps_engine_and_trainer_in_step(tmp_path, tp, pp):
     AutoModelForCausalLM.from_pretrained(out / "hf")
 
 
-def _replace_with_qwen2_moe(model_dir) -> None:
+def _replace_with_qwen2_moe(model_dir, num_layers: int = 2) -> None:
     """The quickstart directory's model swapped for a tiny Qwen2-MoE (4 experts, top-2, a shared expert) over the
     same tokenizer."""
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
@@ -163,7 +165,8 @@ def _replace_with_qwen2_moe(model_dir) -> None:
     torch.manual_seed(0)
     config = Qwen2MoeConfig(vocab_size=dense["vocab_size"], hidden_size=64, intermediate_size=128,
                             moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
-                            num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            num_experts_per_tok=2, num_hidden_layers=num_layers, num_attention_heads=4,
+                            num_key_value_heads=2,
                             max_position_embeddings=256, tie_word_embeddings=True, initializer_range=0.1,
                             eos_token_id=dense["eos_token_id"], pad_token_id=dense["pad_token_id"], bos_token_id=None)
     (model_dir / "model.safetensors").unlink()
@@ -184,6 +187,18 @@ def test_mixture_of_experts_run_with_expert_parallelism_keeps_engine_and_trainer
     trained = AutoModelForCausalLM.from_pretrained(out / "hf").state_dict()
     moved = [name for name in initial if not torch.equal(initial[name], trained[name])]
     assert any(".mlp.experts." in name for name in moved) and any(".mlp.gate." in name for name in moved), moved
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 4,
+                    reason="four NCCL ranks need four GPUs (on CPU the ranks use gloo)")
+def test_experts_over_interleaved_pipeline_stages_train_and_sync(tmp_path):
+    """A 4-layer Qwen2-MoE at DP=2 x EP=2 x PP=2 x VPP=2 (4 ranks, each holding two layer chunks and half of their
+    experts): the update moves it and the engine samples from exactly the trainer's weights after each sync."""
+    _, records = _short_run(tmp_path, "actor.parallel.data=2", "actor.parallel.expert=2", "actor.parallel.pipeline=2",
+                            "actor.parallel.virtual_pipeline=2", "actor.micro_batch_size=3", moe=True, moe_layers=4)
+    assert any(record["actor/grad_norm"] > 1e-3 for record in records), records
+    for record in records:
+        assert record["rollout/logprob_abs_diff"] <= 1e-6 and record["rollout/logprob_abs_diff_max"] <= 1e-5
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 8,
