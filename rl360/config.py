@@ -62,9 +62,10 @@ class RolloutConfig:
     # trainer's export rank and every engine, one broadcast per tensor), tensor (same host: shared memory),
     # disk (a safetensors checkpoint the engines load)
     weight_sync: str = "distributed"
-    # server/sglang, sync mode: engines release their weights and KV cache while the trainer trains and take
-    # them back for the weight update (GPUs shared by trainer and engines)
-    colocate: bool = False
+    # engines on the trainer's GPUs: server/sglang (sync mode) release their weights and KV cache while the
+    # trainer trains and take them back for the weight update; hf shares policy rank 0's GPU. Unset (null):
+    # colocated exactly when the cluster has too few GPUs for separate engines (rl360/cluster/placement.py)
+    colocate: bool | None = None
     # sync: generate, then train; async: generate the next steps while step k trains (up to max_staleness ahead)
     mode: str = "sync"
     max_staleness: int = 1  # async: steps generated ahead, so trained responses are at most this many updates old
@@ -239,6 +240,9 @@ class TrainerConfig:
 class ClusterConfig:
     ray_address: str = ""  # "" starts a local Ray cluster; "auto" joins a running one
     num_cpus: int = 0  # CPUs for a local cluster (0: all)
+    # GPUs for a local cluster (-1: those the machine has; a count on a CPU machine places work as on that many)
+    num_gpus: int = -1
+    placement_timeout_s: float = 60.0  # a placement group not ready in this long is refused, naming what is free
 
 
 @dataclass
@@ -288,7 +292,7 @@ POSITIVE = (
     "actor.rollout_is_threshold", "algorithm.kl_in_reward_horizon", "reward.judge.max_concurrency",
     "trainer.keep_checkpoints", "rollout.request_timeout_s", "rollout.startup_timeout_s",
     "rollout.engine_tensor_parallel", "rollout.mem_fraction", "rollout.max_staleness",
-    "reward.judge.timeout_s", "reward.judge.deadline_s",
+    "reward.judge.timeout_s", "reward.judge.deadline_s", "cluster.placement_timeout_s",
 )
 NON_NEGATIVE = (
     "actor.lr", "actor.weight_decay", "actor.grad_clip", "actor.clip_ratio_low", "actor.clip_ratio_high",
@@ -425,9 +429,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.rollout.engine == "hf" and cfg.rollout.num_engines != 1:
         raise ConfigError(f"rollout.num_engines={cfg.rollout.num_engines} needs rollout.engine=server or sglang "
                           "(rollout.engine=hf is one in-process engine)")
-    if cfg.rollout.colocate and (cfg.rollout.engine == "hf" or cfg.rollout.mode != "sync"):
-        raise ConfigError("rollout.colocate=true needs rollout.engine=server or sglang and rollout.mode=sync "
-                          f"(got engine={cfg.rollout.engine}, mode={cfg.rollout.mode})")
+    if cfg.rollout.colocate and cfg.rollout.engine != "hf" and cfg.rollout.mode != "sync":
+        raise ConfigError(f"rollout.colocate=true with rollout.engine={cfg.rollout.engine} needs rollout.mode=sync "
+                          f"(got mode={cfg.rollout.mode}): colocated engines release the GPU while the trainer trains")
     if cfg.rollout.engine_hosts == "ray" and (cfg.rollout.engine == "hf" or cfg.rollout.colocate or
                                               cfg.rollout.weight_sync == "tensor"):
         raise ConfigError("rollout.engine_hosts=ray needs rollout.engine=server or sglang, rollout.colocate=false "

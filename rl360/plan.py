@@ -29,7 +29,8 @@ thousands of sequence tokens).
   top-k x hidden a token, and the experts' intermediates are not added).
   Tokens per micro-batch: `actor.max_tokens_per_micro_batch`, else micro_batch_size x (prompt + response),
   divided over `actor.parallel.context` ranks.
-- rollout engines: `rollout.colocate` puts them on the trainer's GPUs, taking `rollout.mem_fraction` of each
+- rollout engines: `rollout.colocate` puts them on the trainer's GPUs (as `rl360.cluster.placement` decides for
+  `--gpus`): an hf engine holds the whole model beside policy rank 0; others take `rollout.mem_fraction` of each
   while they generate (training keeps its weights, gradients and optimizer meanwhile); otherwise they have
   GPUs of their own, holding the weights (in `model.dtype`, split over `rollout.engine_tensor_parallel`) and
   a KV cache in the rest of `mem_fraction`, reported as the tokens it holds against one step's rollouts.
@@ -163,7 +164,7 @@ def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
     config_file = Path(cfg.model.path) / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"model.path={cfg.model.path}: no config.json there to plan from")
-    hf = json.loads(config_file.read_text())
+    hf = hf_file = json.loads(config_file.read_text())
     parallel, actor, rollout = cfg.actor.parallel, cfg.actor, cfg.rollout
     tp, pp, ep = parallel.tensor, parallel.pipeline, parallel.expert
     dtype = DTYPE_BYTES[cfg.model.dtype]
@@ -191,7 +192,9 @@ def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
                           params * (dtype + 4) + optimizer_params * optimizer_bytes, updating))
     terms.append(Term(f"activations (recompute={actor.recompute})", activation_bytes(cfg, hf), ("train",)))
     engine_lines = []
-    if rollout.colocate:
+    if rollout.colocate and rollout.engine == "hf":  # the whole model, beside policy rank 0, all the time
+        terms.append(Term("colocated hf engine weights", rank_parameters(hf_file, 1, 1, 0) * dtype))
+    elif rollout.colocate:
         terms.append(Term(f"colocated engine (mem_fraction {rollout.mem_fraction:g})",
                           rollout.mem_fraction * gpu_memory_gb * GIB, ("rollout",)))
     elif rollout.engine == "sglang":
@@ -258,20 +261,31 @@ def add_plan_parser(commands) -> None:
     parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU (H100: 80)")
     parser.add_argument("--gpus-per-node", type=int, default=8,
                         help="GPUs a node has (to say how many nodes the layout takes)")
+    parser.add_argument("--gpus", type=int, default=0,
+                        help="GPUs the cluster has (0: as many as the layout asks for); fewer colocates the engines "
+                             "where rollout.colocate is unset, or refuses the layout")
     parser.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from rl360.cluster.placement import gpus_asked, make_placement
     from rl360.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     parallel = cfg.actor.parallel
     ranks = parallel.ranks
+    critic = cfg.algorithm.adv_estimator == "gae"
+    gpus = args.gpus or gpus_asked(ranks, critic, cfg.rollout)
+    placement = make_placement(ranks, critic, cfg.rollout, gpus)
+    cfg = replace(cfg, rollout=replace(cfg.rollout, colocate=placement.colocate, weight_sync=placement.weight_sync))
     context = f" x CP {parallel.context}" if parallel.context > 1 else ""
     experts = f" (EP {parallel.expert} within them)" if parallel.expert > 1 else ""
     nodes = -(-ranks // args.gpus_per_node)
     print(f"{cfg.model.path}: policy TP {parallel.tensor}{context} x PP {parallel.pipeline} x DP {parallel.data}"
           f"{experts} = {ranks} GPU(s) ({nodes} node(s) of {args.gpus_per_node}), dtype {cfg.model.dtype}")
+    print(placement.describe())
     result = plan(cfg, args.gpu_memory_gb)
     print(result.report())
     return 0 if result.fits() else 1

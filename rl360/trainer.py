@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ from rl360.algos.kl_control import KLController
 from rl360.algos.losses import kl_penalty
 from rl360.checkpointing import ConvertInfo, load_checkpoint, open_checkpoints, save_checkpoint
 from rl360.cluster import WorkerGroup, start_ray
+from rl360.cluster.placement import make_placement
 from rl360.config import ConfigError, RunConfig, to_dict
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream
 from rl360.plan import GIB, plan
@@ -57,21 +59,29 @@ def train(cfg: RunConfig) -> Path:
         policy_ranks = parallel.ranks
         use_critic = cfg.algorithm.adv_estimator == "gae"
         in_process_engines = cfg.rollout.num_engines if cfg.rollout.engine == "hf" else 0
-        start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus or max(
-            os.cpu_count() or 1, policy_ranks * (2 if use_critic else 1) + in_process_engines))
-        use_gpu = torch.cuda.is_available()
-        if use_gpu and cfg.trainer.memory_check:  # a layout that cannot fit stops here, not at an OOM an hour in
+        gpus = start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus or max(
+            os.cpu_count() or 1, policy_ranks * (2 if use_critic else 1) + in_process_engines), cfg.cluster.num_gpus)
+        # who runs on which GPU, decided once from the settings and the cluster's GPUs (refused here, in seconds,
+        # when it cannot fit); colocation and the weight sync it needs are written into the run's config
+        placement = make_placement(policy_ranks, use_critic, cfg.rollout, gpus)
+        print(placement.describe(), flush=True)
+        cfg = replace(cfg, rollout=replace(cfg.rollout, colocate=placement.colocate,
+                                           weight_sync=placement.weight_sync))
+        if placement.use_gpu and torch.cuda.is_available() and cfg.trainer.memory_check:
+            # a layout that cannot fit stops here, not at an OOM an hour in
             problem = plan(cfg, torch.cuda.get_device_properties(0).total_memory / GIB).problem()
             if problem is not None:
                 raise ConfigError(f"{problem}; `rl360 plan` prints every term (trainer.memory_check=false to "
                                   "start anyway)")
-        policy = PolicyGroup(WorkerGroup(PolicyWorker, policy_ranks, cfg, use_gpu=use_gpu, name="policy"))
+        groups = dict(use_gpu=placement.use_gpu, timeout_s=cfg.cluster.placement_timeout_s)
+        policy = PolicyGroup(WorkerGroup(PolicyWorker, policy_ranks, cfg, name="policy", share=placement.gpu_share,
+                                         **groups))
         attention = policy.call("attention_backend")[0]  # what model.attention (auto: te or torch) resolved to
         print(f"policy layer spec: model.attention={cfg.model.attention} -> {attention}", flush=True)
-        critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, use_gpu=use_gpu, name="critic")) \
+        critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, name="critic", **groups)) \
             if use_critic else None
         # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer
-        rollouts = RolloutManager(cfg, tokenizer, stream, renderer, rewards, policy, use_gpu=use_gpu)
+        rollouts = RolloutManager(cfg, tokenizer, stream, renderer, rewards, policy, placement)
         estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
         kl_control = KLController(cfg.algorithm.kl_in_reward_coef, cfg.algorithm.kl_in_reward_target,
                                   cfg.algorithm.kl_in_reward_horizon)
@@ -88,7 +98,7 @@ def train(cfg: RunConfig) -> Path:
             first_step = state["step"] + 1
             rollouts.sync_weights(version=state["step"])
             print(f"resumed from {resumed} at step {first_step}", flush=True)
-        run_config = {**to_dict(cfg), "resolved": {"model.attention": attention}}
+        run_config = {**to_dict(cfg), "resolved": {"model.attention": attention, "placement": placement.describe()}}
         tracker = Tracker(out, run_config, cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
                           cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None)
         ahead = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0

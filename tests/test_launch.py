@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rl360.cluster.placement import gpus_asked, make_placement
 from rl360.cluster.ready import missing_nodes
 from rl360.config import load_config
 from rl360.launch import required_env, sbatch_options
@@ -62,10 +63,10 @@ def test_template_resources_match_its_config_and_fit_80gb(template, tmp_path, mo
     monkeypatch.setenv("RL360_DATA_DIR", str(tmp_path))
     cfg = load_config(config)
     parallel, rollout = cfg.actor.parallel, cfg.rollout
-    policy_gpus = parallel.ranks
-    engine_gpus = 0 if rollout.colocate else rollout.num_engines * rollout.engine_tensor_parallel
     gpus = int(options["nodes"]) * int(options["gpus-per-node"])
-    assert gpus == policy_gpus + engine_gpus, (gpus, policy_gpus, engine_gpus)
+    placement = make_placement(parallel.ranks, cfg.algorithm.adv_estimator == "gae", rollout, gpus)
+    assert gpus == placement.gpus_needed == gpus_asked(parallel.ranks, False, rollout), placement.describe()
+    assert not placement.colocate and not placement.notes  # the template's layout as written, nothing changed
     assert f"RL360_GPUS_PER_NODE={options['gpus-per-node']}" in text
     assert parallel.tensor <= int(options["gpus-per-node"])  # tensor-parallel groups stay inside a node
     assert cfg.cluster.ray_address == "auto" and rollout.engine_hosts == "ray"

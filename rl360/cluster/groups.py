@@ -8,21 +8,41 @@ from __future__ import annotations
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rl360.cluster.placement import PlacementError
 from rl360.network import free_port
 
 
-def start_ray(address: str = "", num_cpus: int = 0) -> None:
-    """Join `address` ("auto" or host:port), or start a local cluster when it is empty."""
-    if ray.is_initialized():
-        return
-    if address:
-        ray.init(address=address, log_to_driver=True)
-    else:
-        ray.init(num_cpus=num_cpus or None, include_dashboard=False, log_to_driver=True,
-                 configure_logging=False)
+def start_ray(address: str = "", num_cpus: int = 0, num_gpus: int = -1) -> int:
+    """Join `address` ("auto" or host:port), or start a local cluster when it is empty (`num_gpus` >= 0: that
+    many GPUs declared, which on a CPU machine makes Ray place work as it would on GPUs); the cluster's GPUs."""
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=True)
+        else:
+            ray.init(num_cpus=num_cpus or None, num_gpus=None if num_gpus < 0 else num_gpus, include_dashboard=False,
+                     log_to_driver=True, configure_logging=False)
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def reserve(bundles: list[dict[str, float]], name: str, timeout_s: float) -> PlacementGroup:
+    """A placement group of `bundles`, ready; PlacementError naming what was asked and what the cluster has free
+    when it is not ready within `timeout_s` (never a silent wait)."""
+    group = placement_group(bundles, strategy="PACK", name=name)
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        asked = {key: sum(bundle.get(key, 0) for bundle in bundles) for key in ("GPU", "CPU")}
+        free, total = ray.available_resources(), ray.cluster_resources()
+        raise PlacementError(
+            f"{name}: {len(bundles)} bundle(s) of {bundles[0]} ({asked['GPU']:g} GPU, {asked['CPU']:g} CPU in all) "
+            f"not free within {timeout_s:g} s (cluster.placement_timeout_s); the cluster has "
+            f"{total.get('GPU', 0):g} GPU and {total.get('CPU', 0):g} CPU, of which {free.get('GPU', 0):g} GPU and "
+            f"{free.get('CPU', 0):g} CPU are free") from None
+    return group
 
 
 def _address_and_free_port() -> tuple[str, int]:
@@ -33,14 +53,19 @@ class WorkerGroup:
     """`world_size` actors of class `cls`, rank i on bundle i. With `distributed=True` each also gets
     `rank`, `world_size`, `master_addr` and `master_port` (rank 0's node and a port free there) to initialise
     torch.distributed with. `nodes[i]` is rank i's node, "hostname (address)"; a rank that dies fails a call
-    with a RuntimeError naming its rank and node."""
+    with a RuntimeError naming its rank and node.
+
+    The group reserves its bundles (PlacementError after `timeout_s` when the cluster cannot give them), or
+    with `shared_group` shares the first `world_size` bundles of another group's; each actor then takes
+    `share` of its bundle's GPU and CPUs (a colocated engine beside policy rank 0: half each, the same device)."""
 
     def __init__(self, cls: type, world_size: int, *args: Any, use_gpu: bool = False, cpus_per_rank: float = 1,
-                 name: str = "workers", distributed: bool = True, **kwargs: Any):
+                 name: str = "workers", distributed: bool = True, share: float = 1.0,
+                 shared_group: PlacementGroup | None = None, timeout_s: float = 60.0, **kwargs: Any):
         bundle = {"GPU": 1, "CPU": cpus_per_rank} if use_gpu else {"CPU": cpus_per_rank}
-        self.placement_group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK",
-                                               name=name)
-        ray.get(self.placement_group.ready())
+        self.owns_placement_group = shared_group is None
+        self.placement_group = shared_group if shared_group is not None else \
+            reserve([dict(bundle) for _ in range(world_size)], name, timeout_s)
         self.name = name
         on_node = {node["NodeID"]: f"{node['NodeManagerHostname']} ({node['NodeManagerAddress']})"
                    for node in ray.nodes()}
@@ -62,8 +87,8 @@ class WorkerGroup:
 
         self.actors = [
             remote_cls.options(
-                num_cpus=cpus_per_rank,
-                num_gpus=1 if use_gpu else 0,
+                num_cpus=cpus_per_rank * share,
+                num_gpus=share if use_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.placement_group, placement_group_bundle_index=rank),
                 name=f"{name}-{rank}",
@@ -96,4 +121,5 @@ class WorkerGroup:
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
-        remove_placement_group(self.placement_group)
+        if self.owns_placement_group:
+            remove_placement_group(self.placement_group)

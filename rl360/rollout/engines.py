@@ -249,8 +249,10 @@ class ProcessEngine:
                 pass
 
     def describe(self) -> dict:
+        devices = (self._process_args[5] or {}).get("CUDA_VISIBLE_DEVICES")  # engine_hosts=local on GPUs
         return {"index": self.index, "kind": self.kind, "url": self.url, "node": self.where.get("node"),
-                "pid": self.where.get("pid"), "log": str(self.log_path), "restarts": self.restarts}
+                "pid": self.where.get("pid"), "log": str(self.log_path), "restarts": self.restarts,
+                **({"gpus": devices} if devices is not None else {})}
 
 
 def engine_command(kind: str, model_path: str, dtype: str, api_key: str, tensor_parallel: int = 1,

@@ -47,6 +47,7 @@ import torch
 
 from rl360.actor.batch import RolloutBatch, build_batch
 from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
+from rl360.cluster.placement import Placement, make_placement
 from rl360.rewards import RewardItem, RewardPool
 from rl360.rollout.base import Prompt, Sample, SamplingParams
 from rl360.rollout.client import EngineTimeout
@@ -106,9 +107,12 @@ class StepRollouts:
 
 class RolloutManager:
     def __init__(self, cfg: Any, tokenizer: Any, stream: Any, renderer: Any, rewards: RewardPool, policy: Any,
-                 use_gpu: bool = False):
+                 placement: Placement | None = None):
         self.cfg, self.tokenizer, self.stream, self.renderer, self.rewards = cfg, tokenizer, stream, renderer, rewards
         self.policy = policy  # PolicyGroup: its export ranks send the weights
+        # where the engines run (on CPU when none is given)
+        self.placement = placement or make_placement(cfg.actor.parallel.ranks, cfg.algorithm.adv_estimator == "gae",
+                                                     cfg.rollout, gpus=0)
         self.version = 0  # the weights every usable engine serves
         self.restarts_total = 0
         self._restarts_reported = 0  # restarts_total at the last step's metrics
@@ -133,7 +137,7 @@ class RolloutManager:
         self.engines: list = []
         self._restarting: dict[int, asyncio.Task] = {}
         try:
-            self._call(self._start_engines(use_gpu))
+            self._call(self._start_engines())
         except BaseException:
             self.close()
             raise
@@ -185,16 +189,20 @@ class RolloutManager:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     # ---- engines ----
-    async def _start_engines(self, use_gpu: bool) -> None:
-        rollout, kind = self.cfg.rollout, self.cfg.rollout.engine
+    async def _start_engines(self) -> None:
+        rollout, kind, placement = self.cfg.rollout, self.cfg.rollout.engine, self.placement
+        use_gpu = placement.use_gpu
         if kind == "hf":
             from rl360.actor.policy import DTYPES
             from rl360.cluster import WorkerGroup
             from rl360.rollout.hf_engine import HFEngine
 
+            # colocated on GPUs: on policy rank 0's bundle (its GPU), half of it each
+            shared = self.policy.workers.placement_group if placement.gpu_share < 1 else None
             group = WorkerGroup(HFEngine, 1, self.cfg.model.path, DTYPES[self.cfg.model.dtype], use_gpu=use_gpu,
-                                name="rollout", distributed=False, num_threads=self.cfg.trainer.num_threads,
-                                min_pixels=self.cfg.model.min_pixels or None,
+                                name="rollout", distributed=False, share=placement.gpu_share, shared_group=shared,
+                                timeout_s=self.cfg.cluster.placement_timeout_s,
+                                num_threads=self.cfg.trainer.num_threads, min_pixels=self.cfg.model.min_pixels or None,
                                 max_pixels=self.cfg.model.max_pixels or None)
             self.engines = [ActorEngine(group.actors[0])]
             return
@@ -208,7 +216,7 @@ class RolloutManager:
                                             rollout.engine_tensor_parallel, rollout.mem_fraction,
                                             [*pixel_args, *rollout.engine_args]),
                           self.log_dir, self.api_key, rollout.startup_timeout_s, rollout.request_timeout_s,
-                          env={**threads, **self._local_gpus(i, use_gpu)}, kind=kind, hosts=rollout.engine_hosts,
+                          env={**threads, **self._local_gpus(i)}, kind=kind, hosts=rollout.engine_hosts,
                           num_gpus=rollout.engine_tensor_parallel if use_gpu else 0)
             for i in range(rollout.num_engines)
         ]
@@ -217,22 +225,22 @@ class RolloutManager:
             engine.usable = True
         self._write_engine_list()
 
-    def _local_gpus(self, index: int, use_gpu: bool) -> dict[str, str]:
-        """Engine `index`'s GPUs on the trainer's node (engine_hosts=local): the index-th run of
-        engine_tensor_parallel devices, side by side, under the policy's ranks (colocated) or after them."""
-        if not use_gpu or self.cfg.rollout.engine_hosts != "local":
+    def _local_gpus(self, index: int) -> dict[str, str]:
+        """Engine `index`'s GPUs on the trainer's node (engine_hosts=local), as the placement puts them."""
+        if not self.placement.use_gpu or self.cfg.rollout.engine_hosts != "local":
             return {}  # engine_hosts=ray: Ray gives each engine actor its own devices
-        width = self.cfg.rollout.engine_tensor_parallel
-        parallel = self.cfg.actor.parallel
-        policy = parallel.ranks * (2 if self.cfg.algorithm.adv_estimator == "gae" else 1)
-        first = (0 if self.cfg.rollout.colocate else policy) + index * width
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # Slurm's list, when it set one
-        devices = visible.split(",") if visible else [str(d) for d in range(torch.cuda.device_count())]
-        if first + width > len(devices):
-            raise RuntimeError(f"rollout engine {index} needs GPUs {first}-{first + width - 1} of the trainer's node, "
-                               f"which has {len(devices)}: lower rollout.num_engines x engine_tensor_parallel or use "
-                               "rollout.engine_hosts=ray")
-        return {"CUDA_VISIBLE_DEVICES": ",".join(devices[first:first + width])}
+        devices = visible.split(",") if visible else [str(d) for d in range(self._node_gpus())]
+        return {"CUDA_VISIBLE_DEVICES": ",".join(self.placement.engine_devices(index, devices))}
+
+    def _node_gpus(self) -> int:
+        """GPUs of the trainer's node: what CUDA sees, else what Ray declares there (a CPU machine placed as if
+        it had GPUs)."""
+        if torch.cuda.is_available():
+            return torch.cuda.device_count()
+        here = ray.util.get_node_ip_address()
+        return int(next((node["Resources"].get("GPU", 0) for node in ray.nodes()
+                         if node.get("Alive") and node["NodeManagerAddress"] == here), 0))
 
     def _write_engine_list(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
