@@ -9,7 +9,10 @@
   `megatron_bridge.context_parallel` cuts; `TransformerConfig.cp_comm_type`, p2p by default) and packed THD rows
   (`PackedSeqParams`, int32 `cu_seqlens`) itself; RoPE and M-RoPE stay outside the core attention (megatron's
   `SelfAttention`), so vision-language models build on it as on the others;
-- `auto` (default): `te` where Transformer Engine imports and CUDA is available, else `torch`.
+- `auto` (default): `torch`, the spec that the CPU tests and the GPU device checks have run. Transformer Engine's
+  spec is chosen by naming it (`te`) until a GPU run of `benchmarks/device_checks.sh` has checked it (logits and
+  the round trip against transformers, the policy MFU benchmark); `TE_SPEC_CHECKED_ON_GPU` then lets `auto` pick
+  it where it can run. `auto_reason` says which `auto` picked and why.
 
 `resolve_attention` is the one place `auto` is decided.
 
@@ -29,6 +32,9 @@ from typing import Any
 import torch
 
 ATTENTION_CHOICES = ("auto", "te", "torch", "local")
+# whether Transformer Engine's spec has passed the device checks (benchmarks/device_checks.sh, te parts) on a GPU:
+# until it has, `auto` does not choose it (an untested path is never a default)
+TE_SPEC_CHECKED_ON_GPU = False
 
 # local-spec parameter name (inside a decoder layer) -> its name in megatron's TE spec. Pinned from megatron-core
 # 0.16.1 `models/gpt/gpt_layer_specs.py` (`get_gpt_layer_with_transformer_engine_spec`: linear_qkv and
@@ -78,13 +84,24 @@ def resolve_attention(attention: str) -> str:
     if attention not in ATTENTION_CHOICES:
         raise ValueError(f"model.attention={attention!r}: choose one of {', '.join(ATTENTION_CHOICES)}")
     if attention == "auto":
-        return "te" if transformer_engine_missing() is None else "torch"
+        return "te" if TE_SPEC_CHECKED_ON_GPU and transformer_engine_missing() is None else "torch"
     if attention == "te":
         missing = transformer_engine_missing()
         if missing is not None:
             raise RuntimeError(f"model.attention=te needs Transformer Engine on a CUDA GPU: {missing}; use "
                                "model.attention=torch (or auto, which picks te only where it can run)")
     return attention
+
+
+def auto_reason() -> str:
+    """Which spec `model.attention=auto` picks here, and why (printed when a run starts)."""
+    missing = transformer_engine_missing()
+    if missing is not None:
+        return f"torch: Transformer Engine cannot run here ({missing})"
+    if not TE_SPEC_CHECKED_ON_GPU:
+        return ("torch: Transformer Engine is installed, but its spec has not yet passed the GPU device checks "
+                "(benchmarks/device_checks.sh); model.attention=te uses it anyway")
+    return "te: Transformer Engine runs here"
 
 
 def layer_spec(attention: str, qk_layernorm: bool, num_experts: int = 0) -> tuple[Any, type]:

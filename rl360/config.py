@@ -27,8 +27,8 @@ class ConfigError(ValueError):
 class ModelConfig:
     path: str = ""  # Hugging Face model directory (config.json, safetensors, tokenizer)
     dtype: str = "float32"  # trainer parameter dtype: float32 | bfloat16
-    # the Megatron model's layer spec: auto (te where Transformer Engine imports and CUDA is available, else torch),
-    # te (megatron's Transformer Engine spec), torch (our core attention on scaled_dot_product_attention kernels)
+    # the Megatron model's layer spec: auto (torch, until Transformer Engine's spec has passed the GPU device
+    # checks), te (megatron's Transformer Engine spec), torch (our core attention on torch's attention kernels)
     # or local (megatron's unfused attention, the whole score matrix in memory; no packing, no context parallelism)
     attention: str = "auto"
     # vision-language models: bounds on each image's resized area in pixels (0: the model's image processor's own)

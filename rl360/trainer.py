@@ -77,7 +77,8 @@ def train(cfg: RunConfig) -> Path:
         policy = PolicyGroup(WorkerGroup(PolicyWorker, policy_ranks, cfg, name="policy", share=placement.gpu_share,
                                          **groups))
         attention = policy.call("attention_backend")[0]  # what model.attention (auto: te or torch) resolved to
-        print(f"policy layer spec: model.attention={cfg.model.attention} -> {attention}", flush=True)
+        why = f" ({policy.call('attention_reason')[0]})" if cfg.model.attention == "auto" else ""
+        print(f"policy layer spec: model.attention={cfg.model.attention} -> {attention}{why}", flush=True)
         critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, name="critic", **groups)) \
             if use_critic else None
         # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer

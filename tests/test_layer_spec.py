@@ -19,9 +19,11 @@ import dataclasses
 import pytest
 import torch
 
+from megatron_bridge import layer_spec as layer_spec_module
 from megatron_bridge.arch import ARCHITECTURES
 from megatron_bridge.layer_spec import (
     TE_NAMES,
+    auto_reason,
     resolve_attention,
     to_local_name,
     to_te_name,
@@ -225,6 +227,17 @@ def test_auto_is_torch_without_transformer_engine():
     assert resolve_attention("auto") == "torch"
     for explicit in ("torch", "local"):
         assert resolve_attention(explicit) == explicit
+    assert auto_reason() == f"torch: Transformer Engine cannot run here ({transformer_engine_missing()})"
+
+
+def test_auto_never_picks_the_spec_no_gpu_run_has_checked(monkeypatch):
+    """Where Transformer Engine can run, `auto` still picks torch until the device checks have passed on a GPU."""
+    monkeypatch.setattr(layer_spec_module, "transformer_engine_missing", lambda: None)  # as on a TE image
+    assert layer_spec_module.TE_SPEC_CHECKED_ON_GPU is False
+    assert resolve_attention("auto") == "torch"
+    assert "its spec has not yet passed the GPU device checks" in auto_reason()
+    monkeypatch.setattr(layer_spec_module, "TE_SPEC_CHECKED_ON_GPU", True)
+    assert resolve_attention("auto") == "te" and auto_reason() == "te: Transformer Engine runs here"
 
 
 @needs_no_te

@@ -17,7 +17,7 @@ import ray
 
 from rl360.cluster.groups import WorkerGroup, start_ray
 from rl360.cluster.placement import PlacementError, gpus_asked, make_placement
-from rl360.config import RolloutConfig, load_config
+from rl360.config import RolloutConfig
 from rl360.quickstart.assets import build_quickstart_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ import torch
 
 from megatron_bridge import Bridge
 from megatron_bridge.context_parallel import context_group, gather, local_part
-from megatron_bridge.layer_spec import resolve_attention
+from megatron_bridge.layer_spec import auto_reason, resolve_attention
 from rl360.actor.batch import RolloutBatch, at_least, interleaved_micro_batches, interleaving_group, micro_batch_rows
 from rl360.actor.multimodal import MultimodalInputs
 from rl360.actor.offload import StateOffload
@@ -140,6 +140,10 @@ class PolicyWorker:
     def attention_backend(self) -> str:
         """The layer spec this rank runs: te, torch or local (`model.attention=auto` resolved)."""
         return self.attention
+
+    def attention_reason(self) -> str:
+        """Which spec `model.attention=auto` picks on this rank's machine, and why."""
+        return auto_reason()
 
     def layout(self) -> dict[str, int | bool]:
         """Where this rank sits: its data-parallel index, and whether it returns results (the first
