@@ -20,8 +20,6 @@ RUNS = {
     "distributed_bf16_offload": "actor.distributed_optimizer=true model.dtype=bfloat16 actor.offload=true",
 }
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
-                                reason="two NCCL ranks need two GPUs (on CPU the ranks use gloo)")
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ a colocated server engine whose `distributed` weight sync NCCL would refuse.
 """
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -21,6 +22,12 @@ from rl360.config import RolloutConfig
 from rl360.quickstart.assets import build_quickstart_model
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _declarable_env() -> dict[str, str]:
+    """The environment without the suite's CUDA hiding (conftest.py), which Ray refuses beside declared GPUs; on
+    a GPU machine the declared GPU is then the real one."""
+    return {key: value for key, value in os.environ.items() if (key, value) != ("CUDA_VISIBLE_DEVICES", "")}
 
 
 def _rollout(**settings) -> RolloutConfig:
@@ -96,7 +103,9 @@ class _Device:
         return ray.get_gpu_ids()
 
 
-def test_placement_groups_are_refused_at_their_deadline_and_shared_bundles_share_a_device():
+def test_placement_groups_are_refused_at_their_deadline_and_shared_bundles_share_a_device(monkeypatch):
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert start_ray(num_cpus=2, num_gpus=1) == 1
     try:
         policy = WorkerGroup(_Device, 1, use_gpu=True, share=0.5, name="policy", distributed=False)
@@ -131,7 +140,8 @@ def _train(assets, name: str, *overrides: str) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "rl360.cli", "train", "configs/quickstart.yaml", f"output_dir={root / name}",
          f"model.path={model}", f"data.train_files=[{root / 'data' / 'train.parquet'}]", "data.batch_size=4",
          "rollout.n=4", "actor.ppo_mini_batch_size=4", "trainer.total_steps=2", "trainer.save_hf=false",
-         "cluster.num_cpus=2", *overrides], cwd=REPO, capture_output=True, text=True, timeout=600)
+         "cluster.num_cpus=2", *overrides], cwd=REPO, capture_output=True, text=True, timeout=600,
+        env=_declarable_env())
 
 
 @pytest.mark.slow

@@ -47,8 +47,6 @@ def test_trainer_logprobs_equal_engine_logprobs(megatron_single_rank, model_dir)
     assert (logprobs * (1 - batch.response_mask)).abs().max() == 0
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
-                    reason="two NCCL ranks need two GPUs (on CPU the ranks use gloo)")
 @pytest.mark.parametrize("mode,loss", [("token-mean", "vanilla"), ("seq-mean-token-mean", "gspo"),
                                        ("seq-mean-token-sum", "vanilla"), ("seq-mean-token-sum-norm", "gspo_token")])
 def test_gradient_does_not_depend_on_micro_batch_split(megatron_single_rank, model_dir, mode, loss):
@@ -93,8 +91,6 @@ def test_update_then_sync_keeps_engine_and_trainer_identical_and_saves_hf(megatr
         assert (saved(ids).logits - worker.logits(ids)).abs().max().item() <= 1e-4
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
-                    reason="two NCCL ranks need two GPUs (on CPU the ranks use gloo)")
 @pytest.mark.parametrize("mode,loss", [("token-mean", "vanilla"), ("seq-mean-token-mean", "gspo"),
                                        ("seq-mean-token-sum", "vanilla"), ("seq-mean-token-sum-norm", "vanilla")])
 def test_two_data_parallel_ranks_give_the_single_rank_gradient(megatron_single_rank, model_dir, mode, loss,

@@ -19,9 +19,6 @@ from tests.helpers import make_tiny_model
 from tests.policy_parallel_worker import config, logprobs_and_gradient
 from tests.test_policy import _config, _rollouts
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
-                                reason="two NCCL ranks need two GPUs (on CPU the ranks use gloo)")
-
 
 @pytest.fixture(scope="module")
 def moe_dirs(tmp_path_factory):

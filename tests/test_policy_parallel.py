@@ -10,9 +10,6 @@ from rl360.cluster.launch import run_ranks
 from tests.helpers import make_tiny_qwen2
 from tests.policy_parallel_worker import config, logprobs_and_gradient
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
-                                reason="two NCCL ranks need two GPUs (on CPU the ranks use gloo)")
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):

@@ -14,9 +14,6 @@ from tests.helpers import make_tiny_qwen2
 from tests.policy_parallel_worker import weights_as_hf
 from tests.zero_worker import config, train
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
-                                reason="two NCCL ranks need two GPUs (on CPU the ranks use gloo)")
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):

@@ -89,6 +89,8 @@ class WorkerGroup:
             remote_cls.options(
                 num_cpus=cpus_per_rank * share,
                 num_gpus=share if use_gpu else 0,
+                # a worker Ray gave no GPU uses none (Ray leaves such a worker the node's CUDA_VISIBLE_DEVICES)
+                **({} if use_gpu else {"runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}}),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.placement_group, placement_group_bundle_index=rank),
                 name=f"{name}-{rank}",

@@ -4,7 +4,8 @@
 rank with RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set, waits for all of them, and
 raises naming every failed rank with the tail of its output. If one rank fails the others are stopped,
 so a collective that can never complete does not hang the caller. The function receives the string
-arguments and calls `init_parallel` itself.
+arguments and calls `init_parallel` itself. On a host with a GPU for every rank, rank i takes GPU i (NCCL);
+with fewer (NCCL refuses two ranks of a group on one GPU) the ranks see none and run on the CPU over gloo.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ def run_ranks(target: str, world_size: int, args: list[str], timeout_s: float | 
     """Run `target(*args)` on `world_size` ranks and wait; `RankFailed` if any rank fails or time runs out."""
     port = str(free_port())
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
+    devices = {} if _gpus_here() >= world_size else {"CUDA_VISIBLE_DEVICES": ""}
     with tempfile.TemporaryDirectory(prefix="rl360-ranks-") as logs:
         procs = []
         for rank in range(world_size):
             env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS=str(threads))
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS=str(threads), **devices)
             log = open(Path(logs) / f"rank{rank}.log", "wb")  # noqa: SIM115  (closed below)
             procs.append((subprocess.Popen([sys.executable, "-m", "rl360.cluster.launch", target, *args], env=env,
                                            stdout=log, stderr=subprocess.STDOUT), log))
@@ -44,6 +46,12 @@ def run_ranks(target: str, world_size: int, args: list[str], timeout_s: float | 
             tails = "\n".join(f"--- rank {rank} (exit {code}):\n{_tail(Path(logs) / f'rank{rank}.log')}"
                               for rank, code in failed)
             raise RankFailed(f"{target} failed on rank(s) {[rank for rank, _ in failed]}:\n{tails}")
+
+
+def _gpus_here() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _wait_all(procs: list[subprocess.Popen], timeout_s: float | None) -> list[tuple[int, int | str]]:
