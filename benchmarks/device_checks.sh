@@ -1,36 +1,74 @@
 #!/usr/bin/env bash
-# Issue 16's GPU checks as one command, for a session lent a device machine (H100 / H200 with python 3.12, torch,
-# transformers, pytest, no network and no Transformer Engine). Not part of CI, and not yet run on a device.
+# The GPU checks in one command, for an air-gapped GPU machine that has python 3.12, torch, transformers and
+# pytest but not the rest of rl360's dependencies. Not part of CI.
 #
-# Here, once: the wheels the device lacks (megatron-core, omegaconf and its antlr4 runtime) into .whl/ (ignored):
+# Where packages can be downloaded, once: the missing wheels into .whl/ (about 48 MB, under a 64 MiB carry):
 #   bash benchmarks/device_checks.sh --fetch-wheels
-# Then one device `run`, carrying .whl, with a timeout that leaves room for a second try (e.g. 480 s):
-#   bash benchmarks/device_checks.sh
-# It writes under $OUT (or benchmarks/results/ when OUT is unset): policy_mfu_<device>.json and its log (the
-# policy update's MFU beside plain transformers, benchmarks/policy_mfu.py) and gpu_tests.log (the tests marked
-# `gpu`, those that need Transformer Engine skip themselves); copy the json into benchmarks/results/ and the
-# figures, command and device into the README.
+# Then on the GPU machine, from a copy of the repository holding .whl/ (every part has its own timeout and log;
+# about 8 minutes on one H100):
+#   bash benchmarks/device_checks.sh [PART ...]      # parts: quickstarts mfu weight_sync gpu_tests (default: all)
+# Results go under $OUT (or benchmarks/results/), each JSON named with the device:
+#   quickstart_<name>_<device>.json   the default quickstart on one GPU (it must finish: placement colocates the
+#                                     engine), colocated server engines in fp32 and bf16, the vision quickstart
+#   policy_mfu_<device>.json          the policy update beside plain transformers at 1,024- and 4,096-token
+#                                     sequences, with a torch.profiler summary (GPU-busy fraction, top kernels)
+#   weight_sync_<device>.json         colocated weight sync in GB/s, CUDA IPC beside host shared memory
+#   gpu_tests.log                     the tests marked `gpu` (Transformer Engine's spec among them where TE is
+#                                     installed: logits and the round trip against transformers)
+# Copy the JSON files into benchmarks/results/ and their figures into docs/benchmarks.md.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-WHEELS=(megatron-core==0.16.1 omegaconf==2.3.0)
 if [ "${1:-}" = "--fetch-wheels" ]; then
-  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
-  mkdir -p .whl
-  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .whl "${WHEELS[@]}" || exit 1
-  python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3 || exit 1  # published as a source archive
-  ls -l .whl
-  exit 0
+  script=../shared/device/fetch_wheels.sh
+  [ -f "$script" ] || { echo "device_checks: $script not found (the workplace's wheel list)"; exit 1; }
+  exec bash "$script"
 fi
 out=${OUT:-benchmarks/results}
 mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || { echo "device_checks: installing .whl/ failed (run --fetch-wheels here and carry .whl)"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+if ! python3 -c "import megatron.core, ray, omegaconf" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "device_checks: installing .whl/ failed (run --fetch-wheels where there is a network; carry .whl)"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/device.txt"
+device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9-')
+device=${device:-unknown}
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(quickstarts mfu weight_sync gpu_tests)
 status=0
-timeout 300 python3 benchmarks/policy_mfu.py --results-dir "$out" 2>&1 | tee "$out/policy_mfu.log" || status=1
-timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bridge.py tests/test_policy.py \
-  tests/test_layer_spec.py 2>&1 | tee "$out/gpu_tests.log" || status=1
+
+quickstart() {  # NAME SECONDS ARGS...: one run, then its summary (reward first/last 5, step time, log-prob diff)
+  local name=$1 seconds=$2
+  shift 2
+  local dir="$out/run_$name"
+  timeout "$seconds" python3 -m rl360.cli quickstart "$@" "output_dir=$dir" trainer.save_hf=false \
+    > "$out/quickstart_$name.log" 2>&1 || { echo "quickstart $name failed (exit $?): $out/quickstart_$name.log"; status=1; }
+  grep -m3 "^placement:" "$out/quickstart_$name.log"
+  python3 benchmarks/run_summary.py "$name" "$dir" --json "$out/quickstart_${name}_$device.json" \
+    --command "rl360 quickstart $*" || status=1
+}
+
+for part in "${parts[@]}"; do
+  case $part in
+    quickstarts)
+      quickstart default 240 trainer.total_steps=60
+      quickstart server_fp32 180 rollout.engine=server trainer.total_steps=40
+      quickstart server_bf16 180 rollout.engine=server model.dtype=bfloat16 trainer.total_steps=40
+      quickstart vision 240 --task vision trainer.total_steps=25
+      ;;
+    mfu)
+      timeout 420 python3 benchmarks/policy_mfu.py --profile --json "$out/policy_mfu_$device.json" \
+        2>&1 | tee "$out/policy_mfu.log" || status=1
+      ;;
+    weight_sync)
+      timeout 240 python3 benchmarks/weight_sync_bandwidth.py --json "$out/weight_sync_$device.json" \
+        2>&1 | tee "$out/weight_sync.log" || status=1
+      ;;
+    gpu_tests)
+      timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$out/gpu_tests.log" || status=1
+      ;;
+    *) echo "device_checks: unknown part $part (quickstarts mfu weight_sync gpu_tests)"; status=1 ;;
+  esac
+done
 exit $status
