@@ -61,6 +61,8 @@ def test_colocated_server_engines_get_a_weight_sync_that_runs_on_one_gpu():
     assert placement.engine_devices(0, ["0", "1"]) == ["0"] and placement.engine_devices(1, ["0", "1"]) == ["1"]
     kept = make_placement(2, False, _rollout(engine="server", colocate=True, weight_sync="disk"), gpus=2)
     assert kept.weight_sync == "disk" and kept.notes == ()  # a sync that runs on one GPU is kept
+    sglang = make_placement(1, False, _rollout(engine="sglang", weight_sync="disk"), gpus=1)
+    assert sglang.colocate and sglang.weight_sync == "disk"
 
 
 @pytest.mark.parametrize("ranks, critic, settings, gpus, message", [
@@ -68,14 +70,20 @@ def test_colocated_server_engines_get_a_weight_sync_that_runs_on_one_gpu():
                       "data); this cluster has 1"),
     (1, True, {}, 1, "2 GPUs needed for the trainer alone (policy 1 + critic 1"),
     (1, False, {"engine": "server", "mode": "async"}, 1,
-     "2 GPUs needed: policy 1 + engines 1; this cluster has 1: colocation needs rollout.mode=sync and "
-     "rollout.engine_hosts=local"),
+     "2 GPUs needed: policy 1 + engines 1; this cluster has 1: the engines cannot be colocated (rollout.mode=async: "
+     "colocated engines release the GPU while the trainer trains, which needs rollout.mode=sync), lower "
+     "rollout.num_engines"),
     (1, False, {"colocate": False}, 1, "2 GPUs needed: policy 1 + engines 1; this cluster has 1: set "
                                        "rollout.colocate=true or leave it unset"),
     (2, False, {"engine": "sglang", "num_engines": 2, "engine_tensor_parallel": 2}, 4,
-     "6 GPUs needed: policy 2 + engines 2 x 2; this cluster has 4: colocation needs"),
+     "6 GPUs needed: policy 2 + engines 2 x 2; this cluster has 4: the engines cannot be colocated (SGLang engines "
+     "on the trainer's GPUs can take weights only from disk here"),
     (1, False, {"engine": "server", "colocate": True, "engine_hosts": "ray"}, 1,
      "rollout.colocate=true cannot run here: rollout.engine_hosts=ray places engines on GPUs of their own"),
+    (1, False, {"engine": "sglang"}, 1, "2 GPUs needed: policy 1 + engines 1; this cluster has 1: the engines "
+                                        "cannot be colocated (SGLang engines on the trainer's GPUs"),
+    (1, False, {"engine": "sglang", "colocate": True}, 1, "SGLang engines on the trainer's GPUs can take weights "
+                                                          "only from disk here"),
     (1, False, {"engine": "server", "colocate": True, "num_engines": 2}, 2,
      "rollout.colocate=true cannot run here: 2 engine(s) x 1 GPU(s) do not fit on the policy's 1 GPU(s)"),
 ])

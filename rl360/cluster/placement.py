@@ -16,8 +16,9 @@ On GPUs the trainer (policy ranks, plus as many critic ranks for PPO) takes one 
   bundle); colocated `server` / `sglang`: engine i takes the i-th run of `engine_tensor_parallel` of the
   trainer's GPUs, releasing its memory while the trainer trains (sync mode only).
 - `rollout.weight_sync=distributed` puts the trainer's export rank and every engine in one NCCL group, which
-  NCCL refuses when two of them are on one GPU: colocated on GPUs, `tensor` (same-host hand-over) is used
-  instead, with a note.
+  NCCL refuses when two of them are on one GPU: colocated `server` engines on GPUs take `tensor` (CUDA IPC on
+  the same device) instead, with a note; colocated `sglang` engines need `disk` (SGLang reads neither of rl360's
+  tensor formats), and are refused without it.
 
 A layout that cannot fit is refused with one message naming the counts and what to change; the notes say
 what was decided in the user's place. On CPU (no GPUs) every component takes CPU slots and nothing is refused.
@@ -133,7 +134,7 @@ def make_placement(policy_ranks: int, critic: bool, rollout: Any, gpus: int) -> 
         raise PlacementError(f"rollout.colocate=true cannot run here: {why_not}")
     if not colocate and separate.gpus_needed > gpus:
         hint = ("set rollout.colocate=true or leave it unset" if why_not is None else
-                f"colocation needs {_colocation_needs(rollout)}")
+                f"the engines cannot be colocated ({why_not})")
         raise PlacementError(f"{separate.gpus_needed} GPUs needed: {_counts(separate)}; this cluster has {gpus}: "
                              f"{hint}, lower rollout.num_engines or rollout.engine_tensor_parallel, or add GPUs")
     weight_sync = rollout.weight_sync
@@ -153,11 +154,6 @@ def _counts(placement: Placement) -> str:
     return " + ".join(parts)
 
 
-def _colocation_needs(rollout: Any) -> str:
-    return ("rollout.mode=sync and rollout.engine_hosts=local" if rollout.engine != "hf"
-            else "rollout.engine_hosts=local")
-
-
 def _why_not_colocated(rollout: Any, separate: Placement) -> str | None:
     """Why the engines cannot share the trainer's GPUs, or None when they can."""
     if rollout.engine_hosts == "ray":
@@ -167,6 +163,10 @@ def _why_not_colocated(rollout: Any, separate: Placement) -> str | None:
     if rollout.mode != "sync":
         return (f"rollout.mode={rollout.mode}: colocated engines release the GPU while the trainer trains, which "
                 "needs rollout.mode=sync")
+    if rollout.engine == "sglang" and rollout.weight_sync != "disk":
+        return ("SGLang engines on the trainer's GPUs can take weights only from disk here (distributed: NCCL "
+                "refuses two ranks of one group on one GPU; tensor: SGLang reads neither of rl360's tensor formats): "
+                "set rollout.weight_sync=disk")
     if separate.num_engines * separate.engine_width > separate.policy_ranks:
         return (f"{separate.num_engines} engine(s) x {separate.engine_width} GPU(s) do not fit on the policy's "
                 f"{separate.policy_ranks} GPU(s)")
