@@ -160,6 +160,7 @@ def open_bucket(entry: Any, device: torch.device) -> list[tuple[str, torch.Tenso
         raise ValueError(f"the weights are on cuda:{index} of this engine ({_describe(gpu)}), and the engine runs on "
                          f"cuda:{own}: {needs}")
     storage = flat = None
+    named, failure = [], None
     try:
         with torch.cuda.device(index):
             try:
@@ -167,17 +168,20 @@ def open_bucket(entry: Any, device: torch.device) -> list[tuple[str, torch.Tenso
                     index, ipc["handle"], ipc["storage_bytes"], ipc["storage_offset"], ipc["ref_counter"],
                     ipc["ref_counter_offset"], NO_EVENT, False)
             except RuntimeError as err:
-                raise ValueError(f"cannot open the CUDA IPC handle on cuda:{index} ({err}): the sender's buffer is "
-                                 "gone, or not the sender's to share") from None
-            flat = torch.empty(0, dtype=torch.uint8, device=torch.device("cuda", index))
-            flat.set_(storage, 0, (descriptor["bytes"],), (1,))
-            try:
-                named = unpack(flat, descriptor["tensors"])
-                torch.cuda.current_stream(index).synchronize()  # the copies are done before the sender hears back
-            except RuntimeError as err:  # out of memory, a CUDA error
-                raise ValueError(f"copying the bucket out of the sender's buffer failed: {err}") from None
+                failure = (f"cannot open the CUDA IPC handle on cuda:{index} ({err}): the sender's buffer is gone, or "
+                           "not the sender's to share")
+            if storage is not None:
+                flat = torch.empty(0, dtype=torch.uint8, device=torch.device("cuda", index))
+                flat.set_(storage, 0, (descriptor["bytes"],), (1,))
+                try:
+                    named = unpack(flat, descriptor["tensors"])
+                    torch.cuda.current_stream(index).synchronize()  # copied before the sender hears back
+                except RuntimeError as err:  # out of memory, a CUDA error
+                    failure = f"copying the bucket out of the sender's buffer failed: {err}"
     finally:
         flat = storage = None  # the mapping closes here, which releases this engine's reference count
+    if failure is not None:  # raised here, so no traceback holds a view into the mapping
+        raise ValueError(failure)
     return named
 
 
