@@ -436,6 +436,7 @@ class WeightSender:
         """`tensor`: buckets holding CUDA tensors by CUDA IPC (unless `cuda_ipc` is off), one request in flight
         while the next bucket is packed; other buckets through shared-memory files."""
         packer: CudaIpcPacker | None = None
+        packed: PackedBucket | None = None
         in_flight: _InFlight | None = None
         try:
             for bucket, last in stream:
@@ -455,6 +456,7 @@ class WeightSender:
             if in_flight is not None:  # failed while a request was out: its buffer stays until the engines answer
                 concurrent.futures.wait(in_flight.replies.values())
                 self._release_unopened(in_flight, packer)
+            packed = None
             if packer is not None:
                 packer.close()
 
