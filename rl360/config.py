@@ -59,8 +59,9 @@ class RolloutConfig:
     max_response_length: int = 256  # new tokens per response
     num_engines: int = 1  # engines the manager spreads each step's prompts over
     # how weights reach server/sglang engines after an update: distributed (a gloo/NCCL group between the
-    # trainer's export rank and every engine, one broadcast per tensor), tensor (same host: shared memory),
-    # disk (a safetensors checkpoint the engines load)
+    # trainer's export rank and every engine, one broadcast per tensor), tensor (engine=server on the same host:
+    # CUDA IPC for GPU weights on the engine's GPU, else shared memory), disk (a safetensors checkpoint the engines
+    # load)
     weight_sync: str = "distributed"
     # engines on the trainer's GPUs: server/sglang (sync mode) release their weights and KV cache while the
     # trainer trains and take them back for the weight update; hf shares policy rank 0's GPU. Unset (null):
@@ -432,6 +433,11 @@ def validate(cfg: RunConfig) -> None:
     if cfg.rollout.colocate and cfg.rollout.engine != "hf" and cfg.rollout.mode != "sync":
         raise ConfigError(f"rollout.colocate=true with rollout.engine={cfg.rollout.engine} needs rollout.mode=sync "
                           f"(got mode={cfg.rollout.mode}): colocated engines release the GPU while the trainer trains")
+    if cfg.rollout.engine == "sglang" and cfg.rollout.weight_sync == "tensor":
+        raise ConfigError("rollout.weight_sync=tensor sends rl360's own formats (rl360_shared_memory, rl360_cuda_ipc), "
+                          "which rollout.engine=server reads and SGLang does not; with rollout.engine=sglang use "
+                          "rollout.weight_sync=distributed or disk (SGLang's pickled 'flattened_bucket' format is "
+                          "not sent)")
     if cfg.rollout.engine_hosts == "ray" and (cfg.rollout.engine == "hf" or cfg.rollout.colocate or
                                               cfg.rollout.weight_sync == "tensor"):
         raise ConfigError("rollout.engine_hosts=ray needs rollout.engine=server or sglang, rollout.colocate=false "

@@ -37,11 +37,14 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
   and `POST /continue_generation`; new requests wait while paused.
 - `POST /update_weights_from_tensor`: `serialized_named_tensors` (one entry: this server is one rank) in
   `load_format` "rl360_safetensors" (the base64 of a safetensors file holding the bucket's `(hf_name, tensor)`
-  pairs) or "rl360_shared_memory" (the base64 of a JSON descriptor of a file on this host, as
+  pairs), "rl360_shared_memory" (the base64 of a JSON descriptor of a file on this host, as
   `rl360.rollout.weight_sync` writes it: the file is mapped and its tensors copied; it must be a regular file
-  named rl360-weights-*.bin owned by this server's user). SGLang's own formats (None, "direct",
-  "flattened_bucket") carry pickled tensor handles (CUDA IPC) and are refused with 400: unpickling a request
-  body would run whatever code it names. `abort_all_requests: true` aborts requests in flight first.
+  named rl360-weights-*.bin owned by this server's user) or "rl360_cuda_ipc" (the base64 of a JSON descriptor of
+  a CUDA buffer shared by CUDA IPC, as `rl360.rollout.cuda_ipc` writes it: the buffer must be on this engine's
+  own GPU, named by its UUID, else 400; its tensors are copied device-to-device and the mapping closed before
+  the answer). SGLang's own formats (None, "direct", "flattened_bucket") carry pickled tensor handles (CUDA
+  IPC) and are refused with 400: unpickling a request body would run whatever code it names.
+  `abort_all_requests: true` aborts requests in flight first.
 - `POST /update_weights_from_disk`: `model_path`, a directory of `*.safetensors` files holding Hugging Face-named
   weights (a checkpoint, or the shards `WeightSender` writes; no config.json needed); a complete update by
   definition. Replies `{"success", "message", "num_paused_requests"}`.
@@ -104,6 +107,7 @@ from fastapi.responses import JSONResponse, Response
 
 from rl360.rollout.base import SamplingParams
 from rl360.rollout.batching import BatchDecoder, Batcher
+from rl360.rollout.cuda_ipc import CUDA_IPC_LOAD_FORMAT, open_bucket
 from rl360.rollout.generate_request import GenerateCall, Row, bool_field, expand_images, is_int, parse_generate
 from rl360.rollout.weight_sync import (
     SHARED_MEMORY_LOAD_FORMAT,
@@ -336,12 +340,13 @@ class RolloutService:
     async def update_weights_from_tensor(self, request: HTTPRequest) -> JSONResponse:
         data = json_object(await request.body(), TENSOR_FIELDS)
         load_format = data.get("load_format")
-        readers = {TENSOR_LOAD_FORMAT: decode_tensor_bucket, SHARED_MEMORY_LOAD_FORMAT: read_shared_bucket}
+        readers = {TENSOR_LOAD_FORMAT: decode_tensor_bucket, SHARED_MEMORY_LOAD_FORMAT: read_shared_bucket,
+                   CUDA_IPC_LOAD_FORMAT: lambda entry: open_bucket(entry, self.engine.device)}
         if load_format not in readers:
             raise ServiceError(400, f"'load_format' {load_format!r} is not served here: rl360 serve rollout takes "
-                                    f"'{TENSOR_LOAD_FORMAT}' (base64 safetensors) or '{SHARED_MEMORY_LOAD_FORMAT}' "
-                                    "(a shared-memory file's descriptor); pickled tensor handles are refused",
-                               "load_format")
+                                    f"'{TENSOR_LOAD_FORMAT}' (base64 safetensors), '{SHARED_MEMORY_LOAD_FORMAT}' "
+                                    f"(a shared-memory file's descriptor) or '{CUDA_IPC_LOAD_FORMAT}' (a CUDA IPC "
+                                    "buffer's descriptor); pickled tensor handles are refused", "load_format")
         entries = data.get("serialized_named_tensors")
         if not isinstance(entries, list) or len(entries) != 1:
             raise ServiceError(400, "'serialized_named_tensors' must be a list of one entry (this server is one rank)",

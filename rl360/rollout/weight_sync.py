@@ -32,12 +32,20 @@ Strategies:
   usable. `set_engines` and `close` POST `/destroy_weights_update_group` to the engines still reachable and
   destroy this side. The group is made exactly as SGLang's engine makes its side (`open_process_group`), so
   the same sender serves real SGLang engines.
-- `tensor`: engines on this host. Each bucket is written to one file in /dev/shm (or `scratch_dir`) as one
-  flat byte buffer, and `/update_weights_from_tensor` gets `load_format` "rl360_shared_memory" with one
-  `serialized_named_tensors` entry: the base64 of a JSON descriptor (`path`, `bytes`, and per tensor `name`,
-  `dtype`, `shape`, byte `offset`). The engine maps the file and copies the tensors; the sender removes the
-  file once every engine answered. No pickle anywhere. CUDA tensors are refused: on GPU, colocated real
-  SGLang needs its "flattened_bucket" format (pickled CUDA IPC handles), which rl360 does not send yet.
+- `tensor`: engines on this host, two formats of `/update_weights_from_tensor` with one
+  `serialized_named_tensors` entry each, chosen per bucket. No pickle anywhere.
+  - Buckets holding CUDA tensors: `load_format` "rl360_cuda_ipc" (`rl360.rollout.cuda_ipc`): the bucket is
+    packed into one CUDA buffer, and each engine gets the base64 of a JSON descriptor of that buffer's CUDA IPC
+    handle, the GPU's UUID and per tensor `name`, `dtype`, `shape`, byte `offset`; the engine (on the same GPU,
+    else it refuses) copies the tensors device-to-device and closes the mapping before answering. Two buffers
+    alternate, so the next bucket is packed while the engines copy; both are freed when the update ends.
+    `cuda_ipc=False` sends CUDA tensors the host way below instead (engines on other GPUs of this host).
+  - Other buckets: `load_format` "rl360_shared_memory": the bucket is written to one file in /dev/shm (or
+    `scratch_dir`) as one flat byte buffer, described by the base64 of a JSON descriptor (`path`, `bytes`, and per
+    tensor `name`, `dtype`, `shape`, byte `offset`); the engine maps the file and copies the tensors; the sender
+    removes the file once every engine answered.
+  Real SGLang engines take neither: on GPU they want their "flattened_bucket" format (pickled CUDA IPC
+  handles), which rl360 does not send; use `distributed` with them.
 - `disk`: the buckets are written as safetensors shards into a new directory under `scratch_dir` (default:
   the system's temporary directory; it must be visible to every engine), then every engine gets
   `/update_weights_from_disk` with that `model_path`; the directory is removed once every engine answered.
@@ -73,14 +81,16 @@ import torch.distributed as dist
 
 from rl360.config import ConfigError
 from rl360.rollout.client import EngineClient, EngineError, EngineTimeout
+from rl360.rollout.cuda_ipc import CUDA_IPC_LOAD_FORMAT, CudaIpcPacker, PackedBucket
+from rl360.rollout.flat_bucket import WEIGHT_DTYPES, check_specs, dtype_name, unpack
+from rl360.rollout.flat_bucket import check_unique as _check_unique
+from rl360.rollout.flat_bucket import is_count as _is_count
 
 STRATEGIES = ("distributed", "tensor", "disk")
 BACKENDS = ("gloo", "nccl")
 TENSOR_LOAD_FORMAT = "rl360_safetensors"  # base64 of a safetensors file (EngineClient.update_weights_from_tensor)
 SHARED_MEMORY_LOAD_FORMAT = "rl360_shared_memory"  # base64 of a JSON descriptor of a file in shared memory
 SHARED_FILE_PREFIX, SHARED_FILE_SUFFIX = "rl360-weights-", ".bin"
-WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-                 "float64": torch.float64}  # names as SGLang's engine reads them: getattr(torch, name)
 ALIGNMENT = 64  # byte offset of every tensor in a shared-memory bucket
 TRANSFER_GRACE_S = 2.0  # after every engine answered, broadcasts still pending this long mean the group broke
 DESTROY_TIMEOUT_S = 10.0
@@ -125,14 +135,6 @@ def close_process_group(group: dist.ProcessGroup) -> None:
         dist.destroy_process_group(group)
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """SGLang's spelling of a weight dtype ("float32", "bfloat16", ...); ValueError for other dtypes."""
-    name = str(dtype).removeprefix("torch.")
-    if WEIGHT_DTYPES.get(name) is not dtype:
-        raise ValueError(f"weights must be one of {sorted(WEIGHT_DTYPES)}, got {dtype}")
-    return name
-
-
 # ---- wire formats ----
 def encode_tensor_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
     """A bucket of `(hf_name, tensor)` as a `serialized_named_tensors` entry in TENSOR_LOAD_FORMAT."""
@@ -165,7 +167,7 @@ def write_shared_bucket(named_tensors: list[tuple[str, torch.Tensor]], directory
     try:
         with os.fdopen(fd, "wb") as out:
             for name, tensor in named_tensors:
-                data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+                data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
                 offset += -offset % ALIGNMENT
                 out.seek(offset)
                 out.write(memoryview(data))
@@ -204,15 +206,8 @@ def read_shared_bucket(entry: Any) -> list[tuple[str, torch.Tensor]]:
     finally:
         os.close(fd)
     flat = torch.frombuffer(mapped, dtype=torch.uint8)
-    bucket = []
-    for spec in descriptor["tensors"]:
-        dtype = WEIGHT_DTYPES[spec["dtype"]]
-        count = 1
-        for size in spec["shape"]:
-            count *= size
-        piece = flat[spec["offset"]:spec["offset"] + count * dtype.itemsize]
-        bucket.append((spec["name"], piece.view(dtype).reshape(spec["shape"]).clone()))
-    del flat, piece
+    bucket = unpack(flat, descriptor["tensors"])
+    del flat
     with contextlib.suppress(BufferError):
         mapped.close()
     return bucket
@@ -229,31 +224,12 @@ def _shared_descriptor(entry: Any) -> dict:
         raise ValueError("the descriptor must be an object with exactly 'path', 'bytes' and 'tensors'")
     path, size, tensors = descriptor["path"], descriptor["bytes"], descriptor["tensors"]
     name = os.path.basename(path) if isinstance(path, str) else ""
-    if not (os.path.isabs(path) and name.startswith(SHARED_FILE_PREFIX) and name.endswith(SHARED_FILE_SUFFIX)):
+    if not (name and os.path.isabs(path) and name.startswith(SHARED_FILE_PREFIX) and name.endswith(SHARED_FILE_SUFFIX)):
         raise ValueError(f"'path' must be an absolute path to a {SHARED_FILE_PREFIX}*{SHARED_FILE_SUFFIX} file, "
                          f"got {path!r}")
     if not _is_count(size):
         raise ValueError(f"'bytes' must be a non-negative integer, got {size!r}")
-    if not isinstance(tensors, list) or not tensors:
-        raise ValueError("'tensors' must be a non-empty list")
-    for index, spec in enumerate(tensors):
-        where = f"tensors[{index}]"
-        if not isinstance(spec, dict) or set(spec) != {"name", "dtype", "shape", "offset"}:
-            raise ValueError(f"{where} must be an object with exactly 'name', 'dtype', 'shape' and 'offset'")
-        if not isinstance(spec["name"], str) or not spec["name"]:
-            raise ValueError(f"{where}.name must be a non-empty string")
-        if spec["dtype"] not in WEIGHT_DTYPES:
-            raise ValueError(f"{where}.dtype must be one of {sorted(WEIGHT_DTYPES)}, got {spec['dtype']!r}")
-        if not isinstance(spec["shape"], list) or not all(_is_count(s) for s in spec["shape"]):
-            raise ValueError(f"{where}.shape must be a list of non-negative integers")
-        itemsize = WEIGHT_DTYPES[spec["dtype"]].itemsize
-        count = 1
-        for extent in spec["shape"]:
-            count *= extent
-        if not _is_count(spec["offset"]) or spec["offset"] % itemsize or spec["offset"] + count * itemsize > size:
-            raise ValueError(f"{where}.offset must be a multiple of {itemsize} with the tensor inside the "
-                             f"{size} bytes, got {spec['offset']!r}")
-    _check_unique([spec["name"] for spec in tensors])
+    check_specs(tensors, size)
     return descriptor
 
 
@@ -272,18 +248,17 @@ def _owning_copies(named_tensors: list[tuple[str, torch.Tensor]]) -> dict[str, t
     return owned
 
 
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _check_unique(names: list[str]) -> None:
-    if len(set(names)) != len(names):
-        raise ValueError(f"a bucket names a weight twice: {sorted({n for n in names if names.count(n) > 1})[:8]}")
-
-
 # ---- the sender ----
 class EngineUnreachable(EngineError):
     """No reply: the engine could not be reached (the request never arrived, so nothing was received)."""
+
+
+@dataclass
+class _InFlight:
+    """A CUDA IPC bucket's requests: the replies and each engine's reference counter, by URL."""
+
+    replies: dict[str, concurrent.futures.Future]
+    counters: dict[str, tuple[bytes, int]]
 
 
 @dataclass
@@ -315,7 +290,7 @@ class WeightSender:
 
     def __init__(self, urls: list[str], strategy: str, api_key: str | None = None, backend: str = "gloo",
                  master_address: str = "127.0.0.1", timeout_s: float = 600.0, engine_ranks: list[int] | None = None,
-                 scratch_dir: str | None = None):
+                 scratch_dir: str | None = None, cuda_ipc: bool = True):
         if strategy not in STRATEGIES:
             raise ConfigError(f"weight sync strategy must be one of {STRATEGIES}, got {strategy!r}")
         if backend not in BACKENDS:
@@ -328,6 +303,7 @@ class WeightSender:
             raise ConfigError(f"scratch_dir {scratch_dir!r} is not a directory")
         self.strategy, self.backend, self.master_address = strategy, backend, master_address
         self.api_key, self.timeout_s, self.scratch_dir = api_key, float(timeout_s), scratch_dir
+        self.cuda_ipc = bool(cuda_ipc)
         self._loop = _EventLoopThread()
         self._clients: dict[str, EngineClient] = {}
         self._ranks: dict[str, int] = {}
@@ -403,8 +379,7 @@ class WeightSender:
             for bucket, last in stream:
                 self._broadcast_bucket(bucket, version, last)
         elif self.strategy == "tensor":
-            for bucket, last in stream:
-                self._share_bucket(bucket, version, last)
+            self._send_tensor(stream, version)
         else:
             self._write_checkpoint(stream, version)
         return {**totals, "weight_sync/seconds": time.perf_counter() - started}
@@ -457,14 +432,61 @@ class WeightSender:
             time.sleep(pause)
             pause = min(pause * 2, 0.02)
 
+    def _send_tensor(self, stream: Iterator[tuple[list, bool]], version: int) -> None:
+        """`tensor`: buckets holding CUDA tensors by CUDA IPC (unless `cuda_ipc` is off), one request in flight
+        while the next bucket is packed; other buckets through shared-memory files."""
+        packer: CudaIpcPacker | None = None
+        packed: PackedBucket | None = None
+        in_flight: _InFlight | None = None
+        try:
+            for bucket, last in stream:
+                if self.cuda_ipc and any(tensor.is_cuda for _, tensor in bucket):
+                    packer = packer or CudaIpcPacker()
+                    packed = packer.pack(bucket)  # overlaps the engines' copy of the previous bucket
+                    previous, in_flight = in_flight, None
+                    self._settle(previous, packer)
+                    in_flight = self._post_ipc_bucket(packer, packed, version, last)
+                else:
+                    previous, in_flight = in_flight, None
+                    self._settle(previous, packer)
+                    self._share_bucket(bucket, version, last)
+            previous, in_flight = in_flight, None
+            self._settle(previous, packer)
+        finally:
+            if in_flight is not None:  # failed while a request was out: its buffer stays until the engines answer
+                concurrent.futures.wait(in_flight.replies.values())
+                self._release_unopened(in_flight, packer)
+            packed = None
+            if packer is not None:
+                packer.close()
+
+    def _post_ipc_bucket(self, packer: CudaIpcPacker, packed: PackedBucket, version: int, last: bool) -> _InFlight:
+        shared = {url: packer.share(packed) for url in self.urls}  # one handle (and reference count) per engine
+        replies = self._to_all(lambda client: client.update_weights_from_serialized(
+            shared[client.url][0], CUDA_IPC_LOAD_FORMAT, version, last_bucket=last))
+        return _InFlight(replies, {url: counter for url, (_, counter) in shared.items()})
+
+    def _settle(self, in_flight: _InFlight | None, packer: CudaIpcPacker | None) -> None:
+        """Wait for every engine's answer to a CUDA IPC bucket; raise an `EngineError` naming those that failed."""
+        if in_flight is None:
+            return
+        concurrent.futures.wait(in_flight.replies.values())
+        self._release_unopened(in_flight, packer)
+        self._raise_failures(in_flight.replies)
+
+    @staticmethod
+    def _release_unopened(in_flight: _InFlight, packer: CudaIpcPacker) -> None:
+        """Release the reference counts of the engines that failed with an answer (their mapping is closed, or
+        was never opened) or were never reached, so the buffer is freed; an engine that timed out may still hold
+        the mapping, and torch keeps the buffer for it."""
+        for url, reply in in_flight.replies.items():
+            error = reply.exception()
+            if error is not None and not isinstance(error, EngineTimeout):
+                packer.release(in_flight.counters[url])
+
     def _share_bucket(self, bucket: list[tuple[str, torch.Tensor]], version: int, last: bool) -> None:
-        for name, tensor in bucket:
-            if tensor.is_cuda:
-                raise ConfigError(f"weight sync 'tensor' shares CPU tensors through shared memory; weight {name!r} "
-                                  "is on CUDA, where real SGLang takes CUDA IPC handles in its 'flattened_bucket' "
-                                  "format, which rl360 does not send yet: use weight_sync 'distributed' (nccl)")
         directory = self.scratch_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
-        path, entry, _ = write_shared_bucket(bucket, directory)
+        path, entry, _ = write_shared_bucket(bucket, directory)  # CUDA tensors are copied to the host here
         try:
             self._raise_failures(self._to_all(lambda client: client.update_weights_from_serialized(
                 entry, SHARED_MEMORY_LOAD_FORMAT, version, last_bucket=last)))
