@@ -1,7 +1,8 @@
 """Policy-update throughput and MFU: rl360's Megatron policy beside plain transformers, same tokens, same GPU.
 
-    python benchmarks/policy_mfu.py                 # on one GPU: Qwen2.5-1.5B shape, about 2 minutes, no network
-    python benchmarks/policy_mfu.py --tiny --peak-tflops 1   # a tiny shape that runs anywhere (CPU: ~20 s)
+    python benchmarks/policy_mfu.py                 # on one GPU: Qwen2.5-1.5B shape, both cases, no network
+    python benchmarks/policy_mfu.py --profile       # and one profiled step of the megatron update per case
+    python benchmarks/policy_mfu.py --tiny --peak-tflops 1   # a tiny shape that runs anywhere (CPU: ~30 s)
 
 Random weights from a config (nothing is downloaded): Qwen2.5-1.5B's shape by default (hidden 1536, 28 layers,
 12 heads / 2 key-value heads, intermediate 8960, vocabulary 151936, tied embeddings, q/k/v bias), bf16. One
@@ -9,8 +10,14 @@ transformers model is created on the device and saved to a temporary directory; 
 weights through the bridge.
 
 One step is the forward and backward pass over `--micro-batches` micro-batches of `--tokens-per-micro` tokens
-each (default 8 x 4,096): sequences of `--seq-len` tokens (default 1,024: a 256-token prompt and a 768-token
-response), packed back to back into one row per micro-batch.
+each: sequences of `--seq-len` tokens (a quarter prompt, the rest response), packed back to back into one row per
+micro-batch. Without `--seq-len` one invocation runs two cases: 32 sequences of 1,024 tokens packed 4,096 a
+micro-batch, and 8 sequences of 4,096 tokens packed 16,384 a micro-batch (`--tiny`: 4 x 64 packed 128 and
+2 x 128 packed 256).
+
+`--profile`: one more step of each megatron run under `torch.profiler`, summarised: the GPU-busy fraction (the
+union of the CUDA kernels' intervals over the step's wall time), the ten kernels of most total time with their
+call counts, and the host's time inside torch operators (on a CPU: no CUDA kernels, the CPU-busy fraction).
 
 - `megatron[<spec>]`: `PolicyWorker.accumulate_gradients` (rl360's update without the optimizer step: megatron's
   forward-backward schedule, packed THD rows, vocabulary-parallel log-probs, the PPO loss, gradients in megatron's
@@ -26,13 +33,15 @@ matmul parameters are every projection and the output layer (the embedding looku
 attention FLOPs of one sequence of s tokens, forward and backward, 6 x layers x heads x head_dim x s^2 (QK^T and
 AV, causal half, backward twice the forward). The peak is the GPU's dense bf16 figure (H100 SXM and H200: 989
 TFLOP/s, H100 PCIe 756, A100 312), or `--peak-tflops`; without either (a CPU, an NVL part) MFU is not given.
-The figures go to `benchmarks/results/policy_mfu_<device>.json` with the command and the device's name.
+The figures go to `--json PATH` (default `benchmarks/results/policy_mfu_<device>.json`) with the command, the
+device's name and the torch and megatron-core versions.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
 import json
 import platform
 import re
@@ -59,6 +68,9 @@ SHAPES = {
 # dense bf16 tensor-core peaks, TFLOP/s, by a part of torch.cuda.get_device_name() (first match wins); None: the
 # NVL parts, whose clocks and so peaks differ from the SXM ones, need --peak-tflops
 PEAK_TFLOPS = (("H100 PCIe", 756.0), ("NVL", None), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0))
+# the cases one invocation runs: (tokens a sequence, packed tokens a micro-batch, micro-batches a step)
+CASES = ((1024, 4096, 8), (4096, 16384, 2))
+TINY_CASES = ((64, 128, 2), (128, 256, 1))
 PROMPT_FRACTION = 0.25  # of each sequence; the rest is the response whose log-probs the loss takes
 
 
@@ -158,18 +170,33 @@ def megatron_step(hf_dir: str, attention: str, sequences: torch.Tensor, prompt: 
 
 
 def run(args: argparse.Namespace) -> dict:
+    """Every case of `args.cases`; the figures of each, and where and how they were taken."""
+    cases = [run_case(args, *case) for case in args.cases]
+    return {"command": " ".join(["python benchmarks/policy_mfu.py", *args.argv]), "device": device_name(),
+            "torch": torch.__version__, "megatron_core": _version("megatron-core"),
+            "transformers": _version("transformers"), "cases": cases}
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def run_case(args: argparse.Namespace, seq_len: int, tokens_per_micro: int, micro_batches: int) -> dict:
     shape = "tiny" if args.tiny else args.shape
-    config = model_config(shape, args.seq_len)
-    if args.tokens_per_micro % args.seq_len:
-        raise SystemExit(f"--tokens-per-micro={args.tokens_per_micro} must be a multiple of --seq-len={args.seq_len}")
-    per_micro = args.tokens_per_micro // args.seq_len
-    count = per_micro * args.micro_batches
+    config = model_config(shape, seq_len)
+    if tokens_per_micro % seq_len:
+        raise SystemExit(f"--tokens-per-micro={tokens_per_micro} must be a multiple of --seq-len={seq_len}")
+    per_micro = tokens_per_micro // seq_len
+    count = per_micro * micro_batches
     if count % 2:
         raise SystemExit(f"{count} sequences a step: make --micro-batches x sequences per micro-batch even")
-    prompt = max(1, int(args.seq_len * PROMPT_FRACTION))
-    sequences = make_sequences(config, count, args.seq_len)
-    flops = step_flops(config, [args.seq_len] * count)
-    tokens = count * args.seq_len
+    prompt = max(1, int(seq_len * PROMPT_FRACTION))
+    sequences = make_sequences(config, count, seq_len)
+    flops = step_flops(config, [seq_len] * count)
+    tokens = count * seq_len
     name = device_name()
     peak, peak_source = peak_tflops(name, args.peak_tflops)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -197,8 +224,10 @@ def run(args: argparse.Namespace) -> dict:
             if label in runs:  # auto resolved to a spec already measured
                 continue
             try:
-                worker, step = megatron_step(tmp, spec, sequences, prompt, args.tokens_per_micro, args.dtype)
+                worker, step = megatron_step(tmp, spec, sequences, prompt, tokens_per_micro, args.dtype)
                 record(label, timed(step, args.repeats), attention=requested)
+                if args.profile:
+                    runs[label]["profile"] = profile_step(step)
                 del worker, step
             except Exception as error:  # one spec failing (a first run of TE) leaves the others' figures standing
                 runs[label] = {"attention": requested, "error": f"{type(error).__name__}: {error}"}
@@ -208,10 +237,9 @@ def run(args: argparse.Namespace) -> dict:
     for entry in runs.values():
         if "error" not in entry:
             entry["over_transformers"] = entry["tokens_per_s"] / baseline
-    return {"command": " ".join(["python benchmarks/policy_mfu.py", *args.argv]), "device": name,
-            "shape": shape, "model": {k: getattr(config, k) for k in SHAPES[shape]} | {"tie_word_embeddings": True},
-            "dtype": args.dtype, "sequences": count, "seq_len": args.seq_len, "prompt_len": prompt,
-            "tokens_per_step": tokens, "tokens_per_micro_batch": args.tokens_per_micro,
+    return {"shape": shape, "model": {k: getattr(config, k) for k in SHAPES[shape]} | {"tie_word_embeddings": True},
+            "dtype": args.dtype, "sequences": count, "seq_len": seq_len, "prompt_len": prompt,
+            "tokens_per_step": tokens, "tokens_per_micro_batch": tokens_per_micro,
             "matmul_parameters": matmul_parameters(config), "flops_per_step": flops,
             "peak_tflops": peak, "peak_source": peak_source, "repeats": args.repeats, "runs": runs}
 
@@ -223,17 +251,92 @@ def _free() -> None:
 
 
 def report(result: dict) -> str:
-    lines = [f"{result['device']}: {result['shape']} ({result['matmul_parameters'] / 1e6:,.1f}M matmul parameters), "
-             f"{result['dtype']}, {result['sequences']} x {result['seq_len']} tokens a step in micro-batches of "
-             f"{result['tokens_per_micro_batch']}; peak {result['peak_tflops']} TFLOP/s ({result['peak_source']})"]
-    for label, entry in result["runs"].items():
-        if "error" in entry:
-            lines.append(f"{label:18} failed: {entry['error']}")
-            continue
-        mfu = f"{100 * entry['mfu']:5.1f}%" if entry["mfu"] is not None else "    -"
-        lines.append(f"{label:18} {entry['tokens_per_s']:12,.0f} tokens/s  {entry['tflops_per_s']:8.2f} TFLOP/s  "
-                     f"MFU {mfu}  {entry['seconds']:8.3f} s/step  {entry['over_transformers']:5.2f}x")
+    """Every case's runs side by side, then each profiled run's summary."""
+    lines = [f"{result['device']}: torch {result['torch']}, megatron-core {result['megatron_core']}"]
+    for case in result["cases"]:
+        lines += ["", f"{case['shape']} ({case['matmul_parameters'] / 1e6:,.1f}M matmul parameters), {case['dtype']}, "
+                  f"{case['sequences']} x {case['seq_len']} tokens a step in micro-batches of "
+                  f"{case['tokens_per_micro_batch']}; peak {case['peak_tflops']} TFLOP/s ({case['peak_source']})"]
+        for label, entry in case["runs"].items():
+            if "error" in entry:
+                lines.append(f"  {label:18} failed: {entry['error']}")
+                continue
+            mfu = f"{100 * entry['mfu']:5.1f}%" if entry["mfu"] is not None else "    -"
+            lines.append(f"  {label:18} {entry['tokens_per_s']:12,.0f} tokens/s  {entry['tflops_per_s']:8.2f} TFLOP/s  "
+                         f"MFU {mfu}  {entry['seconds']:8.3f} s/step  {entry['over_transformers']:5.2f}x transformers")
+        for label, entry in case["runs"].items():
+            if "profile" in entry:
+                lines += [f"  {label} profiled step:", *("    " + line for line in profile_report(entry["profile"]))]
     return "\n".join(lines)
+
+
+# ---- profile of one step ------------------------------------------------------------------------------------
+
+def interval_union(intervals) -> float:
+    """Total length covered by the (start, end) `intervals` (overlaps counted once)."""
+    total, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total, reach = total + max(end - start, 0.0), end
+        elif end > reach:
+            total, reach = total + end - reach, end
+    return total
+
+
+def summarise_profile(events, wall_us: float, top: int = 10) -> dict:
+    """Summary of one profiled step from its `events`, (name, kind, start_us, end_us) with kind "cuda" (a kernel)
+    or "cpu" (a host operator), and the step's wall time: the GPU-busy fraction (union of the kernels' intervals
+    over the wall time; None when the trace has no kernel), the `top` kernels by total time with call counts,
+    the host's time inside operators (the union of their intervals) and its fraction of the wall time."""
+    kernels = [(name, start, end) for name, kind, start, end in events if kind == "cuda"]
+    host = [(start, end) for _, kind, start, end in events if kind == "cpu"]
+    totals: dict[str, list] = {}
+    for name, start, end in kernels:
+        entry = totals.setdefault(name, [0.0, 0])
+        entry[0] += end - start
+        entry[1] += 1
+    busy = interval_union((start, end) for _, start, end in kernels)
+    cpu = interval_union(host)
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
+    return {"wall_ms": wall_us / 1e3,
+            "gpu_busy_ms": busy / 1e3 if kernels else None,
+            "gpu_busy_fraction": busy / wall_us if kernels and wall_us > 0 else None,
+            "kernel_ms": sum(total for total, _ in totals.values()) / 1e3, "kernel_calls": len(kernels),
+            "cpu_op_ms": cpu / 1e3, "cpu_busy_fraction": cpu / wall_us if wall_us > 0 else None,
+            "top_kernels": [{"name": name, "total_ms": total / 1e3, "calls": calls}
+                            for name, (total, calls) in ranked],
+            "note": None if kernels else "no CUDA kernels in the trace (a CPU run): the CPU-busy fraction stands in"}
+
+
+def profile_step(step) -> dict:
+    """One call of `step` under torch.profiler (CPU operators, and CUDA kernels on a GPU), summarised."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    synchronize()
+    with profile(activities=activities) as prof:
+        started = time.perf_counter()
+        step()
+        synchronize()
+        wall_us = (time.perf_counter() - started) * 1e6
+    events = []
+    for event in prof.events():
+        kind = "cuda" if event.device_type == DeviceType.CUDA else "cpu" if event.device_type == DeviceType.CPU \
+            else None
+        if kind is not None:
+            events.append((event.name, kind, float(event.time_range.start), float(event.time_range.end)))
+    return summarise_profile(events, wall_us)
+
+
+def profile_report(summary: dict) -> list[str]:
+    busy = summary["gpu_busy_fraction"]
+    lines = [f"wall {summary['wall_ms']:.1f} ms, GPU busy "
+             + (f"{100 * busy:.1f}% ({summary['gpu_busy_ms']:.1f} ms, {summary['kernel_calls']} kernels)"
+                if busy is not None else "- (no CUDA kernels)")
+             + f", CPU in operators {summary['cpu_op_ms']:.1f} ms ({100 * (summary['cpu_busy_fraction'] or 0):.1f}%)"]
+    lines += [f"{k['total_ms']:10.2f} ms {k['calls']:6d} x  {k['name'][:100]}" for k in summary["top_kernels"]]
+    return lines
 
 
 def results_path(results_dir: str, device: str) -> Path:
@@ -245,20 +348,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-1.5b")
     parser.add_argument("--tiny", action="store_true", help="the tiny shape, short sequences (CPU, tests)")
-    parser.add_argument("--seq-len", type=int, default=None, help="tokens a sequence (1024; --tiny 64)")
-    parser.add_argument("--tokens-per-micro", type=int, default=None, help="packed tokens a micro-batch (4096; "
-                        "--tiny 128)")
-    parser.add_argument("--micro-batches", type=int, default=None, help="micro-batches a step (8; --tiny 2)")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens a sequence (default: both cases)")
+    parser.add_argument("--tokens-per-micro", type=int, default=None, help="packed tokens a micro-batch (with "
+                        "--seq-len; default 4 sequences)")
+    parser.add_argument("--micro-batches", type=int, default=None, help="micro-batches a step (with --seq-len; "
+                        "default 8, --tiny 2)")
     parser.add_argument("--repeats", type=int, default=None, help="timed steps after one warm-up (3; --tiny 1)")
     parser.add_argument("--attention", default="auto,torch", help="model.attention values to run, comma-separated")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, when not in the table")
+    parser.add_argument("--profile", action="store_true", help="one profiled step of each megatron run, summarised")
     parser.add_argument("--results-dir", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--json", default=None, help="where the figures go (default: policy_mfu_<device>.json "
+                        "in --results-dir)")
     args = parser.parse_args(argv)
-    defaults = {"seq_len": (1024, 64), "tokens_per_micro": (4096, 128), "micro_batches": (8, 2), "repeats": (3, 1)}
-    for key, (full, tiny) in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, tiny if args.tiny else full)
+    if args.repeats is None:
+        args.repeats = 1 if args.tiny else 3
+    if args.seq_len is None:  # (seq_len, tokens a micro-batch, micro-batches): 32 x 1,024 and 8 x 4,096 (tiny: smaller)
+        if args.tokens_per_micro is not None or args.micro_batches is not None:
+            raise SystemExit("--tokens-per-micro and --micro-batches go with --seq-len")
+        args.cases = TINY_CASES if args.tiny else CASES
+    else:
+        args.cases = [(args.seq_len, args.tokens_per_micro or 4 * args.seq_len,
+                       args.micro_batches or (2 if args.tiny else 8))]
     args.argv = argv
     return args
 
@@ -267,11 +379,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     result = run(args)
     print(report(result))
-    path = results_path(args.results_dir, result["device"])
+    path = Path(args.json) if args.json else results_path(args.results_dir, result["device"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"written {path}")
-    if any("error" in entry for entry in result["runs"].values()):
+    if any("error" in entry for case in result["cases"] for entry in case["runs"].values()):
         raise SystemExit(1)
     return result
 

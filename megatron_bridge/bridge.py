@@ -126,6 +126,8 @@ class Bridge:
         from megatron.core.models.gpt import GPTModel
         from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
+        from megatron_bridge.rotary import rotates_per_token, token_rotary_gpt_model_class
+
         layer, final_norm = spec
         block = TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config, vp_stage),
                                            layer_norm=final_norm)
@@ -137,8 +139,9 @@ class Bridge:
                 mrope_section=vision.mrope_section(self.hf_config),
                 image_token_id=self.image_token_id,
                 vision_tower=vision.build_vision_tower(self.hf_config, params_dtype) if first else None, **kwargs)
-        else:
-            model = GPTModel(config, block, pre_process=first, post_process=last, vp_stage=vp_stage, **kwargs)
+        else:  # the torch and local specs rotate packed rows with per-token angles, which the model then gives
+            model_class = token_rotary_gpt_model_class(GPTModel) if rotates_per_token(layer) else GPTModel
+            model = model_class(config, block, pre_process=first, post_process=last, vp_stage=vp_stage, **kwargs)
         model = model.to(params_dtype)  # modules that ignore params_dtype (the torch RMSNorm fallback) too, as
         if torch.cuda.is_available():    # megatron's Float16Module does: the optimizer keeps the fp32 copies
             model = model.cuda()

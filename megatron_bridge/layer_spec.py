@@ -1,8 +1,10 @@
 """Which GPT layer the bridge builds (`model.attention`), and the one name translation between the layer specs.
 
-- `torch`: megatron's local layer spec with our norms (`megatron_bridge.norm.RMSNorm`) and our core attention on
-  torch's SDPA kernels (`megatron_bridge.attention.TorchCoreAttention`: packed sequences, context parallelism);
-- `local`: the same with megatron's unfused attention (no packed sequences, no context parallelism);
+- `torch`: megatron's local layer spec with our norms (`megatron_bridge.norm.RMSNorm`), our self-attention
+  (`megatron_bridge.rotary.TokenRotarySelfAttention`: RoPE on packed rows from per-token angles, with no host
+  synchronisation) and our core attention on torch's SDPA kernels (`megatron_bridge.attention.TorchCoreAttention`:
+  packed sequences, context parallelism);
+- `local`: the same with megatron's unfused core attention (no packed sequences, no context parallelism);
 - `te`: megatron-core's `get_gpt_layer_with_transformer_engine_spec` (Transformer Engine's fused kernels; q/k
   RMSNorm for Qwen3), final norm `TENorm`. Needs `transformer_engine` and a CUDA GPU. Transformer Engine serves
   sequence parallelism, context parallelism (megatron's layout of 2 x cp chunks, the one
@@ -118,10 +120,12 @@ def layer_spec(attention: str, qk_layernorm: bool, num_experts: int = 0) -> tupl
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from megatron_bridge.norm import RMSNorm
+    from megatron_bridge.rotary import TokenRotarySelfAttention
 
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_layernorm, **moe)
     layer = spec.submodules  # every norm ours (megatron's torch fallback refuses sequence parallelism)
     layer.input_layernorm = layer.pre_mlp_layernorm = RMSNorm
+    layer.self_attention.module = TokenRotarySelfAttention  # packed rows: per-token RoPE angles (the model's)
     if qk_layernorm:
         layer.self_attention.submodules.q_layernorm = layer.self_attention.submodules.k_layernorm = RMSNorm
     if attention == "torch":

@@ -526,7 +526,7 @@ def test_policy_step_loss_adds_the_kl_and_subtracts_the_entropy_bonus(megatron_s
     bonus_grad, = torch.autograd.grad(bonus, logits, retain_graph=True)
     torch.testing.assert_close(entropy_grad - base_grad, bonus_grad, rtol=1e-4, atol=1e-6)
     token_mean = sum(float(h.detach()) for row in entropy for h in row) / sum(map(sum, mask))
-    assert report["actor/entropy"] == pytest.approx(token_mean, rel=1e-5)
+    assert float(report["actor/entropy"]) == pytest.approx(token_mean, rel=1e-5)
 
     with_kl, kl_grad, _ = step_loss(0.0, kl_coef)
     ref = mb.ref_logprobs.tolist()

@@ -38,9 +38,9 @@ class RolloutBatch:
             batch.images = [self.images[row] for row in torch.arange(len(self))[rows].reshape(-1).tolist()]
         return batch
 
-    def to(self, device: torch.device | str) -> RolloutBatch:
-        """Every tensor moved to `device`."""
-        return self._map(lambda tensor: tensor.to(device))
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> RolloutBatch:
+        """Every tensor moved to `device`; `non_blocking`: see `to_device`."""
+        return self._map(lambda tensor: to_device(tensor, device) if non_blocking else tensor.to(device))
 
     @property
     def has_images(self) -> bool:
@@ -69,6 +69,16 @@ class RolloutBatch:
         offsets = torch.arange(self.response_ids.shape[1], device=self.response_ids.device)
         return (self.response_start[:, None] + offsets[None, :] - 1).clamp(max=self.input_ids.shape[1] - 1)
 
+    def packing(self, multiple: int = 1) -> PackedRow:
+        """`packed(multiple)`, the slot lengths as Python ints and the packed response positions in one go. Called
+        on a batch in host memory (before it goes to the device) it reads no device tensor: the step that moves
+        the result to a GPU never waits for it."""
+        slots = self._packed_lengths(multiple)
+        input_ids, positions, starts = self.packed(multiple)
+        lengths = slots.tolist()
+        return PackedRow(input_ids, positions, starts, lengths, max(lengths, default=0),
+                         self.packed_response_positions(multiple))
+
     def packed(self, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The rows back to back in one row, each cut to its length (`sequence_lengths`) rounded up to a
         `multiple` (padded with 0): input_ids [1, T], position_ids [1, T] (from 0 in each sequence) and
@@ -92,6 +102,27 @@ class RolloutBatch:
     def _packed_lengths(self, multiple: int) -> torch.Tensor:
         lengths = self.sequence_lengths()
         return lengths + (-lengths) % multiple
+
+
+@dataclass
+class PackedRow:
+    """A micro-batch's rows back to back in one row (`RolloutBatch.packing`)."""
+
+    input_ids: torch.Tensor  # [1, T] long
+    positions: torch.Tensor  # [1, T] long: from 0 in each sequence
+    cu_seqlens: torch.Tensor  # [B + 1] int32: where each sequence starts, then T
+    lengths: list[int]  # [B] tokens of each sequence's slot (a multiple of the packing multiple)
+    max_length: int  # the longest slot
+    response_positions: torch.Tensor  # [B, R] long: positions of the logits that predict each response token
+
+
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`tensor` on `device`. From host memory to a GPU the copy goes through pinned memory and does not block:
+    a copy from pageable memory waits for all the work already queued on the device."""
+    device = torch.device(device)
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],

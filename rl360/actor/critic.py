@@ -86,7 +86,7 @@ class CriticWorker(PolicyWorker):
         loss = agg_loss(per_token, mask, self.cfg.actor.loss_agg_mode, normalizer,
                         self.cfg.rollout.max_response_length)
         share = self._tokens_in_mini
-        report = {"critic/vf_loss": loss.item(),
-                  "critic/vf_clipfrac": ((clipped * mask).sum() / share).item(),
-                  "critic/vpred_mean": ((predicted.detach() * mask).sum() / share).item()}
+        report = {"critic/vf_loss": loss.detach(),  # 0-dim device tensors, read once a mini-batch
+                  "critic/vf_clipfrac": (clipped * mask).sum() / share,
+                  "critic/vpred_mean": (predicted.detach() * mask).sum() / share}
         return self._undo_megatron_scaling(loss, num_micro), report

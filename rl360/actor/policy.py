@@ -16,9 +16,17 @@ from functools import partial
 import torch
 
 from megatron_bridge import Bridge
+from megatron_bridge.attention import HostPackedSeqParams
 from megatron_bridge.context_parallel import context_group, gather, local_part
 from megatron_bridge.layer_spec import auto_reason, resolve_attention
-from rl360.actor.batch import RolloutBatch, at_least, interleaved_micro_batches, interleaving_group, micro_batch_rows
+from rl360.actor.batch import (
+    RolloutBatch,
+    at_least,
+    interleaved_micro_batches,
+    interleaving_group,
+    micro_batch_rows,
+    to_device,
+)
 from rl360.actor.multimodal import MultimodalInputs
 from rl360.actor.offload import StateOffload
 from rl360.actor.parallel import init_parallel
@@ -222,23 +230,26 @@ class PolicyWorker:
         return metrics
 
     def accumulate_gradients(self, mini: RolloutBatch) -> list[dict[str, float]]:
-        """Zero the gradients, then forward/backward every micro-batch of `mini`; per-micro-batch reports.
+        """Zero the gradients, then forward/backward every micro-batch of `mini`; per-micro-batch reports (read
+        from the device once, after the last micro-batch).
 
         Gradients end in megatron's `main_grad` buffers, equal to those of the unsplit mini-batch."""
-        # denominators of the whole mini-batch, over every data-parallel rank's share of it
-        counts = torch.tensor([agg_normalizer(mini.response_mask, self.cfg.actor.loss_agg_mode),
-                               float(mini.response_mask.sum())], dtype=torch.float64, device=self.device)
+        # denominators of the whole mini-batch, over every data-parallel rank's share of it (summed on the host
+        # at one rank: the step does not wait for the device)
+        counts = [agg_normalizer(mini.response_mask, self.cfg.actor.loss_agg_mode), float(mini.response_mask.sum())]
         if self.dp_size > 1:
-            torch.distributed.all_reduce(counts, group=self.dp_group)
-        normalizer = max(counts[0].item(), 1.0)
-        self._tokens_in_mini = max(counts[1].item(), 1.0)
+            reduced = torch.tensor(counts, dtype=torch.float64, device=self.device)
+            torch.distributed.all_reduce(reduced, group=self.dp_group)
+            counts = reduced.tolist()
+        normalizer = max(counts[0], 1.0)
+        self._tokens_in_mini = max(counts[1], 1.0)
         micro = self._micro_batches(mini)
         with self._resident("weights", "grads"):
             for chunk in self.models:
                 chunk.zero_grad_buffer()
             self.optimizer.zero_grad()
             loss_fn = partial(self._loss, normalizer=normalizer, num_micro=len(micro))
-            return self._schedule(self.models, micro, loss_fn, forward_only=False)
+            return reports_to_floats(self._schedule(self.models, micro, loss_fn, forward_only=False))
 
     def _loss(self, logits: torch.Tensor, mb: RolloutBatch, normalizer: float, num_micro: int):
         """Loss of one micro-batch, scaled so megatron's division by the micro-batch count cancels and
@@ -250,9 +261,9 @@ class PolicyWorker:
         def aggregate(per_token: torch.Tensor) -> torch.Tensor:
             return agg_loss(per_token, mask, cfg.loss_agg_mode, normalizer, self.cfg.rollout.max_response_length)
 
-        def token_mean(per_token: torch.Tensor) -> float:
+        def token_mean(per_token: torch.Tensor) -> torch.Tensor:
             """This micro-batch's part of the mini-batch's token mean (parts add up over micro-batches)."""
-            return ((per_token.detach() * mask).sum() / self._tokens_in_mini).item()
+            return (per_token.detach() * mask).sum() / self._tokens_in_mini
 
         pg_tokens, clipped = get_policy_loss(cfg.loss_mode)(logprob, mb.old_logprobs, mb.advantages, mask, cfg)
         is_weights = rollout_correction(mb.old_logprobs, mb.rollout_logprobs, cfg.rollout_correction,
@@ -260,11 +271,11 @@ class PolicyWorker:
                                         cfg.rollout_is_level, cfg.rollout_is_veto_threshold)
         pg_loss = aggregate(pg_tokens * is_weights)
         loss = pg_loss
-        report = {"actor/pg_loss": pg_loss.item()}
+        report = {"actor/pg_loss": pg_loss.detach()}  # 0-dim device tensors: `reports_to_floats` reads them
         if algo.kl_coef > 0:
             kl = aggregate(kl_penalty(logprob, mb.ref_logprobs, algo.kl_estimator))
             loss = loss + algo.kl_coef * kl
-            report["actor/kl"] = kl.item()
+            report["actor/kl"] = kl.detach()
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * aggregate(entropy)
         report["actor/entropy"] = token_mean(entropy)
@@ -319,26 +330,10 @@ class PolicyWorker:
 
     def _schedule(self, models, micro: list[RolloutBatch], on_logits, forward_only: bool) -> list:
         """Run megatron's forward-backward schedule; `on_logits(logits, mb)` is the loss (or collector)."""
-        from megatron.core.packed_seq_params import PackedSeqParams
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         def forward_step(data_iterator, model):
-            mb = next(data_iterator).to(self.device)
-            packing = None
-            if self.cfg.actor.pack_sequences:  # one row, sequences back to back, attention within each
-                input_ids, positions, starts = mb.packed(multiple=self.sequence_multiple)
-                lengths = (starts[1:] - starts[:-1]).tolist()
-                packing = PackedSeqParams(qkv_format="thd", cu_seqlens_q=starts, cu_seqlens_kv=starts,
-                                          max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
-            else:
-                input_ids = _pad_to_multiple(mb.input_ids, self.sequence_multiple)
-                lengths = [input_ids.shape[1]]  # each row one sequence
-                positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
-            vision_inputs = {}
-            if self.multimodal is not None:
-                packed_lengths = lengths if self.cfg.actor.pack_sequences else None
-                positions = self.multimodal.positions(mb, input_ids, packed_lengths)
-                vision_inputs = self.multimodal.model_inputs(mb, input_ids, packed_lengths, self.device)
+            mb, input_ids, positions, packing, lengths, vision_inputs = self._step_inputs(next(data_iterator))
             if self.context > 1:  # this rank's 1/cp of every sequence, and the token each position predicts
                 labels = local_part(torch.roll(input_ids, -1, dims=1), 1, lengths, self.context_group)
                 input_ids, positions = (local_part(x, 1, lengths, self.context_group) for x in (input_ids, positions))
@@ -370,6 +365,39 @@ class PolicyWorker:
             collect_non_loss_data=forward_only,
         )
 
+    def _step_inputs(self, host: RolloutBatch):
+        """One micro-batch's model inputs: its tensors on the device, token ids and positions (padded, or packed
+        in one row with `PackedSeqParams`), the sequence lengths (Python ints) and the vision inputs. Everything
+        that depends on the rows' lengths is computed from the host copy before the copies to the device (which
+        do not block), so preparing a micro-batch never waits for the device."""
+        def device(tensor: torch.Tensor) -> torch.Tensor:
+            return to_device(tensor, self.device)
+
+        host = host.to("cpu")  # a no-op for the controller's batches
+        mb = host.to(self.device, non_blocking=True)
+        packing = None
+        if self.cfg.actor.pack_sequences:  # one row, sequences back to back, attention within each
+            row = host.packing(multiple=self.sequence_multiple)
+            input_ids, positions, lengths = row.input_ids, row.positions, row.lengths
+            starts = device(row.cu_seqlens)
+            packing = HostPackedSeqParams(qkv_format="thd", cu_seqlens_q=starts, cu_seqlens_kv=starts,
+                                          max_seqlen_q=row.max_length, max_seqlen_kv=row.max_length,
+                                          host_bounds=tuple(row.cu_seqlens.tolist()))
+            mb.logit_index = (torch.zeros(len(mb), 1, dtype=torch.long, device=self.device),
+                              device(row.response_positions))
+        else:
+            input_ids = _pad_to_multiple(host.input_ids, self.sequence_multiple)
+            lengths = [input_ids.shape[1]]  # each row one sequence
+            positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+            mb.logit_index = (torch.arange(len(mb), device=self.device)[:, None], device(host.response_positions()))
+        vision_inputs = {}
+        if self.multimodal is not None:
+            packed_lengths = lengths if self.cfg.actor.pack_sequences else None
+            positions = self.multimodal.positions(host, input_ids, packed_lengths)
+            vision_inputs = {name: device(value) for name, value in
+                             self.multimodal.model_inputs(host, input_ids, packed_lengths, "cpu").items()}
+        return mb, device(input_ids), device(positions.contiguous()), packing, lengths, vision_inputs
+
     def _head_output(self, logits: torch.Tensor) -> torch.Tensor:
         """This tensor-parallel rank's slice of the vocabulary's logits, without the bridge's padding
         columns; never gathered (see `rl360.actor.vocab_parallel`)."""
@@ -384,7 +412,10 @@ class PolicyWorker:
 
     def _response_index(self, output: torch.Tensor, mb: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Index of `output` ([B, T, ...], or [1, T, ...] packed) at the positions that predict each response
-        token: [B, R, ...]."""
+        token: [B, R, ...]. A micro-batch from `_step_inputs` carries it, computed on the host."""
+        index = getattr(mb, "logit_index", None)
+        if index is not None:
+            return index
         if self.cfg.actor.pack_sequences:
             positions = mb.packed_response_positions(multiple=self.sequence_multiple)
             return torch.zeros(len(mb), 1, dtype=torch.long, device=output.device), positions
@@ -492,6 +523,16 @@ class PolicyWorker:
         """State-dict key of each model chunk: "model", or "model0", "model1", ... with virtual pipeline stages
         (megatron's names; the tensors inside are keyed by global layer, so any layout loads them)."""
         return ["model"] if len(self.models) == 1 else [f"model{i}" for i in range(len(self.models))]
+
+
+def reports_to_floats(reports: list[dict]) -> list[dict[str, float]]:
+    """Per-micro-batch reports whose values are 0-dim tensors (or floats) as floats: the tensors are read from the
+    device in one transfer."""
+    tensors = [value for report in reports for value in report.values() if torch.is_tensor(value)]
+    read = iter(torch.stack([value.detach().reshape(()).to(tensors[0].device, torch.float64)
+                             for value in tensors]).tolist() if tensors else [])
+    return [{key: next(read) if torch.is_tensor(value) else float(value) for key, value in report.items()}
+            for report in reports]
 
 
 def _pad_to_multiple(input_ids: torch.Tensor, multiple: int) -> torch.Tensor:
