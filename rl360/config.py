@@ -243,6 +243,8 @@ class ClusterConfig:
     num_cpus: int = 0  # CPUs for a local cluster (0: all)
     # GPUs for a local cluster (-1: those the machine has; a count on a CPU machine places work as on that many)
     num_gpus: int = -1
+    # memory of one GPU in GiB for the start-up memory check (0: read from the trainer's device)
+    gpu_memory_gb: float = 0.0
     placement_timeout_s: float = 60.0  # a placement group not ready in this long is refused, naming what is free
 
 
@@ -305,7 +307,7 @@ NON_NEGATIVE = (
     "critic.grad_clip", "critic.cliprange_value", "critic.warmup_steps", "critic.micro_batch_size",
     "algorithm.gamma", "algorithm.lam",
     "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every", "rollout.max_engine_restarts",
-    "actor.max_tokens_per_micro_batch", "actor.moe_aux_loss_coef",
+    "actor.max_tokens_per_micro_batch", "actor.moe_aux_loss_coef", "cluster.gpu_memory_gb",
 )
 
 

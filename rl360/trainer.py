@@ -67,9 +67,11 @@ def train(cfg: RunConfig) -> Path:
         print(placement.describe(), flush=True)
         cfg = replace(cfg, rollout=replace(cfg.rollout, colocate=placement.colocate,
                                            weight_sync=placement.weight_sync))
-        if placement.use_gpu and torch.cuda.is_available() and cfg.trainer.memory_check:
+        memory_gb = cfg.cluster.gpu_memory_gb or (torch.cuda.get_device_properties(0).total_memory / GIB
+                                                  if torch.cuda.is_available() else 0)
+        if placement.use_gpu and memory_gb and cfg.trainer.memory_check:
             # a layout that cannot fit stops here, not at an OOM an hour in
-            problem = plan(cfg, torch.cuda.get_device_properties(0).total_memory / GIB).problem()
+            problem = plan(cfg, memory_gb).problem()
             if problem is not None:
                 raise ConfigError(f"{problem}; `rl360 plan` prints every term (trainer.memory_check=false to "
                                   "start anyway)")

@@ -182,3 +182,12 @@ def test_a_layout_that_does_not_fit_is_refused_in_one_line_before_any_worker_sta
         "rl360: config error: 2 GPUs needed for the trainer alone (policy 2: actor.parallel tensor x pipeline x "
         "context x data); this cluster has 1: lower actor.parallel.* or add GPUs")
     assert "Traceback" not in result.stderr and "policy layer spec" not in result.stdout
+
+
+def test_the_memory_check_refuses_a_layout_too_big_for_the_declared_gpu(assets):
+    result = _train(assets, "too_big", "cluster.num_gpus=1", "cluster.gpu_memory_gb=1")
+    assert result.returncode == 2, result.stderr[-4000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("rl360: config error: the train phase needs ") and "more than 1 GiB" in last, last
+    assert "`rl360 plan` prints every term (trainer.memory_check=false to start anyway)" in last
+    assert "policy layer spec" not in result.stdout  # refused before any worker started
