@@ -1,4 +1,9 @@
-"""Small shared helpers for the tests."""
+"""Small shared helpers for the tests.
+
+A bf16 comparison is exact (torch.equal) only where both sides run the same ops in the same order on the same
+shapes (offloaded vs resident, resumed vs unbroken); where they may run different kernels, shapes or reduction
+orders it is bounded by bf16 resolution with `assert_close_bf16`, and tests/test_bf16_kernels.py reruns those
+comparisons with oneDNN's AVX-512/AMX bf16 kernels forced off."""
 
 from __future__ import annotations
 
@@ -76,6 +81,40 @@ def make_tiny_model(out_dir: str, arch: str, tie_word_embeddings: bool, seed: in
             param.copy_(0.1 * torch.randn_like(param) + (1.0 if "norm" in name else 0.0))
     model.save_pretrained(out_dir)
     return out_dir
+
+
+BF16_EPS = 2.0 ** -8  # bf16's unit roundoff: 8 significant bits
+
+
+def assert_close_bf16(actual: torch.Tensor, expected: torch.Tensor, *, steps: int, mask: torch.Tensor | None = None,
+                      mean: bool = False, what: str = "") -> None:
+    """`actual` is within bf16 resolution of `expected`, for two bf16 computations that may round differently
+    (other kernels, as oneDNN's per-ISA ones, shapes or reduction orders, or bf16 against fp32).
+
+    bf16 keeps 8 significant bits: a value of magnitude m is stored to within m * eps (eps = 2**-8), and two
+    computations of it that round differently land up to one ulp, 2 * m * eps, apart. Each of `steps` optimizer
+    steps starts from weights that may already differ so and can flip one more rounding (Adam moves every weight
+    by about lr whatever its gradient's scale, so a slightly different gradient still shifts it by a fraction of lr),
+    so each element may be (1 + steps) ulps apart, m being its own magnitude but at least the root-mean-square of
+    `expected` (a weight near zero is moved on the tensor's scale, not its own).
+
+    mean=True bounds the mean absolute difference over `mask` instead, by (1 + steps) * eps times the mean
+    magnitude (half an ulp a step): for outputs such as log-probs, where a few near-tied tokens may swing far
+    while the bulk cannot."""
+    actual, expected = actual.detach().double(), expected.detach().double()
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    weight = torch.ones_like(expected) if mask is None else mask.double().expand_as(expected)
+    diff, size = (actual - expected).abs() * weight, expected.abs() * weight
+    if mean:
+        got, bound = diff.sum() / weight.sum(), (1 + steps) * BF16_EPS * size.sum() / weight.sum()
+        assert got <= bound, f"{what}: mean |difference| {got:.3g} over bf16's {1 + steps} half-ulps {bound:.3g}"
+        return
+    rms = (size.pow(2).sum() / weight.sum()).sqrt()
+    ulps = diff / (2 * BF16_EPS * torch.maximum(size, rms))
+    worst = int(ulps.argmax())
+    assert ulps.max() <= 1 + steps, (f"{what}: element {worst} {actual.flatten()[worst].item():.6g} vs "
+                                     f"{expected.flatten()[worst].item():.6g} is {ulps.max():.1f} bf16 ulps apart "
+                                     f"(bound {1 + steps}); {int((diff > 0).sum())} of {diff.numel()} differ")
 
 
 def sglang_wheel(version: str) -> Path:

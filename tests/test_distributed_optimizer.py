@@ -9,7 +9,7 @@ import torch
 
 from rl360.actor.policy import PolicyWorker
 from rl360.cluster.launch import run_ranks
-from tests.helpers import make_tiny_qwen2
+from tests.helpers import assert_close_bf16, make_tiny_qwen2
 from tests.zero_worker import config, flat_weights, train
 
 RUNS = {
@@ -27,24 +27,34 @@ def model_dir(tmp_path_factory):
     return make_tiny_qwen2(str(tmp_path_factory.mktemp("zero")), tie_word_embeddings=False, seed=9)
 
 
-@pytest.fixture(scope="module")
-def runs(model_dir, tmp_path_factory):
-    """Each run's per-rank weights after 3 updates and 1 more, its reports and its checkpoint directory."""
-    results = {}
-    for name, extra in RUNS.items():
-        out = tmp_path_factory.mktemp(name)
-        run_ranks("tests.zero_worker:main", 2, [model_dir, str(out), extra], timeout_s=600)
-        results[name] = {
+class _Runs(dict):
+    """Each run's per-rank weights after 3 updates and 1 more, its reports and its checkpoint directory, run when
+    a test first asks for it (so a rerun of one test runs only what that test compares)."""
+
+    def __init__(self, model_dir, tmp_path_factory):
+        super().__init__()
+        self.model_dir, self.tmp_path_factory = model_dir, tmp_path_factory
+
+    def __missing__(self, name):
+        out = self.tmp_path_factory.mktemp(name)
+        run_ranks("tests.zero_worker:main", 2, [self.model_dir, str(out), RUNS[name]], timeout_s=600)
+        self[name] = {
             "weights": [torch.load(out / f"weights_rank{rank}.pt") for rank in range(2)],
             "after": [torch.load(out / f"weights_after_rank{rank}.pt") for rank in range(2)],
             "report": [json.loads((out / f"report_rank{rank}.json").read_text()) for rank in range(2)],
             "ckpt": str(out / "ckpt"),
         }
-    return results
+        return self[name]
+
+
+@pytest.fixture(scope="module")
+def runs(model_dir, tmp_path_factory):
+    return _Runs(model_dir, tmp_path_factory)
 
 
 def test_every_rank_holds_the_whole_updated_model(runs):
-    for name, run in runs.items():
+    for name in RUNS:
+        run = runs[name]
         assert torch.equal(run["weights"][0], run["weights"][1]), name  # all-gathered after each step
         assert torch.equal(run["after"][0], run["after"][1]), name
 
@@ -57,10 +67,18 @@ def test_distributed_optimizer_trains_as_the_replicated_one(runs):
     assert (distributed["after"][0] - replicated["after"][0]).abs().max() <= 1e-4
     for got, want in zip(distributed["report"][0]["reports"], replicated["report"][0]["reports"]):
         assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
-    # bf16 (fp32 main weights and gradients in both), with offload: the same bf16 weights (measured: equal after
-    # 3 updates, 2 of 90,688 apart by 1.5e-8 after the 4th)
-    for key in ("weights", "after"):
-        assert (runs["distributed_bf16_offload"][key][0] - runs["replicated_bf16"][key][0]).abs().max() <= 1e-6
+
+
+def test_bf16_distributed_optimizer_trains_as_the_replicated_one(runs):
+    """bf16 (fp32 main weights and gradients in both), with offload: the same bf16 weights to bf16 resolution. The
+    gradient norm summed from shards rounds differently, and one flipped bf16 rounding changes every later
+    gradient (measured, oneDNN capped at AVX2: 1 of 90,688 weights one bf16 ulp, 2.4e-4, apart after 3 updates,
+    933 up to 1.3 ulps of the weights' scale after the 4th, against bounds of 4 and 5; bit-equal with the AVX-512
+    BF16 kernels)."""
+    replicated, distributed = runs["replicated_bf16"], runs["distributed_bf16_offload"]
+    assert (replicated["weights"][0] - replicated["after"][0]).abs().max() > 1e-3
+    for key, steps in (("weights", 3), ("after", 4)):
+        assert_close_bf16(distributed[key][0], replicated[key][0], steps=steps, what=key)
 
 
 def test_each_rank_keeps_half_of_the_optimizer_state(runs):
