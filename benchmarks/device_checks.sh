@@ -58,7 +58,7 @@ for part in "${parts[@]}"; do
       quickstart vision 240 --task vision trainer.total_steps=25
       ;;
     mfu)
-      timeout 420 python3 benchmarks/policy_mfu.py --profile --json "$out/policy_mfu_$device.json" \
+      timeout 420 python3 benchmarks/policy_mfu.py --attention torch,te --profile --json "$out/policy_mfu_$device.json" \
         2>&1 | tee "$out/policy_mfu.log" || status=1
       ;;
     weight_sync)
