@@ -160,3 +160,13 @@ def assert_every_rank_exported_the_checkpoint(hf_dir: str, out_dir, ranks: int) 
         for name, tensor in original.items():
             assert torch.equal(exported[name], tensor), (rank, name)
     return original
+
+
+def serving_url(proc) -> str:
+    """The URL an `rl360 serve ...` process (stdout piped, text) prints in its "serving ... on URL" line, read
+    line by line until it appears; fails with everything it printed when it exits first."""
+    seen = []
+    while not seen or "serving" not in seen[-1]:
+        seen.append(proc.stdout.readline())
+        assert seen[-1], "".join(seen)  # the server exited before serving
+    return seen[-1].split(" on ", 1)[1].split()[0]

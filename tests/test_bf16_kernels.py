@@ -39,8 +39,13 @@ pytestmark = [
 ]
 
 
+# set in this process by an earlier test's torch.distributed (its store holds MASTER_PORT): a fresh process makes
+# its own
+_THIS_PROCESS_ONLY = {"ONEDNN_MAX_CPU_ISA", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"}
+
+
 def _env(**extra: str) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if key != "ONEDNN_MAX_CPU_ISA"}
+    env = {key: value for key, value in os.environ.items() if key not in _THIS_PROCESS_ONLY}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env | extra
 

@@ -32,7 +32,7 @@ from rl360.rollout.cuda_ipc import (
 )
 from rl360.rollout.flat_bucket import layout, pack, unpack
 from rl360.rollout.weight_sync import SHARED_MEMORY_LOAD_FORMAT, WeightSender, read_shared_bucket
-from tests.helpers import make_tiny_qwen2
+from tests.helpers import make_tiny_qwen2, serving_url
 
 KEY = "cuda-ipc-test-key-0123456789"
 WHOLE = 1 << 30
@@ -205,11 +205,7 @@ def _launch(model_dir: str, dtype: str) -> tuple[subprocess.Popen, str]:
                              "0", "--api-key-env", "RL360_TEST_ROLLOUT_KEY", "--batch-window-ms", "1", "--dtype", dtype,
                              "--shutdown-grace", "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "RL360_TEST_ROLLOUT_KEY": KEY, "OMP_NUM_THREADS": "1"})
-    seen = []
-    while not seen or "serving" not in seen[-1]:
-        seen.append(proc.stdout.readline())
-        assert seen[-1], "".join(seen)  # the server exited before serving
-    return proc, seen[-1].split(" on ", 1)[1].split()[0]
+    return proc, serving_url(proc)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from rl360.rollout.client import EngineClient, EngineError, collapse_image_token
 from rl360.rollout.hf_engine import HFEngine
 from rl360.rollout.weight_sync import WeightSender
 from rl360.serve.loadgen import metric_total
+from tests.helpers import serving_url
 
 KEY = "rollout-images-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -250,11 +251,7 @@ def _launch(model_dir: str) -> tuple[subprocess.Popen, str]:
                              "--weight-sync-timeout-s", "30", "--shutdown-grace", "5"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "RL360_TEST_ROLLOUT_KEY": KEY, "OMP_NUM_THREADS": "1"})
-    seen = []
-    while not seen or "serving" not in seen[-1]:
-        seen.append(proc.stdout.readline())
-        assert seen[-1], "".join(seen)  # the server exited before serving
-    return proc, seen[-1].split(" on ", 1)[1].split()[0]
+    return proc, serving_url(proc)
 
 
 @pytest.fixture(scope="module")

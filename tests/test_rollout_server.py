@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from rl360.rollout.base import SamplingParams
 from rl360.rollout.client import EngineClient, EngineError
 from rl360.serve.loadgen import metric_total
-from tests.helpers import make_tiny_qwen2
+from tests.helpers import make_tiny_qwen2, serving_url
 
 KEY = "rollout-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -26,11 +26,7 @@ def served(tmp_path_factory):
                              "0", "--api-key-env", "RL360_TEST_ROLLOUT_KEY", "--batch-window-ms", "50"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "RL360_TEST_ROLLOUT_KEY": KEY})
-    seen = []
-    while not seen or "serving" not in seen[-1]:
-        seen.append(proc.stdout.readline())
-        assert seen[-1], "".join(seen)  # the server exited before serving
-    yield seen[-1].split(" on ", 1)[1].split()[0], model_dir
+    yield serving_url(proc), model_dir
     proc.terminate()
     proc.communicate(timeout=30)
 

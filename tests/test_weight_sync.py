@@ -30,7 +30,7 @@ from rl360.rollout.weight_sync import (
     read_shared_bucket,
     write_shared_bucket,
 )
-from tests.helpers import make_tiny_qwen2
+from tests.helpers import make_tiny_qwen2, serving_url
 
 KEY = "weight-sync-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -45,7 +45,7 @@ class Engines:
     def __init__(self, model_dir: str):
         self.model_dir = model_dir
         self.procs = [_launch(model_dir) for _ in range(2)]
-        self.urls = [_serving_url(proc) for proc in self.procs]
+        self.urls = [serving_url(proc) for proc in self.procs]
 
     def kill(self, index: int) -> None:
         self.procs[index].send_signal(signal.SIGKILL)
@@ -53,7 +53,7 @@ class Engines:
 
     def start(self, index: int) -> str:
         self.procs[index] = _launch(self.model_dir)
-        self.urls[index] = _serving_url(self.procs[index])
+        self.urls[index] = serving_url(self.procs[index])
         return self.urls[index]
 
     def stop(self) -> None:
@@ -70,13 +70,6 @@ def _launch(model_dir: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "RL360_TEST_ROLLOUT_KEY": KEY, "OMP_NUM_THREADS": "1"})
 
-
-def _serving_url(proc: subprocess.Popen) -> str:
-    seen = []
-    while not seen or "serving" not in seen[-1]:
-        seen.append(proc.stdout.readline())
-        assert seen[-1], "".join(seen)  # the server exited before serving
-    return seen[-1].split(" on ", 1)[1].split()[0]
 
 
 @pytest.fixture(scope="module")

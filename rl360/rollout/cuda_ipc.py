@@ -38,12 +38,11 @@ from typing import Any
 
 import torch
 
-from rl360.rollout.flat_bucket import check_specs, is_count, layout, pack, unpack
+from rl360.rollout.flat_bucket import check_specs, is_count, layout, pack, read_descriptor, unpack
 
 CUDA_IPC_LOAD_FORMAT = "rl360_cuda_ipc"
 CUDA_ALIGNMENT = 256  # byte offset of every tensor in a CUDA IPC bucket (the CUDA allocator's own alignment)
 BUFFER_GRANULE = 2 << 20  # buffers are allocated in multiples of this, so buckets of similar size reuse them
-DESCRIPTOR_FIELDS = frozenset({"device", "ipc", "bytes", "tensors"})
 DEVICE_FIELDS = frozenset({"uuid", "pci_bus_id", "name"})
 IPC_FIELDS = frozenset({"handle", "storage_bytes", "storage_offset", "ref_counter", "ref_counter_offset"})
 REF_COUNTERS_PER_FILE = 10000  # torch's CUDA_IPC_REF_COUNTER_FILE_SIZE: slots in one reference-counter file
@@ -90,14 +89,7 @@ def encode_descriptor(gpu: dict, ipc: dict, size: int, specs: list[dict]) -> str
 def decode_descriptor(entry: Any) -> dict:
     """The checked descriptor of an entry, `ipc.handle` and `ipc.ref_counter` decoded to bytes; ValueError naming
     the field at fault."""
-    if not isinstance(entry, str):
-        raise ValueError("entries must be base64 strings")
-    try:
-        descriptor = json.loads(base64.b64decode(entry, validate=True))
-    except (binascii.Error, ValueError) as err:
-        raise ValueError(f"not base64 of a JSON descriptor: {err}") from None
-    if not isinstance(descriptor, dict) or set(descriptor) != DESCRIPTOR_FIELDS:
-        raise ValueError("the descriptor must be an object with exactly 'device', 'ipc', 'bytes' and 'tensors'")
+    descriptor = read_descriptor(entry, ("device", "ipc", "bytes", "tensors"))
     gpu, ipc, size = descriptor["device"], descriptor["ipc"], descriptor["bytes"]
     if not isinstance(gpu, dict) or set(gpu) != DEVICE_FIELDS:
         raise ValueError("'device' must be an object with exactly 'uuid', 'pci_bus_id' and 'name'")

@@ -7,10 +7,14 @@ spells it: "float32", "bfloat16", ...). Packing into and copying out of a flat u
     pack(bucket, specs, flat)
     check_specs(specs, size)                       # what a reader checks before trusting a descriptor
     named = unpack(flat, specs)                    # [(hf_name, tensor)], copies that own their memory
+    descriptor = read_descriptor(entry, ("path", "bytes", "tensors"))   # a request's base64 JSON descriptor
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from typing import Any
 
 import torch
@@ -100,3 +104,18 @@ def check_specs(tensors: Any, size: int, where: str = "tensors") -> None:
             raise ValueError(f"{at}.offset must be a multiple of {itemsize} with the tensor inside the "
                              f"{size} bytes, got {spec['offset']!r}")
     check_unique([spec["name"] for spec in tensors])
+
+
+def read_descriptor(entry: Any, fields: tuple[str, ...]) -> dict:
+    """The JSON object a request entry (base64 of it) holds, with exactly `fields`; ValueError saying what is
+    wrong."""
+    if not isinstance(entry, str):
+        raise ValueError("entries must be base64 strings")
+    try:
+        descriptor = json.loads(base64.b64decode(entry, validate=True))
+    except (binascii.Error, ValueError) as err:
+        raise ValueError(f"not base64 of a JSON descriptor: {err}") from None
+    if not isinstance(descriptor, dict) or set(descriptor) != set(fields):
+        names = ", ".join(f"'{field}'" for field in fields[:-1]) + f" and '{fields[-1]}'"
+        raise ValueError(f"the descriptor must be an object with exactly {names}")
+    return descriptor

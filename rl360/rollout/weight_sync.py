@@ -82,7 +82,7 @@ import torch.distributed as dist
 from rl360.config import ConfigError
 from rl360.rollout.client import EngineClient, EngineError, EngineTimeout
 from rl360.rollout.cuda_ipc import CUDA_IPC_LOAD_FORMAT, CudaIpcPacker, PackedBucket
-from rl360.rollout.flat_bucket import WEIGHT_DTYPES, check_specs, dtype_name, unpack
+from rl360.rollout.flat_bucket import WEIGHT_DTYPES, check_specs, dtype_name, read_descriptor, unpack
 from rl360.rollout.flat_bucket import check_unique as _check_unique
 from rl360.rollout.flat_bucket import is_count as _is_count
 
@@ -214,14 +214,7 @@ def read_shared_bucket(entry: Any) -> list[tuple[str, torch.Tensor]]:
 
 
 def _shared_descriptor(entry: Any) -> dict:
-    if not isinstance(entry, str):
-        raise ValueError("entries must be base64 strings")
-    try:
-        descriptor = json.loads(base64.b64decode(entry, validate=True))
-    except (binascii.Error, ValueError) as err:
-        raise ValueError(f"not base64 of a JSON descriptor: {err}") from None
-    if not isinstance(descriptor, dict) or set(descriptor) != {"path", "bytes", "tensors"}:
-        raise ValueError("the descriptor must be an object with exactly 'path', 'bytes' and 'tensors'")
+    descriptor = read_descriptor(entry, ("path", "bytes", "tensors"))
     path, size, tensors = descriptor["path"], descriptor["bytes"], descriptor["tensors"]
     name = os.path.basename(path) if isinstance(path, str) else ""
     if not (name and os.path.isabs(path) and name.startswith(SHARED_FILE_PREFIX) and name.endswith(SHARED_FILE_SUFFIX)):
