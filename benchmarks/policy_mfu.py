@@ -222,7 +222,7 @@ def run_case(args: argparse.Namespace, seq_len: int, tokens_per_micro: int, micr
             try:
                 spec = resolve_attention(requested)
             except RuntimeError as error:  # te where Transformer Engine cannot run: recorded, the others run
-                runs[f"megatron[{requested}]"] = {"attention": requested, "error": str(error)}
+                runs[f"megatron[{requested}]"] = {"attention": requested, "not_run": str(error)}
                 print(f"megatron[{requested}] not run: {error}", file=sys.stderr)
                 continue
             label = f"megatron[{spec}]"
@@ -240,7 +240,7 @@ def run_case(args: argparse.Namespace, seq_len: int, tokens_per_micro: int, micr
             _free()
     baseline = runs["transformers"]["tokens_per_s"]
     for entry in runs.values():
-        if "error" not in entry:
+        if "tokens_per_s" in entry:
             entry["over_transformers"] = entry["tokens_per_s"] / baseline
     return {"shape": shape, "model": {k: getattr(config, k) for k in SHAPES[shape]} | {"tie_word_embeddings": True},
             "dtype": args.dtype, "sequences": count, "seq_len": seq_len, "prompt_len": prompt,
@@ -263,8 +263,9 @@ def report(result: dict) -> str:
                   f"{case['sequences']} x {case['seq_len']} tokens a step in micro-batches of "
                   f"{case['tokens_per_micro_batch']}; peak {case['peak_tflops']} TFLOP/s ({case['peak_source']})"]
         for label, entry in case["runs"].items():
-            if "error" in entry:
-                lines.append(f"  {label:18} failed: {entry['error']}")
+            if "error" in entry or "not_run" in entry:
+                lines.append(f"  {label:18} " + (f"failed: {entry['error']}" if "error" in entry else
+                                                 f"not run here: {entry['not_run']}"))
                 continue
             mfu = f"{100 * entry['mfu']:5.1f}%" if entry["mfu"] is not None else "    -"
             lines.append(f"  {label:18} {entry['tokens_per_s']:12,.0f} tokens/s  {entry['tflops_per_s']:8.2f} TFLOP/s  "

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from benchmarks.policy_mfu import (
     step_flops,
     summarise_profile,
 )
+from megatron_bridge.layer_spec import resolve_attention, transformer_engine_missing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,7 +113,9 @@ def test_tiny_run_end_to_end(tmp_path):
         assert case["peak_tflops"] == 1.0
         assert case["tokens_per_step"] == case["sequences"] * case["seq_len"] == 256
         labels = set(case["runs"])
-        assert "transformers" in labels and labels & {"megatron[torch]", "megatron[te]"}
+        assert "transformers" in labels and "megatron[torch]" in labels and "megatron[te]" in labels
+        if transformer_engine_missing() is not None:  # te is recorded as not run, with the reason
+            assert case["runs"].pop("megatron[te]") == {"attention": "te", "not_run": resolve_te_error()}
         for label, entry in case["runs"].items():
             for key in ("tokens_per_s", "mfu", "tflops_per_s", "over_transformers"):
                 assert math.isfinite(entry[key]) and entry[key] > 0, (label, key, entry)
@@ -120,4 +124,14 @@ def test_tiny_run_end_to_end(tmp_path):
                 assert entry["profile"]["wall_ms"] > 0 and entry["profile"]["cpu_op_ms"] > 0
     for label in result["cases"][0]["runs"]:  # printed side by side
         assert label in done.stdout
+    if transformer_engine_missing() is not None:
+        assert re.search(r"megatron\[te\] +not run here: model.attention=te needs Transformer Engine", done.stdout)
     assert "profiled step" in done.stdout
+
+
+def resolve_te_error() -> str:
+    try:
+        resolve_attention("te")
+    except RuntimeError as error:
+        return str(error)
+    raise AssertionError("model.attention=te resolved where Transformer Engine is missing")
