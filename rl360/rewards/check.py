@@ -36,12 +36,13 @@ import pyarrow.parquet as pq
 
 from rl360.data.schema import DataError, extra_info_dict
 from rl360.data.stream import scan_reward_keys
+from rl360.errors import UserError
 from rl360.rewards.judge import ENV as JUDGE_ENV
 from rl360.rewards.pool import RewardItem, RewardPool, RewardResult, domain_of
 from rl360.rewards.registry import JUDGE_SETTING, Route, RouteError, check_route, register_reward_path
 
 
-class CheckError(ValueError):
+class CheckError(UserError):
     """Bad input to `reward check`; the message names the file (and line or row)."""
 
 
