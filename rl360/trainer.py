@@ -35,15 +35,15 @@ from rl360.tracking.tracker import Tracker
 def train(cfg: RunConfig) -> Path:
     """Run `cfg.trainer.total_steps` RL steps; returns the output directory."""
     check_model_dir(cfg.model.path)  # a missing directory, weights or tokenizer: said now, before any loading
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     for prefix, path in cfg.reward.custom.items():
         register_reward_path(prefix, path)
     # every row now, before Ray starts: rows that would stop the run when reached (data.on_bad_row=error) or be
     # skipped, an unknown data_source or reward_metric, a judge-scored row without reward.judge
     routes = check_reward_data(cfg.data.train_files, judge_configured(cfg.reward.judge),
                                on_bad_row=cfg.data.on_bad_row)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     # reward workers with only the environment they need; a line says what isolation untrusted code gets, and
     # the run refuses to start when the data runs code that the sandbox here cannot isolate
     rewards = open_reward_pool(cfg.reward, routes)
