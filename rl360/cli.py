@@ -2,7 +2,10 @@
 `rl360 data inspect FILE...`, `rl360 reward check FILE.parquet --responses R.jsonl --out S.jsonl`,
 `rl360 convert hf-to-megatron|megatron-to-hf ...`, `rl360 serve sandbox [--port N] [--api-key-env VAR]`,
 `rl360 serve model --model DIR [--port N] [--api-key-env VAR]`,
-`rl360 serve rollout --model DIR [--port N] [--api-key-env VAR]` (the serve options: `rl360 serve SERVICE -h`)."""
+`rl360 serve rollout --model DIR [--port N] [--api-key-env VAR]` (the serve options: `rl360 serve SERVICE -h`).
+
+A mistake the user can fix (a config key, a data row, a model directory, a flag: `rl360.errors.UserError`) ends
+in one `rl360: error: ...` line and exit status 2; `rl360 --debug ...` or RL360_DEBUG=1 adds its traceback."""
 
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rl360", description="RL post-training for language models")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of a user error too (also: RL360_DEBUG=1)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="run RL training from a YAML config")
@@ -90,13 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     add_launch_parser(commands)
 
     args = parser.parse_args(argv)
-    from rl360.config import ConfigError
+    from rl360.errors import run_command
 
-    try:
-        return args.run(args)
-    except ConfigError as err:
-        print(f"rl360: config error: {err}", file=sys.stderr)
-        return 2
+    return run_command(args.run, args, debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -7,20 +7,32 @@ Every knob has a default and a one-line comment. An unknown key or a value outsi
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import (
+    ConfigKeyError,
+    InterpolationResolutionError,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from megatron_bridge.layer_spec import ATTENTION_CHOICES
 from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.losses import AGG_MODES, KL_ESTIMATORS, ROLLOUT_IS_LEVELS, get_policy_loss
+from rl360.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A configuration key or value is wrong; the message names it."""
+
+    label = "config error"
 
 
 @dataclass
@@ -314,27 +326,35 @@ NON_NEGATIVE = (
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Read a YAML file (or nothing) and overrides into a validated `RunConfig`.
 
-    Overrides apply in order; each is `key=value` or another YAML file (a preset such as
-    configs/algorithms/gspo.yaml) whose keys replace those before it."""
+    Overrides apply in order; each is `key=value` (Hydra's `+key=value` and `++key=value` read the same) or
+    another YAML file (a preset such as configs/algorithms/gspo.yaml) whose keys replace those before it. A
+    single string given for a list key (`data.train_files=a.parquet`) is a one-element list. A YAML syntax
+    error is one `file:line:column: problem` line; an unknown key names its close matches, and a verl key the
+    rl360 key to use (`VERL_KEYS`)."""
     schema = OmegaConf.structured(RunConfig)
     layers = [schema]
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        layers.append(_checked(lambda: OmegaConf.load(path), f"{path}"))
+        layers.append(_layer(_checked(lambda: OmegaConf.load(path), f"{path}"), f"{path}"))
     for item in overrides:
         if item.endswith((".yaml", ".yml")) and "=" not in item:
             preset = Path(item)
             if not preset.is_file():
                 raise ConfigError(f"config file not found: {preset}")
-            layers.append(_checked(lambda preset=preset: OmegaConf.load(preset), f"{preset}"))
+            layers.append(_layer(_checked(lambda preset=preset: OmegaConf.load(preset), f"{preset}"), f"{preset}"))
             continue
+        if item.startswith("~"):
+            raise ConfigError(f"override {item!r}: Hydra's ~key (delete a key) does not apply to rl360, whose keys "
+                              "all have defaults; set the key to the value you want instead")
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
-        layers.append(_checked(lambda item=item: OmegaConf.from_dotlist([item]), f"override {item!r}"))
+        item = item.lstrip("+")  # Hydra's +key=value (add) and ++key=value (add or replace): every key exists here
+        where = f"override {item!r}"
+        layers.append(_layer(_checked(lambda item=item: OmegaConf.from_dotlist([item]), where), where))
     merged = _checked(lambda: OmegaConf.merge(*layers), str(path or "overrides"))
-    cfg: RunConfig = OmegaConf.to_object(merged)
+    cfg: RunConfig = _checked(lambda: OmegaConf.to_object(merged), str(path or "overrides"))
     validate(cfg)
     return cfg
 
@@ -342,24 +362,168 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 def _checked(build, where: str):
     try:
         return build()
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        context = getattr(err, "context", None)
+        problem += f" ({context})" if context else ""
+        if where.startswith("override ") or mark is None:  # a key=value: no lines to point at
+            raise ConfigError(f"{where}: not valid YAML: {problem}") from None
+        raise ConfigError(f"{where}:{mark.line + 1}:{mark.column + 1}: {problem}") from None
+    except InterpolationResolutionError as err:
+        missing = re.search(r"Environment variable '([^']+)' not found", str(err))
+        if missing:
+            raise ConfigError(f"{where}: {err.full_key} reads environment variable {missing.group(1)}, which is "
+                              f"not set: export {missing.group(1)}=... or pass {err.full_key}=... on the command "
+                              "line") from None
+        raise ConfigError(f"{where}: {err.full_key}: {str(err).splitlines()[0]}") from None
     except ConfigKeyError as err:
         key = err.full_key or getattr(err, "key", "?")
-        parent = str(key).rsplit(".", 1)[0] if "." in str(key) else ""
-        raise ConfigError(f"{where}: unknown config key {key!r}; known keys here: {_known_keys(parent)}") from None
+        raise ConfigError(f"{where}: {unknown_key_message(str(key))}") from None
     except ValidationError as err:
         raise ConfigError(f"{where}: bad value for {err.full_key!r}: {err.msg.splitlines()[0]}") from None
     except OmegaConfBaseException as err:
-        raise ConfigError(f"{where}: {err}") from None
+        raise ConfigError(f"{where}: {str(err).splitlines()[0]}") from None
 
 
-def _known_keys(parent: str) -> list[str]:
-    node: Any = RunConfig
-    for part in filter(None, parent.split(".")):
-        fields = {f.name: f for f in dataclasses.fields(node)}
-        if part not in fields or not dataclasses.is_dataclass(fields[part].default_factory):
-            return []
-        node = fields[part].default_factory
-    return sorted(f.name for f in dataclasses.fields(node))
+def _schema_keys(node: Any = RunConfig, prefix: str = "") -> dict[str, str]:
+    """Every key of the schema, dotted -> "section" (a nested config), "list" (a list value) or "value"."""
+    keys: dict[str, str] = {}
+    hints = typing.get_type_hints(node)
+    for item in dataclasses.fields(node):
+        key = f"{prefix}{item.name}"
+        if dataclasses.is_dataclass(item.default_factory):
+            keys[key] = "section"
+            keys.update(_schema_keys(item.default_factory, f"{key}."))
+        else:
+            keys[key] = "list" if typing.get_origin(hints[item.name]) is list else "value"
+    return keys
+
+
+SCHEMA_KEYS = _schema_keys()
+
+
+def _layer(layer: Any, where: str) -> Any:
+    """One config layer (a YAML file or an override) checked against the schema before it is merged: an unknown
+    key is a ConfigError naming it (`unknown_key_message`), and a string where the schema has a list becomes a
+    one-element list."""
+    plain = OmegaConf.to_container(layer, resolve=False)
+
+    def walk(node: dict, prefix: str) -> None:
+        for name in list(node):
+            key = f"{prefix}{name}"
+            kind = SCHEMA_KEYS.get(key)
+            if kind is None:
+                raise ConfigError(f"{where}: {unknown_key_message(key, node[name])}")
+            if kind == "section" and isinstance(node[name], dict):
+                walk(node[name], f"{key}.")
+            elif kind == "list" and isinstance(node[name], str):
+                node[name] = [node[name]]
+
+    if isinstance(plain, dict):
+        walk(plain, "")
+    return OmegaConf.create(plain)
+
+
+# verl's names (Hydra keys of verl's ppo_trainer / ppo_megatron_trainer configs) -> rl360's key, or a sentence
+# where rl360 has no key of that meaning. An unknown key found here is refused with the rl360 key to use.
+VERL_KEYS: dict[str, str] = {
+    "data.train_batch_size": "data.batch_size",
+    "data.max_response_length": "rollout.max_response_length",
+    "data.val_files": "rl360 runs no validation during training: score saved responses with `rl360 reward check`",
+    "data.filter_overlong_prompts": "rl360 always skips prompts over data.max_prompt_length, and counts them",
+    "data.prompt_key": "rl360 reads the 'prompt' column of the verl schema",
+    "actor_rollout_ref.model.path": "model.path",
+    "actor_rollout_ref.actor.optim.lr": "actor.lr",
+    "actor_rollout_ref.actor.optim.weight_decay": "actor.weight_decay",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "actor.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "actor.micro_batch_size",
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor.micro_batch_size",
+    "actor_rollout_ref.actor.use_dynamic_bsz": "actor.max_tokens_per_micro_batch (> 0 sizes micro-batches by tokens)",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "actor.max_tokens_per_micro_batch",
+    "actor_rollout_ref.actor.ppo_epochs": "actor.ppo_epochs",
+    "actor_rollout_ref.actor.grad_clip": "actor.grad_clip",
+    "actor_rollout_ref.actor.clip_ratio_low": "actor.clip_ratio_low",
+    "actor_rollout_ref.actor.clip_ratio_high": "actor.clip_ratio_high",
+    "actor_rollout_ref.actor.clip_ratio_c": "actor.clip_ratio_c",
+    "actor_rollout_ref.actor.entropy_coeff": "actor.entropy_coeff",
+    "actor_rollout_ref.actor.loss_agg_mode": "actor.loss_agg_mode",
+    "actor_rollout_ref.actor.policy_loss.loss_mode": "actor.loss_mode",
+    "actor_rollout_ref.actor.use_kl_loss": "algorithm.kl_coef (> 0 adds the KL loss)",
+    "actor_rollout_ref.actor.kl_loss_coef": "algorithm.kl_coef",
+    "actor_rollout_ref.actor.kl_loss_type": "algorithm.kl_estimator",
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": "actor.parallel.tensor",
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": "actor.parallel.pipeline",
+    "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size": "actor.parallel.virtual_pipeline",
+    "actor_rollout_ref.actor.megatron.context_parallel_size": "actor.parallel.context",
+    "actor_rollout_ref.actor.megatron.expert_model_parallel_size": "actor.parallel.expert",
+    "actor_rollout_ref.actor.megatron.sequence_parallel": "actor.parallel.sequence",
+    "actor_rollout_ref.actor.megatron.use_distributed_optimizer": "actor.distributed_optimizer",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": "actor.recompute",
+    "actor_rollout_ref.rollout.n": "rollout.n",
+    "actor_rollout_ref.rollout.name": "rollout.engine",
+    "actor_rollout_ref.rollout.mode": "rollout.mode",
+    "actor_rollout_ref.rollout.temperature": "rollout.temperature",
+    "actor_rollout_ref.rollout.top_p": "rollout.top_p",
+    "actor_rollout_ref.rollout.top_k": "rollout.top_k",
+    "actor_rollout_ref.rollout.response_length": "rollout.max_response_length",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "rollout.engine_tensor_parallel",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "rollout.mem_fraction",
+    "algorithm.use_kl_in_reward": "algorithm.kl_in_reward_coef (> 0 adds the KL penalty to the reward)",
+    "algorithm.kl_ctrl.kl_coef": "algorithm.kl_in_reward_coef",
+    "algorithm.kl_ctrl.target_kl": "algorithm.kl_in_reward_target",
+    "algorithm.kl_ctrl.horizon": "algorithm.kl_in_reward_horizon",
+    "algorithm.filter_groups.enable": "algorithm.filter_groups",
+    "algorithm.filter_groups.metric": "algorithm.filter_groups_metric",
+    "algorithm.filter_groups.max_num_gen_batches": "algorithm.max_num_gen_batches",
+    "critic.optim.lr": "critic.lr",
+    "critic.model.path": "the critic starts from model.path",
+    "reward_model.overlong_buffer.len": "reward.overlong_buffer_len",
+    "reward_model.overlong_buffer.penalty_factor": "reward.overlong_penalty_factor",
+    "custom_reward_function.path": "reward.custom (data_source prefix -> \"module:function\")",
+    "trainer.total_epochs": "rl360 counts steps, not epochs: set trainer.total_steps; one epoch is the rows "
+                            "divided by data.batch_size",
+    "trainer.total_training_steps": "trainer.total_steps",
+    "trainer.save_freq": "trainer.save_every",
+    "trainer.default_local_dir": "output_dir",
+    "trainer.project_name": "tracking.project",
+    "trainer.experiment_name": "tracking.run_name",
+    "trainer.logger": "tracking.wandb (true to log to Weights & Biases too)",
+    "trainer.n_gpus_per_node": "cluster.num_gpus",
+    "trainer.test_freq": "rl360 runs no validation during training",
+}
+
+
+def unknown_key_message(key: str, value: Any = None) -> str:
+    """What to say about a key the schema lacks: verl's name for an rl360 key (`VERL_KEYS`), else the closest
+    known keys. `value` (the key's value in a YAML layer) lets a verl section given whole (`actor_rollout_ref:
+    {...}`) be looked up by its first leaf."""
+    if isinstance(value, dict) and value and not any(known.startswith(f"{key}.") for known in VERL_KEYS):
+        value = None
+    while isinstance(value, dict) and value and key not in VERL_KEYS:  # descend to a key the table knows
+        name = next(iter(value))
+        key, value = f"{key}.{name}", value[name]
+    target = VERL_KEYS.get(key)
+    if target is not None:
+        if target.split()[0] not in SCHEMA_KEYS:  # no rl360 key of that meaning: the sentence says why
+            return f"unknown config key {key!r} (verl's): {target}"
+        return f"unknown config key {key!r}: that is verl's name; did you mean rl360's {target}?"
+    parent, _, leaf = key.rpartition(".")
+    candidates = [known for known in SCHEMA_KEYS if SCHEMA_KEYS[known] != "section"]
+    if SCHEMA_KEYS.get(parent) == "section":  # a known section: its keys close to the name
+        siblings = [known.rpartition(".")[2] for known in candidates if known.rpartition(".")[0] == parent]
+        close = [f"{parent}.{name}" for name in difflib.get_close_matches(leaf, siblings, n=3, cutoff=0.6)]
+    else:
+        close = difflib.get_close_matches(key, candidates, n=3, cutoff=0.6)
+    # the same name in another section (data.n -> rollout.n)
+    close += [known for known in candidates if known.rpartition(".")[2] == leaf and known not in close]
+    if key.startswith("actor_rollout_ref."):
+        hint = " (verl's actor_rollout_ref is split into model.*, actor.* and rollout.* in rl360)"
+    else:
+        hint = ""
+    if close:
+        return f"unknown config key {key!r}{hint}; close matches: {', '.join(close[:3])}"
+    return f"unknown config key {key!r}{hint}; no close match (every key is in rl360/config.py)"
 
 
 def _get(cfg: RunConfig, key: str) -> Any:

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 
 from rl360.checkpointing import LATEST
+from rl360.errors import UserError
+from rl360.model_dir import check_model_dir
 
 DTYPE_NAMES = ("auto", "bfloat16", "float32", "float16")
 
@@ -73,9 +75,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if (path / "trainer.json").is_file():  # one of the trainer's checkpoints
         path = path / "policy"
     if not (path / META_FILE).is_file():
-        raise SystemExit(f"rl360 convert: {path}/{META_FILE} not found (--ckpt must be a checkpoint written by "
-                         "`rl360 convert hf-to-megatron`, or one the trainer wrote: its step directory, its "
-                         "policy/ directory or the checkpoints directory)")
+        raise UserError(f"{path}/{META_FILE} not found (--ckpt must be a checkpoint written by "
+                        "`rl360 convert hf-to-megatron`, or one the trainer wrote: its step directory, its "
+                        "policy/ directory or the checkpoints directory)")
     return path
 
 
@@ -88,11 +90,39 @@ def hf_dtype(hf_dir: str | Path) -> str:
     return name
 
 
+def check_layout(config_file: str | Path, tp: int, pp: int) -> None:
+    """Refuse (`UserError`, before any rank starts) a TP x PP layout the model in `config_file` (a HF config.json)
+    cannot be split into: each size >= 1, TP dividing the attention heads, the key/value heads and the MLP's
+    intermediate size, PP dividing the layers."""
+    for flag, size in (("--tp", tp), ("--pp", pp)):
+        if size < 1:
+            raise UserError(f"{flag} {size}: must be >= 1")
+    if not Path(config_file).is_file():  # an older checkpoint without the model's config: sizes unchecked
+        return
+    config = json.loads(Path(config_file).read_text())
+    text = config.get("text_config") or {}  # vision-language configs nest the language model's sizes
+
+    def size_of(name: str) -> int | None:
+        value = config.get(name, text.get(name))
+        return value if isinstance(value, int) and value > 0 else None
+
+    splits = {"--tp": (tp, {"num_attention_heads": "attention heads", "num_key_value_heads": "key/value heads",
+                            "intermediate_size": "MLP intermediate size"}),
+              "--pp": (pp, {"num_hidden_layers": "layers"})}
+    for flag, (size, names) in splits.items():
+        totals = {name: size_of(name) for name in names if size_of(name) is not None}
+        for name, total in totals.items():
+            if total % size:
+                fits = [str(n) for n in range(1, 65) if all(value % n == 0 for value in totals.values())]
+                raise UserError(f"{flag} {size} does not divide the model's {total} {names[name]} "
+                                f"({name} in {config_file}); {flag} can be {', '.join(fits)}")
+
+
 def _hf_to_megatron(args: argparse.Namespace) -> int:
     from rl360.cluster.launch import run_ranks
 
-    if not (Path(args.hf) / "config.json").is_file():
-        raise SystemExit(f"rl360 convert: {args.hf}/config.json not found (--hf must be a Hugging Face model dir)")
+    check_model_dir(args.hf, "--hf", tokenizer=False)
+    check_layout(Path(args.hf) / "config.json", args.tp, args.pp)
     dtype = hf_dtype(args.hf) if args.dtype == "auto" else args.dtype
     run_ranks("rl360.convert:hf_to_megatron_rank", args.tp * args.pp,
               [args.hf, args.out, str(args.tp), str(args.pp), dtype])
@@ -104,6 +134,9 @@ def _megatron_to_hf(args: argparse.Namespace) -> int:
     from rl360.cluster.launch import run_ranks
 
     ckpt = resolve_checkpoint(args.ckpt)
+    from megatron_bridge.checkpoint import HF_SUBDIR
+
+    check_layout(ckpt / HF_SUBDIR / "config.json", args.tp, args.pp)
     run_ranks("rl360.convert:megatron_to_hf_rank", args.tp * args.pp, [str(ckpt), args.out, str(args.tp),
                                                                         str(args.pp)])
     print(f"wrote Hugging Face checkpoint of {ckpt} to {args.out}")

@@ -23,6 +23,7 @@ from rl360.cluster import WorkerGroup, start_ray
 from rl360.cluster.placement import make_placement
 from rl360.config import ConfigError, RunConfig, to_dict
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream
+from rl360.model_dir import check_model_dir
 from rl360.plan import GIB, plan
 from rl360.rewards import register_reward_path
 from rl360.rewards.check import check_reward_data, judge_configured
@@ -33,13 +34,16 @@ from rl360.tracking.tracker import Tracker
 
 def train(cfg: RunConfig) -> Path:
     """Run `cfg.trainer.total_steps` RL steps; returns the output directory."""
+    check_model_dir(cfg.model.path)  # a missing directory, weights or tokenizer: said now, before any loading
+    for prefix, path in cfg.reward.custom.items():
+        register_reward_path(prefix, path)
+    # every row now, before Ray starts: rows that would stop the run when reached (data.on_bad_row=error) or be
+    # skipped, an unknown data_source or reward_metric, a judge-scored row without reward.judge
+    routes = check_reward_data(cfg.data.train_files, judge_configured(cfg.reward.judge),
+                               on_bad_row=cfg.data.on_bad_row)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    for prefix, path in cfg.reward.custom.items():
-        register_reward_path(prefix, path)
-    # unknown data_source or reward_metric, or a judge-scored row without reward.judge: fail now
-    routes = check_reward_data(cfg.data.train_files, judge_configured(cfg.reward.judge))
     # reward workers with only the environment they need; a line says what isolation untrusted code gets, and
     # the run refuses to start when the data runs code that the sandbox here cannot isolate
     rewards = open_reward_pool(cfg.reward, routes)

@@ -131,11 +131,12 @@ def test_convert_finds_the_policy_in_a_trainer_checkpoint_however_it_is_named(tm
     """`rl360 convert megatron-to-hf --ckpt` takes the checkpoints directory (its `latest`), a step directory
     or the policy directory; anything else stops with a message naming the missing rl360.json."""
     from rl360.convert import resolve_checkpoint
+    from rl360.errors import UserError
 
     _save(tmp_path, 4)
     (tmp_path / "step_000004" / "policy" / "rl360.json").write_text("{}")
     policy = tmp_path / "step_000004" / "policy"
     for given in (tmp_path, tmp_path / "step_000004", policy):
         assert resolve_checkpoint(given) == policy
-    with pytest.raises(SystemExit, match="critic/rl360.json not found"):
+    with pytest.raises(UserError, match="critic/rl360.json not found"):
         resolve_checkpoint(tmp_path / "step_000004" / "critic")

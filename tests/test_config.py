@@ -13,15 +13,21 @@ def test_quickstart_yaml_loads_with_overrides():
     assert isinstance(cfg.actor.betas, tuple)
 
 
-def test_unknown_key_names_the_key_and_the_known_ones():
-    with pytest.raises(ConfigError, match=r"actor\.lrr.*known keys here: \[.*'lr'"):
+def test_unknown_key_names_the_key_and_its_close_matches():
+    with pytest.raises(ConfigError) as err:
         load_config(None, BASE + ["actor.lrr=1"])
+    assert str(err.value) == "override 'actor.lrr=1': unknown config key 'actor.lrr'; close matches: actor.lr"
+    with pytest.raises(ConfigError, match=r"'data\.n'; close matches: rollout\.n$"):  # the name in another section
+        load_config(None, BASE + ["data.n=4"])
+    with pytest.raises(ConfigError, match=r"'actor\.zzzzzz'; no close match"):
+        load_config(None, BASE + ["actor.zzzzzz=1"])
 
 
 def test_unknown_nested_key_in_yaml_names_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("actor:\n  parallel:\n    tensr: 2\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml.*actor\.parallel\.tensr.*'tensor'"):
+    with pytest.raises(ConfigError, match=r"bad\.yaml: unknown config key 'actor\.parallel\.tensr'; close "
+                                          r"matches: actor\.parallel\.tensor$"):
         load_config(path)
 
 
@@ -114,3 +120,69 @@ def test_expert_parallel_size_must_divide_data_times_context():
         load_config(None, [*base, "actor.parallel.expert=0"])
     with pytest.raises(ConfigError, match=r"actor\.moe_aux_loss_coef=-0\.1 must be >= 0"):
         load_config(None, [*base, "actor.moe_aux_loss_coef=-0.1"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.train_batch_size=8", "'data.train_batch_size': that is verl's name; did you mean rl360's data.batch_size?"),
+    ("actor_rollout_ref.actor.optim.lr=1e-6", "did you mean rl360's actor.lr?"),
+    ("actor_rollout_ref.rollout.n=4", "did you mean rl360's rollout.n?"),
+    ("actor_rollout_ref.model.path=m", "did you mean rl360's model.path?"),
+    ("trainer.total_training_steps=5", "did you mean rl360's trainer.total_steps?"),
+    ("data.max_response_length=64", "did you mean rl360's rollout.max_response_length?"),
+    ("trainer.total_epochs=3", "'trainer.total_epochs' (verl's): rl360 counts steps, not epochs: set "
+                               "trainer.total_steps"),
+])
+def test_verl_keys_name_the_rl360_key(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, BASE + [override])
+    assert message in str(err.value) and "known keys" not in str(err.value)
+
+
+def test_verl_section_in_yaml_names_the_rl360_key(tmp_path):
+    path = tmp_path / "verl.yaml"
+    path.write_text("actor_rollout_ref:\n  actor:\n    optim:\n      lr: 1.0e-6\n")
+    with pytest.raises(ConfigError, match=r"verl\.yaml: unknown config key 'actor_rollout_ref\.actor\.optim\.lr': "
+                                          r"that is verl's name; did you mean rl360's actor\.lr\?$"):
+        load_config(path, BASE)
+
+
+def test_hydra_add_prefix_and_single_string_lists():
+    cfg = load_config(None, ["+model.path=m", "++trainer.total_steps=3", "data.train_files=one.parquet",
+                             "rollout.engine_args=--flag"])
+    assert (cfg.model.path, cfg.trainer.total_steps) == ("m", 3)
+    assert cfg.data.train_files == ["one.parquet"] and cfg.rollout.engine_args == ["--flag"]
+    with pytest.raises(ConfigError, match=r"Hydra's ~key \(delete a key\) does not apply"):
+        load_config(None, BASE + ["~trainer.total_steps"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainer\.nope'"):  # + does not invent keys
+        load_config(None, BASE + ["+trainer.nope=1"])
+
+
+def test_single_string_list_in_yaml(tmp_path):
+    path = tmp_path / "one.yaml"
+    path.write_text("model:\n  path: m\ndata:\n  train_files: one.parquet\n")
+    assert load_config(path).data.train_files == ["one.parquet"]
+
+
+def test_yaml_syntax_error_is_file_line_column(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("model:\n  path: m\n  dtype: float32: x\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}:3:17: mapping values are not allowed in this context"
+    preset = tmp_path / "preset.yaml"
+    preset.write_text("actor:\n\tlr: 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(None, BASE + [str(preset)])
+    assert str(err.value) == (f"{preset}:2:1: found character that cannot start any token (while scanning for the "
+                              "next token)")
+    with pytest.raises(ConfigError, match=r"^override 'data\.batch_size=\[1,': not valid YAML: "):
+        load_config(None, BASE + ["data.batch_size=[1,"])
+
+
+def test_missing_environment_variable_names_key_and_variable(monkeypatch):
+    monkeypatch.delenv("RL360_MODEL_PATH", raising=False)
+    monkeypatch.delenv("RL360_DATA_DIR", raising=False)
+    with pytest.raises(ConfigError, match=r"^configs/templates/qwen2\.5-7b-1node\.yaml: model\.path reads "
+                                          r"environment variable RL360_MODEL_PATH, which is not set: export "
+                                          r"RL360_MODEL_PATH=\.\.\. or pass model\.path=\.\.\. on the command line$"):
+        load_config("configs/templates/qwen2.5-7b-1node.yaml")

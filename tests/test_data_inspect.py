@@ -72,7 +72,8 @@ def test_bad_rows_are_counted_and_a_bad_file_is_an_error(tmp_path, capsys):
     path = tmp_path / "rows.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     code, out, _ = _inspect(capsys, str(path))
-    assert code == 0 and "bad rows (failing validate_row or with an unreadable image): 1; the first: " in out
+    assert code == 0 and (f"bad rows (failing validate_row or with an unreadable image): 1 ({path}: 1 row (1)); "
+                          "the first: ") in out
     assert "rows.parquet row 1" in out
     text = tmp_path / "text.parquet"
     pq.write_table(pa.Table.from_pylist([dict(r, prompt="plain") for r in _rows("math__sums", ["1"])]), text)
@@ -148,4 +149,5 @@ def test_unreadable_image_is_a_bad_row(tmp_path, capsys):
     pq.write_table(pa.Table.from_pylist(rows), path)
     code, out, _ = _inspect(capsys, str(path))
     assert code == 0 and "images: 1 of 1 valid rows have images" in out
-    assert "unreadable image): 1; the first: " in out and "broken.parquet row 1: key 'images'[0]: not a readable" in out
+    assert f"unreadable image): 1 ({path}: 1 row (1)); the first: " in out
+    assert "broken.parquet row 1: key 'images'[0]: not a readable" in out

@@ -246,7 +246,8 @@ def test_data_open_accepts_known_metrics_and_names_the_first_bad_row(tmp_path):
     with pytest.raises(UnknownRewardMetric) as err:
         check_reward_data([good, bad], judge_configured=True)
     text = str(err.value)
-    assert text.startswith(f"{bad} row 3: ") and "'math__a'" in text and "'bogus'" in text
+    assert text.startswith(f"{bad} row 3 (the first of 2 rows with data_source 'math__a' and reward_metric "
+                           "'bogus'): ") and "'bogus'" in text
     assert "['default', 'math_llm_judge', 'prime_math']" in text
 
 

@@ -28,6 +28,7 @@ from rl360.data.stream import expand_paths, open_parquet
 
 PERCENTILES = (50, 90, 95, 99)
 _COLUMNS = ("data_source", "prompt", "reward_model", "ability", "images")
+_CHECKED_COLUMNS = ("data_source", "prompt", "reward_model", "images")  # what validate_row reads
 
 
 @dataclass
@@ -42,6 +43,57 @@ class Sample:
 
 
 @dataclass
+class BadRows:
+    """Rows failing `validate_row` (or, in `rl360 data inspect`, with an unreadable image): how many, where, and
+    the message of the first."""
+
+    count: int = 0
+    rows: dict[str, list[int]] = field(default_factory=dict)  # path -> indices of its bad rows (the first few)
+    per_file: Counter = field(default_factory=Counter)  # path -> bad rows
+    first: str | None = None  # the error of the first bad row
+    keep: int = 5  # row indices kept per file
+
+    def add(self, path: str, index: int, error: DataError) -> None:
+        self.count += 1
+        self.per_file[path] += 1
+        kept = self.rows.setdefault(path, [])
+        if len(kept) < self.keep:
+            kept.append(index)
+        self.first = self.first or str(error)
+
+    def where(self) -> str:
+        """Each file with bad rows: its path, count and first rows, e.g. "a.parquet: 5 rows (3, 9, 12, 40, 41)"."""
+        parts = []
+        for path, count in self.per_file.items():
+            rows = ", ".join(map(str, self.rows[path])) + (", ..." if count > len(self.rows[path]) else "")
+            parts.append(f"{path}: {count} row{'s' if count != 1 else ''} ({rows})")
+        return "; ".join(parts)
+
+
+def scan_bad_rows(paths: str | list[str], keep: int = 5) -> tuple[BadRows, int]:
+    """Every row of the files checked with `validate_row` (as the prompt stream checks each row it reads), read
+    row group by row group with only the columns it looks at: the bad rows (`keep` indices per file) and the
+    number of rows."""
+    bad, total = BadRows(keep=keep), 0
+    for path in expand_paths(paths):
+        handle = open_parquet(path)
+        try:
+            columns = [name for name in _CHECKED_COLUMNS if name in handle.schema_arrow.names]
+            index = 0  # within the file, as the stream's errors count
+            for group in range(handle.num_row_groups):
+                for row in _read_rows(handle, path, group, columns):
+                    try:
+                        validate_row(row, path, index)
+                    except DataError as err:
+                        bad.add(path, index, err)
+                    index += 1
+            total += index
+        finally:
+            handle.close()
+    return bad, total
+
+
+@dataclass
 class Inspection:
     """What `inspect_files` found."""
 
@@ -50,8 +102,7 @@ class Inspection:
     abilities: dict[str, Counter] = field(default_factory=dict)  # data_source -> ability -> rows
     lengths: list[int] = field(default_factory=list)  # one per row with a valid prompt
     unit: str = "characters"  # "tokens" with a tokenizer
-    bad_rows: int = 0
-    first_bad: str | None = None
+    bad: BadRows = field(default_factory=BadRows)
     samples: list[Sample] = field(default_factory=list)
     images_per_row: list[int] = field(default_factory=list)  # one per valid row with images
     image_bytes: list[int] = field(default_factory=list)  # one per image: compressed size
@@ -62,6 +113,14 @@ class Inspection:
     @property
     def rows(self) -> int:
         return sum(self.files.values())
+
+    @property
+    def bad_rows(self) -> int:
+        return self.bad.count
+
+    @property
+    def first_bad(self) -> str | None:
+        return self.bad.first
 
 
 def inspect_files(paths: str | list[str], tokenizer: Any = None, samples: int = 3,
@@ -106,8 +165,7 @@ def _add_row(found: Inspection, row: dict[str, Any], path: str, index: int, rend
         sizes = [header_size(data, f"{path} row {index}: key 'images'[{number}]") for number, data in enumerate(images)]
         ids = _token_ids(renderer, row, images) if renderer is not None else None
     except DataError as err:
-        found.bad_rows += 1
-        found.first_bad = found.first_bad or str(err)
+        found.bad.add(path, index, err)
         return
     if images:
         found.images_per_row.append(len(images))
@@ -174,7 +232,7 @@ def format_report(found: Inspection, tokenizer_name: str | None = None, max_char
         lines.append("  (no row with a valid prompt)")
     lines += _image_lines(found)
     lines.append(f"bad rows (failing validate_row or with an unreadable image): {found.bad_rows}"
-                 + (f"; the first: {found.first_bad}" if found.first_bad else ""))
+                 + (f" ({found.bad.where()}); the first: {found.first_bad}" if found.first_bad else ""))
     if found.samples:
         how = "rendered with the chat template" if found.unit == "tokens" else "messages as stored"
         lines += ["", f"samples (the first row of each data_source, {how}):"]

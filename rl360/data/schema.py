@@ -11,9 +11,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from rl360.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError):
     """Bad data; the message names the file (and the row and key where there is one)."""
+
+    label = "data error"
 
 
 def _is_string(kind: pa.DataType) -> bool:

@@ -21,6 +21,7 @@ import glob
 import hashlib
 import os
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -88,9 +89,10 @@ def scan_data_sources(paths: str | list[str]) -> set[str]:
     return sources
 
 
-def scan_reward_keys(paths: str | list[str]) -> dict[tuple[str, Any], tuple[str, int]]:
+def scan_reward_keys(paths: str | list[str], count: bool = False) -> dict[tuple[str, Any], tuple]:
     """Every distinct (data_source, extra_info.reward_metric) pair of the files, in order of first appearance,
-    each with the file and row index (within that file) where it first appears.
+    each with the file and row index (within that file) where it first appears (and, with `count`, the number of
+    rows with that pair).
 
     Reads only those two fields, row group by row group (a struct `extra_info` only its `reward_metric`
     field; a map column whole). A row without extra_info or without the key (or with a null or NaN) has the
@@ -98,6 +100,7 @@ def scan_reward_keys(paths: str | list[str]) -> dict[tuple[str, Any], tuple[str,
     value (a list, a struct) is given as its text.
     """
     found: dict[tuple[str, Any], tuple[str, int]] = {}
+    rows: Counter = Counter()
     for path in expand_paths(paths):
         handle = open_parquet(path)
         try:
@@ -109,12 +112,14 @@ def scan_reward_keys(paths: str | list[str]) -> dict[tuple[str, Any], tuple[str,
                 metrics = [metric_of(extra) for extra in table.column("extra_info").to_pylist()] \
                     if "extra_info" in table.column_names else [None] * len(sources)
                 for offset, key in enumerate(zip(sources, metrics)):
-                    if key[0] is not None and key not in found:
-                        found[key] = (path, first_row + offset)
+                    if key[0] is not None:
+                        rows[key] += 1
+                        if key not in found:
+                            found[key] = (path, first_row + offset)
                 first_row += len(sources)
         finally:
             handle.close()
-    return found
+    return {key: (*where, rows[key]) for key, where in found.items()} if count else found
 
 
 def _reward_metric_reader(schema: pa.Schema) -> tuple[list[str], Callable[[Any], Any]]:

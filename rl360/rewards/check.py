@@ -36,12 +36,20 @@ import pyarrow.parquet as pq
 
 from rl360.data.schema import DataError, extra_info_dict
 from rl360.data.stream import scan_reward_keys
+from rl360.errors import UserError
 from rl360.rewards.judge import ENV as JUDGE_ENV
 from rl360.rewards.pool import RewardItem, RewardPool, RewardResult, domain_of
-from rl360.rewards.registry import JUDGE_SETTING, Route, RouteError, check_route, register_reward_path
+from rl360.rewards.registry import (
+    JUDGE_SETTING,
+    Route,
+    RouteError,
+    UnknownDataSource,
+    check_route,
+    register_reward_path,
+)
 
 
-class CheckError(ValueError):
+class CheckError(UserError):
     """Bad input to `reward check`; the message names the file (and line or row)."""
 
 
@@ -88,20 +96,40 @@ class CheckSummary:
 
 
 def check_reward_data(paths: str | list[str], judge_configured: bool,
-                      judge_setting: str = JUDGE_SETTING) -> dict[str, Route]:
-    """The data-open check of rewards: one scan of the files' data_source and extra_info.reward_metric
-    (`scan_reward_keys`), each distinct pair checked with `check_route`. The first offending row raises
-    that `RouteError` (a `KeyError`) with the file and row in front: an unknown data_source, a
-    reward_metric that no route for it knows (the known ones are listed), a route that needs the LLM
-    judge while `judge_configured` is false (`judge_setting` names the setting to fill), or one whose
-    package is missing. Returns the route of each pair, keyed by the data_source (followed by
-    " (reward_metric M)" where a row names one)."""
+                      judge_setting: str = JUDGE_SETTING, on_bad_row: str = "error") -> dict[str, Route]:
+    """The data-open check, over every row of the files, before anything starts.
+
+    Rows: each checked with `validate_row` (`scan_bad_rows`, as `rl360 data inspect` counts them): with
+    `on_bad_row="error"` any bad row (a null or missing ground_truth, a bad prompt, ...) is a `DataError` naming
+    each file with bad rows, their count and first rows, and the first row's error; with "skip" a line says how
+    many rows training will skip. Rewards: one scan of the files' data_source and extra_info.reward_metric
+    (`scan_reward_keys`), each distinct pair checked with `check_route`. The first offending pair raises
+    that `RouteError` (a `KeyError`) with the file, row and number of rows in front: an unknown data_source, a
+    reward_metric that no route for it knows (the known ones are listed), a route that needs the LLM judge while
+    `judge_configured` is false (`judge_setting` names the setting to fill), or one whose package is missing.
+    Returns the route of each pair, keyed by the data_source (followed by " (reward_metric M)" where a row names
+    one)."""
+    from rl360.data.inspect import scan_bad_rows
+
+    bad, total = scan_bad_rows(paths)
+    if bad.count and on_bad_row == "error":
+        raise DataError(f"{bad.count} of {total} rows would stop the run when reached: {bad.where()}. The first: "
+                        f"{bad.first}. Fix the rows, or set data.on_bad_row=skip to leave them out")
+    if bad.count:
+        print(f"data: {bad.count} of {total} rows fail the row check and will be skipped (data.on_bad_row=skip): "
+              f"{bad.where()}", flush=True)
+    keys = scan_reward_keys(paths, count=True)
     found = {}
-    for (source, metric), (path, row) in scan_reward_keys(paths).items():
+    for (source, metric), (path, row, _) in keys.items():
         try:
             route = check_route(source, metric, judge_configured, judge_setting)
         except RouteError as err:
-            raise type(err)(f"{path} row {row}: {err}") from None
+            if isinstance(err, UnknownDataSource):  # every row of that data_source, whatever its metric
+                same, what = sum(n for (other, _), (_, _, n) in keys.items() if other == source), f"{source!r}"
+            else:
+                same, what = keys[source, metric][2], f"{source!r} and reward_metric {metric!r}"
+            rows = f" (the first of {same} rows with data_source {what})" if same > 1 else ""
+            raise type(err)(f"{path} row {row}{rows}: {err}") from None
         found[source if metric is None else f"{source} (reward_metric {metric})"] = route
     return found
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
 from rl360.data.schema import extra_info_dict
+from rl360.errors import UserError
 from rl360.imports import import_ref
 
 RewardFn: TypeAlias = Callable[[str, Any, "dict | None"], "float | dict"]
@@ -66,9 +67,11 @@ class Route:
         return self.name if self.exact else f"{self.name}*"
 
 
-class RouteError(KeyError):
+class RouteError(UserError, KeyError):
     """A data_source / reward_metric that cannot be scored as configured (a `KeyError` whose text reads
-    plainly)."""
+    plainly; a `UserError`, as the data or the config must change)."""
+
+    label = "data error"
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -105,6 +105,8 @@ import torch
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
+from rl360.errors import run_command
+from rl360.model_dir import check_model_dir
 from rl360.rollout.base import SamplingParams
 from rl360.rollout.batching import BatchDecoder, Batcher
 from rl360.rollout.cuda_ipc import CUDA_IPC_LOAD_FORMAT, open_bucket
@@ -125,10 +127,10 @@ from rl360.serve.service import (
     ServiceLimits,
     add_service_arguments,
     api_key_from_env,
-    is_loopback,
     json_object,
     limits_from_args,
     number_field,
+    require_key_off_loopback,
     run_service,
     service_app,
 )
@@ -735,9 +737,9 @@ def serve_rollout(args: argparse.Namespace) -> int:
     limits = limits_from_args(args)
     if args.batch_window_ms < 0 or args.max_batch_rows < 1:
         raise SystemExit("rl360 serve rollout: --batch-window-ms must be >= 0 and --max-batch-rows >= 1")
-    if api_key is None and not is_loopback(args.host):
-        print(f"rl360 serve rollout: warning: listening on {args.host} without a key: anyone who reaches it can "
-              "generate and replace the weights (pass --api-key-env VAR)", file=sys.stderr, flush=True)
+    require_key_off_loopback("rollout", args.host, api_key,
+                             "anyone who reaches it can generate and replace the weights")
+    check_model_dir(args.model, "--model", tokenizer=False)  # a server without a tokenizer takes input_ids
     if args.weight_sync_timeout_s <= 0:
         raise SystemExit("rl360 serve rollout: --weight-sync-timeout-s must be positive")
     service = RolloutService(args.model, limits, api_key, args.dtype, args.batch_window_ms / 1000.0,
@@ -770,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rl360.rollout.server")
     add_rollout_parser(parser.add_subparsers(dest="service", required=True))
     args = parser.parse_args(["rollout", *(sys.argv[1:] if argv is None else argv)])
-    return args.run(args)
+    return run_command(args.run, args, prog="rl360.rollout.server")
 
 
 if __name__ == "__main__":

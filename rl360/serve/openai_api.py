@@ -24,7 +24,6 @@ concurrent requests and log-probs in replies are not built).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from typing import Any
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
+from rl360.model_dir import check_model_dir
 from rl360.serve.metrics import MetricsRegistry
 from rl360.serve.service import (
     SerialWorker,
@@ -42,10 +42,10 @@ from rl360.serve.service import (
     ServiceLimits,
     add_service_arguments,
     api_key_from_env,
-    is_loopback,
     json_object,
     limits_from_args,
     number_field,
+    require_key_off_loopback,
     run_service,
     service_app,
 )
@@ -266,9 +266,8 @@ class ModelService:
 def serve_model(args: argparse.Namespace) -> int:
     api_key = api_key_from_env(args.api_key_env)
     limits = limits_from_args(args)
-    if api_key is None and not is_loopback(args.host):
-        print(f"rl360 serve model: warning: listening on {args.host} without a key: anyone who reaches it can use "
-              "the model (pass --api-key-env VAR)", file=sys.stderr, flush=True)
+    require_key_off_loopback("model", args.host, api_key, "anyone who reaches it can use the model")
+    check_model_dir(args.model, "--model")
     name = args.served_model_name or Path(args.model).name
     service = ModelService(args.model, name, limits, api_key, args.dtype)
     return run_service(service.guard, args.host, args.port,

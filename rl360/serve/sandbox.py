@@ -47,9 +47,9 @@ from rl360.serve.service import (
     ServiceLimits,
     add_service_arguments,
     api_key_from_env,
-    is_loopback,
     json_object,
     limits_from_args,
+    require_key_off_loopback,
     run_service,
     service_app,
 )
@@ -206,10 +206,7 @@ class SandboxService:
 
 def _serve(args: argparse.Namespace) -> int:
     api_key = api_key_from_env(args.api_key_env)
-    if api_key is None and not is_loopback(args.host):
-        raise SystemExit(f"rl360 serve sandbox: refusing to listen on {args.host} without a key: it runs code for "
-                         "whoever reaches it. Pass --api-key-env VAR (clients send 'Authorization: Bearer <key>'), "
-                         "or listen on 127.0.0.1 and tunnel to it.")
+    require_key_off_loopback("sandbox", args.host, api_key, "it runs code for whoever reaches it")
     service = SandboxService(args.workers, limits_from_args(args), api_key)
     print(isolation().summary(), file=sys.stderr, flush=True)  # what the code gets here (stdout: the banner)
     return run_service(service.guard, args.host, args.port,

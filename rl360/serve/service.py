@@ -74,6 +74,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from rl360.errors import UserError
 from rl360.serve.metrics import MetricsRegistry
 
 logger = logging.getLogger("rl360.serve")
@@ -664,6 +665,26 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
+def require_key_off_loopback(service: str, host: str, api_key: str | None, exposure: str) -> None:
+    """Refuse (`UserError`) to serve `service` on a non-loopback `host` without an API key; `exposure` says what
+    anyone who reaches it could then do. Every `rl360 serve` service makes this check before it starts."""
+    if api_key is None and not is_loopback(host):
+        raise UserError(f"serve {service}: refusing to listen on {host} without a key: {exposure}. Pass "
+                        "--api-key-env VAR (clients send 'Authorization: Bearer <key>'), or listen on 127.0.0.1 "
+                        "and tunnel to it.")
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0..65535 (0: any free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number 0..65535, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0..65535 (0: any free port), got {port}")
+    return port
+
+
 def api_key_from_env(variable: str) -> str | None:
     """The key in environment variable `variable` (None when `variable` is empty); SystemExit when it is
     unset or too short. The message names the variable, never its value."""
@@ -681,7 +702,7 @@ def api_key_from_env(variable: str) -> str | None:
 def add_service_arguments(parser: argparse.ArgumentParser, port: int, defaults: ServiceLimits) -> None:
     """The options every `rl360 serve` service takes (address, key, limits, shutdown)."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
-    parser.add_argument("--port", type=int, default=port, help="port (0: any free port, printed at start)")
+    parser.add_argument("--port", type=port_number, default=port, help="port (0: any free port, printed at start)")
     parser.add_argument("--api-key-env", default="", metavar="VAR",
                         help="require 'Authorization: Bearer $VAR' on every route but /health (the variable's "
                              "name; the key is read from the environment and never printed)")
