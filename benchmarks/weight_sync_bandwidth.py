@@ -120,7 +120,7 @@ def read_back(url: str, named: dict[str, torch.Tensor]) -> None:
     """A few weights as the engine serves them equal what was sent (bfloat16 reads back exactly)."""
     import asyncio
 
-    from rl360.rollout.client import EngineClient
+    from rl360.core.client import EngineClient
 
     async def read() -> dict[str, list]:
         async with EngineClient(url, api_key=KEY, timeout_s=120) as client:
@@ -134,7 +134,7 @@ def read_back(url: str, named: dict[str, torch.Tensor]) -> None:
 
 def run_path(path: str, url: str, buckets: list, named: dict, repeats: int, version: int) -> tuple[list[float], int]:
     """One warm-up and `repeats` timed full updates by `path`; their seconds and the next free version."""
-    from rl360.rollout.weight_sync import WeightSender
+    from rl360.weight_sync.sender import WeightSender
 
     seconds = []
     with WeightSender([url], "tensor", api_key=KEY, timeout_s=600, cuda_ipc=path == "cuda_ipc") as sender:

@@ -198,9 +198,11 @@ def _merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _token_level(scores: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
-    """Each response's score on its last token, zeros elsewhere: `[batch, response_len]`."""
+    """Each response's score on its last generated token (the last one trained on; tool tokens after it get
+    none), zeros elsewhere: `[batch, response_len]`."""
     rewards = torch.zeros_like(batch.response_mask)
-    last = (batch.response_mask.sum(-1).long() - 1).clamp(min=0)
+    slots = torch.arange(1, batch.response_mask.shape[1] + 1, device=batch.response_mask.device)
+    last = (((batch.response_mask > 0) * slots).amax(-1) - 1).clamp(min=0)
     rewards[torch.arange(len(batch)), last] = scores
     return rewards
 

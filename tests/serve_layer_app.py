@@ -16,8 +16,7 @@ import sys
 
 from fastapi import Request
 
-from rl360.serve.metrics import MetricsRegistry
-from rl360.serve.service import (
+from rl360.service.app import (
     ServiceError,
     ServiceGuard,
     ServiceLimits,
@@ -29,6 +28,7 @@ from rl360.serve.service import (
     run_service,
     service_app,
 )
+from rl360.service.metrics import MetricsRegistry
 
 DEFAULTS = ServiceLimits(max_body_bytes=1 << 20, max_in_flight=4, request_timeout_s=3.0, read_timeout_s=2.0,
                          shutdown_grace_s=3.0)

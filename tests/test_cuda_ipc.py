@@ -20,9 +20,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rl360.config import ConfigError, load_config
-from rl360.rollout import weight_sync
-from rl360.rollout.client import EngineClient, EngineError
-from rl360.rollout.cuda_ipc import (
+from rl360.core.client import EngineClient, EngineError
+from rl360.weight_sync import tensor as tensor_sync
+from rl360.weight_sync.cuda_ipc import (
     CUDA_ALIGNMENT,
     CUDA_IPC_LOAD_FORMAT,
     CudaIpcPacker,
@@ -30,8 +30,9 @@ from rl360.rollout.cuda_ipc import (
     encode_descriptor,
     open_bucket,
 )
-from rl360.rollout.flat_bucket import layout, pack, unpack
-from rl360.rollout.weight_sync import SHARED_MEMORY_LOAD_FORMAT, WeightSender, read_shared_bucket
+from rl360.weight_sync.flat_bucket import layout, pack, unpack
+from rl360.weight_sync.formats import SHARED_MEMORY_LOAD_FORMAT, read_shared_bucket
+from rl360.weight_sync.sender import WeightSender
 from tests.helpers import make_tiny_qwen2, serving_url
 
 KEY = "cuda-ipc-test-key-0123456789"
@@ -149,7 +150,7 @@ def test_a_malformed_descriptor_is_refused_by_name(entry, problem):
 def test_a_cpu_engine_refuses_a_cuda_ipc_bucket_and_keeps_its_weights(tmp_path):
     with pytest.raises(ValueError, match=f"runs on cpu, and the weights are on GPU {GPU['uuid']} .*sender's GPU"):
         open_bucket(_entry(), torch.device("cpu"))
-    from rl360.rollout.server import RolloutService
+    from rl360.engine.server import RolloutService
 
     service = RolloutService(make_tiny_qwen2(str(tmp_path / "model"), tie_word_embeddings=False, seed=2))
     before = {name: param.detach().clone() for name, param in service.engine.model.named_parameters()}
@@ -180,7 +181,7 @@ def test_the_sender_sends_cpu_buckets_through_shared_memory(tmp_path):
 
     buckets = [[("w", torch.randn(3, 2)), ("v", torch.ones(4, dtype=torch.bfloat16))], [("u", torch.arange(3.0))]]
     with WeightSender(["http://engine.invalid"], "tensor", scratch_dir=str(tmp_path)) as sender:
-        client = sender._clients["http://engine.invalid"]
+        client = sender.calls.clients["http://engine.invalid"]
         client._http = httpx.AsyncClient(base_url=client.url, transport=httpx.MockTransport(answer))
         metrics = sender.send(buckets, 3)
     assert metrics["weight_sync/buckets"] == 2 and metrics["weight_sync/tensors"] == 3
@@ -265,7 +266,7 @@ def no_host_path(monkeypatch):
     """The shared-memory path fails if taken: CUDA buckets must go by CUDA IPC."""
     def refuse(*_):
         raise AssertionError("a CUDA bucket went through shared memory")
-    monkeypatch.setattr(weight_sync, "write_shared_bucket", refuse)
+    monkeypatch.setattr(tensor_sync, "write_shared_bucket", refuse)
 
 
 @pytest.mark.gpu

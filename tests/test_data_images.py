@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from rl360.core import ImagePrompt
 from rl360.data import DataError, PromptRenderer
 from rl360.data.images import (
     VisionProcessor,
@@ -22,7 +23,6 @@ from rl360.data.images import (
     upscaled_size,
 )
 from rl360.quickstart.vision_assets import build_vision_quickstart_model
-from rl360.rollout.base import ImagePrompt
 
 TEXTS = ["Find x in the figure.", "Which shape is larger?", "Compare them."]
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rl360.rollout.base import SamplingParams
-from rl360.rollout.hf_engine import HFEngine
+from rl360.core import SamplingParams
+from rl360.engine.hf_engine import HFEngine
 from tests.helpers import make_tiny_qwen2
 
 

@@ -167,7 +167,7 @@ def test_the_engines_served_from_the_nodes_ray_placed_them_on(quickstart, cluste
     node_of = {address: node for node, address in cluster.addresses.items()}
     engine_nodes = {node_of[engine["node"]] for engine in engines}  # a KeyError: an engine outside the cluster
     assert len(engines) == 2 and all(engine["url"].startswith(f"http://{engine['node']}:") for engine in engines)
-    assert quickstart.nodes_running("rl360.rollout.server") == engine_nodes
+    assert quickstart.nodes_running("rl360.engine.server") == engine_nodes
     placed = PLACED.search(quickstart.output)
     print(f"policy ranks on {placed.group(1)} and {placed.group(3)}; engines on {sorted(engine_nodes)}")
 

@@ -26,7 +26,7 @@ from rl360.data import PromptRenderer, PromptStream
 from rl360.quickstart.assets import build_quickstart_model
 from rl360.rewards.pool import open_reward_pool
 from rl360.rollout.manager import RolloutManager
-from rl360.rollout.weight_sync import WeightSender
+from rl360.weight_sync.sender import WeightSender
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 200  # long enough that responses are still being drawn when the update comes

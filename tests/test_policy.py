@@ -8,8 +8,8 @@ from megatron_bridge.layer_spec import to_local_name, transformer_engine_missing
 from rl360.actor.batch import build_batch
 from rl360.actor.policy import PolicyWorker
 from rl360.config import load_config
-from rl360.rollout.base import SamplingParams
-from rl360.rollout.hf_engine import HFEngine
+from rl360.core import SamplingParams
+from rl360.engine.hf_engine import HFEngine
 from tests.helpers import assert_close_bf16, make_tiny_qwen2
 
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from rl360.actor.batch import at_least, micro_batch_rows
 from rl360.actor.policy import PolicyWorker
 from rl360.cluster.launch import run_ranks
-from rl360.rollout.hf_engine import HFEngine
+from rl360.engine.hf_engine import HFEngine
 from tests.dp_worker import fixed_batch
 from tests.helpers import make_tiny_model
 from tests.policy_parallel_worker import config, logprobs_and_gradient

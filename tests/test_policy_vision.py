@@ -8,10 +8,10 @@ from safetensors.torch import load_file
 from rl360.actor.batch import build_batch
 from rl360.actor.policy import PolicyWorker
 from rl360.config import load_config
+from rl360.core import ImagePrompt, SamplingParams
 from rl360.data.images import VisionProcessor
+from rl360.engine.hf_engine import HFEngine
 from rl360.quickstart.vision_assets import build_vision_quickstart_model
-from rl360.rollout.base import ImagePrompt, SamplingParams
-from rl360.rollout.hf_engine import HFEngine
 from tests.helpers import png_bytes
 
 QUESTION = "What colour?"

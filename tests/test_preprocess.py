@@ -305,9 +305,9 @@ def test_vision_outputs_render_as_image_prompts(tmp_path):
     """The written rows stream and render for a Qwen2.5-VL model: each image expanded to its tokens."""
     from transformers import AutoTokenizer
 
+    from rl360.core import ImagePrompt
     from rl360.data import PromptRenderer, PromptStream
     from rl360.quickstart.vision_assets import build_vision_quickstart_model
-    from rl360.rollout.base import ImagePrompt
 
     for module in ("vision.deepvision", "vision.geometry3k", "vision.deepeyes"):
         _run_script(module, tmp_path / "data")

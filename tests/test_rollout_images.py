@@ -21,13 +21,13 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForImageTextToText
 
+from rl360.core import ImagePrompt, SamplingParams
+from rl360.core.client import EngineClient, EngineError, collapse_image_tokens, image_data_url
 from rl360.data.images import VisionProcessor
+from rl360.engine.hf_engine import HFEngine
 from rl360.quickstart.vision_assets import VISION_TOKENS, build_vision_quickstart_model
-from rl360.rollout.base import ImagePrompt, SamplingParams
-from rl360.rollout.client import EngineClient, EngineError, collapse_image_tokens, image_data_url
-from rl360.rollout.hf_engine import HFEngine
-from rl360.rollout.weight_sync import WeightSender
 from rl360.serve.loadgen import metric_total
+from rl360.weight_sync.sender import WeightSender
 from tests.helpers import serving_url
 
 KEY = "rollout-images-test-key-0123456789"

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rl360.rollout.base import SamplingParams
-from rl360.rollout.client import EngineClient, EngineError
+from rl360.core import SamplingParams
+from rl360.core.client import EngineClient, EngineError
 from rl360.serve.loadgen import metric_total
 from tests.helpers import make_tiny_qwen2, serving_url
 

@@ -120,7 +120,7 @@ def test_judge_client_talks_to_the_server(served):
     assert judge.metrics()["judge/requests"] == 4
 
 
-# ---- the service layer under `serve model` (rl360/serve/service.py) ----
+# ---- the service layer under `serve model` (rl360/service/app.py) ----
 
 def _start_model(model_dir, *options):
     argv = service_command("model", "--model", str(model_dir), "--port", "0", "--served-model-name", "tiny",

@@ -1,4 +1,4 @@
-"""The service layer under `rl360 serve ...` (rl360/serve/service.py): its parts in this process, and its
+"""The service layer under `rl360 serve ...` (rl360/service/app.py): its parts in this process, and its
 behaviour in a real uvicorn process (tests/serve_layer_app.py) on 127.0.0.1: keys, limits, deadlines,
 server-sent events, slow-loris senders, 413 on huge uploads, and SIGTERM during a burst."""
 
@@ -15,8 +15,7 @@ import httpx
 import pytest
 
 from rl360.serve.loadgen import MemorySampler, SlowLoris, burst, metric_total, start_service, stop_service, upload
-from rl360.serve.metrics import MetricsRegistry
-from rl360.serve.service import (
+from rl360.service.app import (
     ServiceError,
     ServiceGuard,
     ServiceLimits,
@@ -26,6 +25,7 @@ from rl360.serve.service import (
     service_app,
     sse_event,
 )
+from rl360.service.metrics import MetricsRegistry
 
 KEY = "layer-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}

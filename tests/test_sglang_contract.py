@@ -2,7 +2,7 @@
 every route it calls exists with that method, every field it sends is a field of the route's request struct
 with a value its annotation accepts (and every sampling key one of SGLang's `SamplingParams`), and it works on
 replies holding only keys SGLang returns. The weight-update group is checked too: SGLang's engine joins it the
-way `rl360.rollout.weight_sync.open_process_group` does (tcp rendezvous, store prefixed by the group name,
+way `rl360.weight_sync.group.open_process_group` does (tcp rendezvous, store prefixed by the group name,
 `_new_process_group_helper`, its own ranks) and receives one broadcast from rank 0 per name, of the dtype
 `getattr(torch, name)`; the memory tags are SGLang's. An image prompt's `/generate` body is pinned exactly
 (`image_data` as data URLs, one image token per image in `input_ids`, `return_prompt_token_ids`), and SGLang's
@@ -21,10 +21,10 @@ import httpx
 import pytest
 import torch
 
-from rl360.rollout.base import ImagePrompt, SamplingParams
-from rl360.rollout.client import EngineClient
-from rl360.rollout.server import MEMORY_TAGS
-from rl360.rollout.weight_sync import SHARED_MEMORY_LOAD_FORMAT, WEIGHT_DTYPES, dtype_name
+from rl360.core import ImagePrompt, SamplingParams
+from rl360.core.client import EngineClient
+from rl360.engine.server import MEMORY_TAGS
+from rl360.weight_sync.formats import SHARED_MEMORY_LOAD_FORMAT, WEIGHT_DTYPES, dtype_name
 from tests.helpers import sglang_wheel
 
 SGLANG_PIN = "0.5.17"

@@ -21,15 +21,15 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from rl360.config import ConfigError
-from rl360.rollout.client import EngineClient, EngineError
-from rl360.rollout.weight_sync import (
+from rl360.core.client import EngineClient, EngineError
+from rl360.weight_sync.formats import (
     SHARED_MEMORY_LOAD_FORMAT,
-    WeightSender,
     decode_tensor_bucket,
     encode_tensor_bucket,
     read_shared_bucket,
     write_shared_bucket,
 )
+from rl360.weight_sync.sender import WeightSender
 from tests.helpers import make_tiny_qwen2, serving_url
 
 KEY = "weight-sync-test-key-0123456789"
@@ -311,7 +311,7 @@ SENDER_WITH_DEFAULT_GROUP = textwrap.dedent("""
     import json, os, sys
     import torch.distributed as dist
     from safetensors.torch import load_file
-    from rl360.rollout.weight_sync import WeightSender
+    from rl360.weight_sync.sender import WeightSender
 
     dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
     weights = sorted(load_file(sys.argv[2]).items())
@@ -417,7 +417,7 @@ def test_sender_checks_its_arguments_before_sending(tmp_path):
 def test_tied_weights_load_and_read_under_either_name(tmp_path):
     """In process (the service's ASGI app): a tied checkpoint takes its shared weight as lm_head.weight and is
     read back under both names."""
-    from rl360.rollout.server import RolloutService
+    from rl360.engine.server import RolloutService
 
     model_dir = make_tiny_qwen2(str(tmp_path / "tied"), tie_word_embeddings=True, seed=8)
     service = RolloutService(model_dir)

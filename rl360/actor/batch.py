@@ -19,7 +19,7 @@ class RolloutBatch:
     input_ids: torch.Tensor  # [B, T] long
     response_start: torch.Tensor  # [B] long: index of the first response token
     response_ids: torch.Tensor  # [B, R] long
-    response_mask: torch.Tensor  # [B, R] float: 1 on response tokens that are trained on
+    response_mask: torch.Tensor  # [B, R] float: 1 on response tokens trained on (0: padding, tool tokens)
     rollout_logprobs: torch.Tensor  # [B, R] float: the engine's log-probs of the sampled tokens
     advantages: torch.Tensor | None = None  # [B, R]
     old_logprobs: torch.Tensor | None = None  # [B, R] trainer log-probs before the update
@@ -126,9 +126,12 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
 
 
 def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],
-                pad_id: int = 0, images: list[tuple[bytes, ...] | None] | None = None) -> RolloutBatch:
+                pad_id: int = 0, images: list[tuple[bytes, ...] | None] | None = None,
+                loss_masks: list[list[int] | None] | None = None) -> RolloutBatch:
     """Pack prompt/response token lists (one entry per sample) into a `RolloutBatch`; `images`: each sample's
-    prompt images (None or () for a text prompt), kept only when some sample has images."""
+    prompt images (None or () for a text prompt), kept only when some sample has images; `loss_masks`: each
+    sample's per-response-token loss mask (`Sample.mask()`: 0 on tokens a tool inserted; None: all trained on),
+    which becomes its `response_mask` (the inserted tokens stay in `input_ids`, as context)."""
     count = len(prompts)
     width = max(len(p) + len(r) for p, r in zip(prompts, responses))
     resp_width = max(max(len(r) for r in responses), 1)
@@ -139,7 +142,13 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: 
     for row, (prompt, response, lps) in enumerate(zip(prompts, responses, logprobs)):
         input_ids[row, :len(prompt) + len(response)] = torch.tensor(prompt + response, dtype=torch.long)
         response_ids[row, :len(response)] = torch.tensor(response, dtype=torch.long)
-        response_mask[row, :len(response)] = 1.0
+        mask = loss_masks[row] if loss_masks is not None else None
+        if mask is None:
+            response_mask[row, :len(response)] = 1.0
+        elif len(mask) != len(response):
+            raise ValueError(f"sample {row}: a loss mask of {len(mask)} tokens for a response of {len(response)}")
+        else:
+            response_mask[row, :len(response)] = torch.tensor(mask, dtype=torch.float32)
         rollout_logprobs[row, :len(response)] = torch.tensor(lps, dtype=torch.float32)
     response_start = torch.tensor([len(p) for p in prompts], dtype=torch.long)
     kept = [tuple(row or ()) for row in images] if images is not None and any(images) else None

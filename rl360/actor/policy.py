@@ -453,7 +453,7 @@ class PolicyWorker:
         """Export the policy straight into the engines at `urls` (`rollout.weight_sync`: distributed, tensor or
         disk); the rest of replica 0 runs `export_weights_quietly` meanwhile. The sender, and with it the
         distributed group, lives on between updates; a changed engine list (a restarted engine) re-creates it."""
-        from rl360.rollout.weight_sync import WeightSender
+        from rl360.weight_sync.sender import WeightSender
 
         sender = getattr(self, "_sender", None)
         if sender is None or sender.strategy != strategy:

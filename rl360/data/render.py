@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from rl360.core import ImagePrompt, Prompt
 from rl360.data.images import VisionProcessor, is_vision_model, row_images, row_where
 from rl360.data.schema import DataError
-
-if TYPE_CHECKING:  # rl360.rollout.base imports torch; the data path does not need it until a row has images
-    from rl360.rollout.base import Prompt
 
 
 class PromptRenderer:
@@ -54,8 +52,6 @@ class PromptRenderer:
         images = row_images(row)
         if not images:
             return self.render(row["prompt"])
-        from rl360.rollout.base import ImagePrompt
-
         where = row_where(row)
         if self.vision is None:
             raise DataError(f"{where}: the row has {len(images)} image(s) but the model is text-only (its config.json "

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import httpx
 
+from rl360.core import Prompt, Sample, SamplingParams
+from rl360.core.client import EngineClient, EngineError, EngineTimeout
 from rl360.network import free_port
-from rl360.rollout.base import Prompt, Sample, SamplingParams
-from rl360.rollout.client import EngineClient, EngineError, EngineTimeout
 
 KEY_ENV = "RL360_ROLLOUT_API_KEY"
 _SERVING_LINE = re.compile(r"serving .* on (http://\S+)")
@@ -260,7 +260,7 @@ def engine_command(kind: str, model_path: str, dtype: str, api_key: str, tensor_
     """The command line of one engine process: `rl360 serve rollout` or SGLang's launcher."""
     extra = list(extra_args or [])
     if kind == "server":
-        return [sys.executable, "-m", "rl360.rollout.server", "--model", model_path, "--port", "0", "--host",
+        return [sys.executable, "-m", "rl360.engine.server", "--model", model_path, "--port", "0", "--host",
                 "127.0.0.1", "--dtype", dtype, "--api-key-env", KEY_ENV, *extra]
     if kind == "sglang":  # SGLang takes its key on the command line only; the port is fixed before the start
         return [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "127.0.0.1",

@@ -48,9 +48,9 @@ import torch
 from rl360.actor.batch import RolloutBatch, build_batch
 from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
 from rl360.cluster.placement import Placement, make_placement
+from rl360.core import Prompt, Sample, SamplingParams
+from rl360.core.client import EngineTimeout
 from rl360.rewards import RewardItem, RewardPool
-from rl360.rollout.base import Prompt, Sample, SamplingParams
-from rl360.rollout.client import EngineTimeout
 from rl360.rollout.engines import ActorEngine, EngineDown, ProcessEngine, engine_command, new_api_key
 
 
@@ -83,7 +83,8 @@ class Scored:
 
     def batch(self, pad_id: int) -> RolloutBatch:
         return build_batch([s.prompt_ids for s in self.samples], [s.response_ids for s in self.samples],
-                           [s.logprobs for s in self.samples], pad_id=pad_id, images=[s.images for s in self.samples])
+                           [s.logprobs for s in self.samples], pad_id=pad_id, images=[s.images for s in self.samples],
+                           loss_masks=[s.loss_mask for s in self.samples])
 
 
 @dataclass
@@ -195,7 +196,7 @@ class RolloutManager:
         if kind == "hf":
             from rl360.actor.policy import DTYPES
             from rl360.cluster import WorkerGroup
-            from rl360.rollout.hf_engine import HFEngine
+            from rl360.engine.hf_engine import HFEngine
 
             # colocated on GPUs: on policy rank 0's bundle (its GPU), half of it each
             shared = self.policy.workers.placement_group if placement.gpu_share < 1 else None

@@ -1,12 +1,12 @@
 """`rl360 serve ...`: HTTP services of our own: a SandboxFusion-compatible code sandbox (`serve sandbox`)
 a Hugging Face checkpoint behind the OpenAI API (`serve model`) and the rollout engine behind SGLang's
-native API (`serve rollout`, `rl360.rollout.server`), all on one service layer
-(`rl360.serve.service`: FastAPI + uvicorn with keys, limits, deadlines, graceful shutdown, `/health`,
+native API (`serve rollout`, `rl360.engine.server`), all on one service layer
+(`rl360.service.app`: FastAPI + uvicorn with keys, limits, deadlines, graceful shutdown, `/health`,
 `/metrics`)."""
 
 
 def add_serve_parser(commands) -> None:
-    from rl360.rollout.server import add_rollout_parser
+    from rl360.engine.server import add_rollout_parser
     from rl360.serve.openai_api import add_model_parser
     from rl360.serve.sandbox import add_sandbox_parser
 

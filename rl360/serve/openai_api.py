@@ -13,9 +13,9 @@ or "length" and `usage` token counts. A malformed request (bad JSON, wrong types
 of range) gets HTTP 400 in OpenAI's error shape naming the key at fault (`error.param`); another model name
 gets 404; with `--api-key-env VAR` a request without `Authorization: Bearer $VAR` gets 401 (the key itself
 is never printed). Keys, limits, deadlines, shutdown and metrics come from the service layer
-(`rl360.serve.service`); the metrics add `rl360_model_generations_total` and `rl360_model_tokens_total`.
+(`rl360.service.app`); the metrics add `rl360_model_generations_total` and `rl360_model_tokens_total`.
 
-It samples with the rollout's HF engine (`rl360.rollout.hf_engine`), one request at a time on one engine
+It samples with the rollout's HF engine (`rl360.engine.hf_engine`), one request at a time on one engine
 thread (admitted requests wait their turn; one cancelled before its turn never runs): this is the small
 local endpoint the LLM-judge client and the tests talk to, not a production server (streaming, batching of
 concurrent requests and log-probs in replies are not built).
@@ -34,8 +34,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
 from rl360.model_dir import check_model_dir
-from rl360.serve.metrics import MetricsRegistry
-from rl360.serve.service import (
+from rl360.service.app import (
     SerialWorker,
     ServiceError,
     ServiceGuard,
@@ -49,6 +48,7 @@ from rl360.serve.service import (
     run_service,
     service_app,
 )
+from rl360.service.metrics import MetricsRegistry
 
 MAX_BODY_BYTES = 4 << 20
 MAX_N = 16
@@ -183,7 +183,7 @@ class ModelService:
         from transformers import AutoTokenizer
 
         from rl360.data import PromptRenderer
-        from rl360.rollout.hf_engine import HFEngine
+        from rl360.engine.hf_engine import HFEngine
 
         self.engine = HFEngine(model_path, dtype=getattr(torch, dtype))
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -226,7 +226,7 @@ class ModelService:
 
     def complete(self, request: Request) -> dict:
         """The reply body for a parsed request (blocking: runs on the engine thread)."""
-        from rl360.rollout.base import SamplingParams
+        from rl360.core import SamplingParams
 
         prompt_ids = [self.renderer.render(p) if request.chat else self.tokenizer(p)["input_ids"]
                       for p in request.prompts]

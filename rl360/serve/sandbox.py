@@ -4,7 +4,7 @@
                           [--workers 4] [--max-in-flight 256] [--request-timeout 360] [--shutdown-grace 30] ...
 
 Run it on a machine set aside for untrusted code and point trainers at it with
-`RL360_SANDBOX_URL=http://HOST:PORT`. It runs on the service layer (`rl360.serve.service`: keys, limits,
+`RL360_SANDBOX_URL=http://HOST:PORT`. It runs on the service layer (`rl360.service.app`: keys, limits,
 deadlines, graceful shutdown, `/health`, `/metrics`). It runs code for whoever can reach it, so it refuses
 to listen on anything but a loopback address without a key (`--api-key-env VAR`; clients then send
 `Authorization: Bearer <key>`).
@@ -40,8 +40,7 @@ from fastapi.responses import JSONResponse
 
 from rl360.rewards.remote_sandbox import to_sandbox_fusion
 from rl360.rewards.sandbox import IsolationError, SandboxLimits, isolation, run_python
-from rl360.serve.metrics import MetricsRegistry
-from rl360.serve.service import (
+from rl360.service.app import (
     ServiceError,
     ServiceGuard,
     ServiceLimits,
@@ -53,6 +52,7 @@ from rl360.serve.service import (
     run_service,
     service_app,
 )
+from rl360.service.metrics import MetricsRegistry
 
 MAX_RUN_TIMEOUT_S = 300.0
 DEADLINE_MARGIN_S = 5.0  # a run's timeout must leave this much of the request deadline (startup, reply)

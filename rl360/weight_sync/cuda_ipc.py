@@ -1,8 +1,8 @@
 """CUDA IPC weight buckets, load format "rl360_cuda_ipc": weight sync `tensor` from a process whose weights are
 on a GPU into `rl360 serve rollout` engines on that same GPU, without a copy through host memory.
 
-Sender (`CudaIpcPacker`, driven by `rl360.rollout.weight_sync.WeightSender`): a bucket's tensors are copied into
-one contiguous CUDA buffer (uint8) at offsets aligned to CUDA_ALIGNMENT bytes (`rl360.rollout.flat_bucket`). Two
+Sender (`CudaIpcPacker`, driven by `rl360.weight_sync.sender.WeightSender`): a bucket's tensors are copied into
+one contiguous CUDA buffer (uint8) at offsets aligned to CUDA_ALIGNMENT bytes (`rl360.weight_sync.flat_bucket`). Two
 buffers alternate, so the next bucket is packed while the engines copy the one before; a buffer is packed again
 only after every engine answered for it, and both are freed when the update ends. Before sending, the sender
 waits for its packing to finish, then shares the buffer once per engine (`torch.UntypedStorage._share_cuda_`:
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from rl360.rollout.flat_bucket import check_specs, is_count, layout, pack, read_descriptor, unpack
+from rl360.weight_sync.flat_bucket import check_specs, is_count, layout, pack, read_descriptor, unpack
 
 CUDA_IPC_LOAD_FORMAT = "rl360_cuda_ipc"
 CUDA_ALIGNMENT = 256  # byte offset of every tensor in a CUDA IPC bucket (the CUDA allocator's own alignment)

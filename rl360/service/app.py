@@ -75,7 +75,7 @@ from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from rl360.errors import UserError
-from rl360.serve.metrics import MetricsRegistry
+from rl360.service.metrics import MetricsRegistry
 
 logger = logging.getLogger("rl360.serve")
 

@@ -1,5 +1,5 @@
 """`rl360 serve rollout`: the HF engine behind SGLang's native HTTP API, so a trainer talks to it exactly as
-it talks to `python -m sglang.launch_server` (the same `rl360.rollout.client.EngineClient`).
+it talks to `python -m sglang.launch_server` (the same `rl360.core.client.EngineClient`).
 
     rl360 serve rollout --model DIR [--port 30000] [--api-key-env VAR] [--dtype bfloat16]
                         [--batch-window-ms 5] [--max-batch-rows 256] [--weight-sync-timeout-s 600]
@@ -28,7 +28,7 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
   `<|vision_start|><|image_pad|><|vision_end|>`), expanded here to the image's tokens by the checkpoint's
   processor (`--min-pixels` / `--max-pixels` bound an image's resized area); `return_prompt_token_ids: true` adds
   `prompt_token_ids`, the prompt with its images expanded, to each reply (SGLang's field). The exact shapes:
-  `rl360.rollout.generate_request`.
+  `rl360.engine.generate_request`.
 - `GET /health` (no key), `GET /health_generate` (no key; a one-token generation through the batcher),
   `GET /model_info`, `GET|POST /flush_cache` (the HF engine keeps no prefix cache between requests: always
   200), `POST /abort_request` (`rid` or `abort_all`), `POST /pause_generation` (`mode`: "abort" ends every
@@ -38,9 +38,9 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
 - `POST /update_weights_from_tensor`: `serialized_named_tensors` (one entry: this server is one rank) in
   `load_format` "rl360_safetensors" (the base64 of a safetensors file holding the bucket's `(hf_name, tensor)`
   pairs), "rl360_shared_memory" (the base64 of a JSON descriptor of a file on this host, as
-  `rl360.rollout.weight_sync` writes it: the file is mapped and its tensors copied; it must be a regular file
+  `rl360.weight_sync.tensor` writes it: the file is mapped and its tensors copied; it must be a regular file
   named rl360-weights-*.bin owned by this server's user) or "rl360_cuda_ipc" (the base64 of a JSON descriptor of
-  a CUDA buffer shared by CUDA IPC, as `rl360.rollout.cuda_ipc` writes it: the buffer must be on this engine's
+  a CUDA buffer shared by CUDA IPC, as `rl360.weight_sync.cuda_ipc` writes it: the buffer must be on this engine's
   own GPU, named by its UUID, else 400; its tensors are copied device-to-device and the mapping closed before
   the answer). SGLang's own formats (None, "direct", "flattened_bucket") carry pickled tensor handles (CUDA
   IPC) and are refused with 400: unpickling a request body would run whatever code it names.
@@ -50,7 +50,7 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
   definition. Replies `{"success", "message", "num_paused_requests"}`.
 - `POST /init_weights_update_group` (`master_address`, `master_port`, `rank_offset`, `world_size`, `group_name`,
   `backend`: "gloo", or "nccl" when the engine runs on CUDA): join the torch.distributed group rank 0 hosts, as
-  rank `rank_offset`, the way SGLang's engine joins it (`rl360.rollout.weight_sync.open_process_group`);
+  rank `rank_offset`, the way SGLang's engine joins it (`rl360.weight_sync.group.open_process_group`);
   answered once the group has formed (or failed: `success: false`). `POST /update_weights_from_distributed`
   (`names`, `dtypes` such as "float32" or "bfloat16", `shapes`, `group_name`, `flush_cache`, `weight_version`,
   `abort_all_requests`): one broadcast from rank 0 per name, in order, into new tensors. The tensors are
@@ -85,7 +85,7 @@ per-row sampling settings and per-row random generators, so a response's tokens 
 batched with. Requests arriving while a batch decodes go into the next batch. A request cancelled by its
 deadline or a client hang-up stops being decoded at the next step. Errors are `{"error": {"message", "param",
 "code"}}` with the HTTP status; keys, limits, deadlines, graceful shutdown and `/metrics` come from the service
-layer (`rl360.serve.service`), whose `max_in_flight` bounds the queue.
+layer (`rl360.service.app`), whose `max_in_flight` bounds the queue.
 """
 
 from __future__ import annotations
@@ -105,23 +105,12 @@ import torch
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
+from rl360.core import SamplingParams
+from rl360.engine.batching import BatchDecoder, Batcher
+from rl360.engine.generate_request import GenerateCall, Row, bool_field, expand_images, is_int, parse_generate
 from rl360.errors import run_command
 from rl360.model_dir import check_model_dir
-from rl360.rollout.base import SamplingParams
-from rl360.rollout.batching import BatchDecoder, Batcher
-from rl360.rollout.cuda_ipc import CUDA_IPC_LOAD_FORMAT, open_bucket
-from rl360.rollout.generate_request import GenerateCall, Row, bool_field, expand_images, is_int, parse_generate
-from rl360.rollout.weight_sync import (
-    SHARED_MEMORY_LOAD_FORMAT,
-    TENSOR_LOAD_FORMAT,
-    WEIGHT_DTYPES,
-    close_process_group,
-    decode_tensor_bucket,
-    open_process_group,
-    read_shared_bucket,
-)
-from rl360.serve.metrics import MetricsRegistry
-from rl360.serve.service import (
+from rl360.service.app import (
     ServiceError,
     ServiceGuard,
     ServiceLimits,
@@ -134,6 +123,16 @@ from rl360.serve.service import (
     run_service,
     service_app,
 )
+from rl360.service.metrics import MetricsRegistry
+from rl360.weight_sync.cuda_ipc import CUDA_IPC_LOAD_FORMAT, open_bucket
+from rl360.weight_sync.formats import (
+    SHARED_MEMORY_LOAD_FORMAT,
+    TENSOR_LOAD_FORMAT,
+    WEIGHT_DTYPES,
+    decode_tensor_bucket,
+    read_shared_bucket,
+)
+from rl360.weight_sync.group import close_process_group, open_process_group
 
 DEFAULT_LIMITS = ServiceLimits(max_body_bytes=512 << 20, max_in_flight=256, request_timeout_s=3600.0,
                                read_timeout_s=60.0, shutdown_grace_s=30.0)
@@ -176,7 +175,7 @@ class RolloutService:
     def __init__(self, model_path: str, limits: ServiceLimits = DEFAULT_LIMITS, api_key: str | None = None,
                  dtype: str = "float32", batch_window_s: float = 0.005, max_batch_rows: int = 256,
                  group_timeout_s: float = 600.0, min_pixels: int | None = None, max_pixels: int | None = None):
-        from rl360.rollout.hf_engine import HFEngine
+        from rl360.engine.hf_engine import HFEngine
 
         self.model_path = model_path
         self.engine = HFEngine(model_path, dtype=getattr(torch, dtype), min_pixels=min_pixels, max_pixels=max_pixels)
@@ -768,11 +767,11 @@ def add_rollout_parser(services) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m rl360.rollout.server --model DIR ...`: the same as `rl360 serve rollout`."""
-    parser = argparse.ArgumentParser(prog="python -m rl360.rollout.server")
+    """`python -m rl360.engine.server --model DIR ...`: the same as `rl360 serve rollout`."""
+    parser = argparse.ArgumentParser(prog="python -m rl360.engine.server")
     add_rollout_parser(parser.add_subparsers(dest="service", required=True))
     args = parser.parse_args(["rollout", *(sys.argv[1:] if argv is None else argv)])
-    return run_command(args.run, args, prog="rl360.rollout.server")
+    return run_command(args.run, args, prog="rl360.engine.server")
 
 
 if __name__ == "__main__":

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from rl360.rollout.base import ImagePrompt
-from rl360.rollout.generate_request import Row
-from rl360.rollout.hf_engine import _filtered_probs, next_positions
-from rl360.serve.metrics import MetricsRegistry
-from rl360.serve.service import ServiceError
+from rl360.core import ImagePrompt
+from rl360.engine.generate_request import Row
+from rl360.engine.hf_engine import _filtered_probs, next_positions
+from rl360.service.app import ServiceError
+from rl360.service.metrics import MetricsRegistry
 
 
 class BatchDecoder:

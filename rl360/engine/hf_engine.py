@@ -34,7 +34,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rl360.rollout.base import ImagePrompt, Prompt, Sample, SamplingParams, WeightBucket, prompt_ids
+from rl360.core import ImagePrompt, Prompt, Sample, SamplingParams, prompt_ids
+from rl360.core.wire import WeightBucket
 
 VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")  # config model_type of the vision-language models served
 

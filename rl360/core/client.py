@@ -6,7 +6,7 @@
     await client.update_weights_from_tensor(bucket, weight_version=3, last_bucket=False)  # ... then last=True
     await client.pause_generation("in_place"); await client.continue_generation()
 
-Image prompts (`rl360.rollout.base.ImagePrompt`: ids with every image expanded, compressed images) go out as
+Image prompts (`rl360.core.ImagePrompt`: ids with every image expanded, compressed images) go out as
 SGLang 0.5.17 takes them: each prompt's ids with every image's run of image tokens collapsed to one image token
 (SGLang expands `<|vision_start|><|image_pad|><|vision_end|>` itself: `_expand_input_ids` in
 `srt/multimodal/processors/base_processor.py` refuses ids with more image tokens than images), `image_data` with
@@ -26,9 +26,9 @@ every request carries `Authorization: Bearer <key>`.
 Weights: `update_weights_from_tensor` sends a bucket in the `load_format` "rl360_safetensors" (base64
 safetensors, `rl360 serve rollout` only: a real SGLang server takes pickled tensor handles, which are not
 sent from here); `update_weights_from_serialized` sends one already serialized entry in any `load_format`
-(the shared-memory descriptors of `rl360.rollout.weight_sync`); `init_weights_update_group`,
+(the shared-memory and CUDA IPC descriptors of `rl360.weight_sync`); `init_weights_update_group`,
 `update_weights_from_distributed` and `destroy_weights_update_group` are SGLang's group routes (the tensors
-themselves travel by broadcast: `rl360.rollout.weight_sync.WeightSender` drives them);
+themselves travel by broadcast: `rl360.weight_sync.sender.WeightSender` drives them);
 `release_memory_occupation` / `resume_memory_occupation` take SGLang's `tags` ("weights", "kv_cache",
 "cuda_graph"; None: all); `get_weights_by_name` returns a parameter's values as nested lists (float32 values,
 the first `truncate_size` rows), as SGLang does.
@@ -46,7 +46,10 @@ from typing import Any
 import httpx
 import torch
 
-from rl360.rollout.base import ImagePrompt, Prompt, Sample, SamplingParams, prompt_ids
+from rl360.core.prompt import ImagePrompt, Prompt, prompt_ids
+from rl360.core.sampling import SamplingParams
+from rl360.core.trajectory import Sample
+from rl360.core.wire import TENSOR_LOAD_FORMAT, encode_tensor_bucket
 
 
 class EngineError(RuntimeError):
@@ -179,8 +182,6 @@ class EngineClient:
                                          abort_all_requests: bool = False, timeout_s: float | None = None) -> str:
         """Send one bucket of `(hf_name, tensor)`; `last_bucket` marks the update's end (SGLang's `flush_cache`),
         where `rl360 serve rollout` checks every weight arrived. Returns the server's message."""
-        from rl360.rollout.weight_sync import TENSOR_LOAD_FORMAT, encode_tensor_bucket
-
         return await self.update_weights_from_serialized(encode_tensor_bucket(list(named_tensors)), TENSOR_LOAD_FORMAT,
                                                          weight_version, last_bucket, abort_all_requests, timeout_s)
 

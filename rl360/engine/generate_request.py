@@ -1,6 +1,6 @@
 """Parsing SGLang's `/generate` request for `rl360 serve rollout`: prompts, their images, per-prompt sampling
 settings and request ids into `Row`s (one per sample), each bad field a `ServiceError(400)` naming it. The
-accepted fields and their meaning are listed in `rl360.rollout.server`'s docstring.
+accepted fields and their meaning are listed in `rl360.engine.server`'s docstring.
 
 Images (`image_data`) follow SGLang 0.5.17 (`GenerateReqInput.image_data` and `_normalize_image_data` in
 `srt/managers/io_struct.py`; `load_image` / `get_image_bytes` in `srt/utils/common.py`): one image or a list of
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl360.rollout.base import SamplingParams
-from rl360.serve.service import ServiceError, json_object, number_field
+from rl360.core import SamplingParams
+from rl360.service.app import ServiceError, json_object, number_field
 
 TOP_K_ALL = 1 << 30  # SGLang's "no top-k"
 MAX_N = 64

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from rl360.core.wire import check_unique
+
 WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                  "float64": torch.float64}  # names as SGLang's engine reads them: getattr(torch, name)
 SPEC_FIELDS = frozenset({"name", "dtype", "shape", "offset"})
@@ -35,11 +37,6 @@ def dtype_name(dtype: torch.dtype) -> str:
 def is_count(value: Any) -> bool:
     """A non-negative int (not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def check_unique(names: list[str]) -> None:
-    if len(set(names)) != len(names):
-        raise ValueError(f"a bucket names a weight twice: {sorted({n for n in names if names.count(n) > 1})[:8]}")
 
 
 def spec_bytes(spec: dict) -> int:

@@ -1,0 +1,16 @@
+"""One generate call's sampling settings, as every engine takes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1  # responses per prompt
+    temperature: float = 1.0  # 0: greedy (the most likely token at every step)
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k
+    max_new_tokens: int = 256
+    stop_token_ids: list[int] = field(default_factory=list)  # generation ends after any of these
+    seed: int = 0  # seeds this call's sampling

@@ -1,0 +1,111 @@
+"""The house's floors: every rl360 module imports only rooms on lower floors (or its own room), so no two rooms
+import each other and the shared types at the bottom import nothing above them. Imports are read from the source
+(ast), lazy ones inside functions and `TYPE_CHECKING` blocks included.
+
+A room is a sub-package of rl360 (`rl360/weight_sync/`) or a top-level module (`rl360/trainer.py`). A new room
+gets a floor here; rooms on one floor do not import each other."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "rl360"
+
+FLOORS = [
+    ["core", "imports", "network", "errors"],  # shared types (prompts, samples, sampling params), the engine API's
+    # client, the user-error base
+    ["algos", "tracking", "service", "model_dir"],  # pure torch algorithms, metric sinks, the HTTP service layer,
+    # model directory checks
+    ["config"],  # the typed run config (validates against the algos' registries)
+    ["data", "cluster", "weight_sync"],  # prompts from parquet, Ray placement, weights into engines
+    ["rewards", "actor", "engine", "checkpointing", "quickstart"],  # scoring, the policy, the engines themselves
+    ["rollout", "serve", "convert", "plan"],  # the engine fleet and the training sampler; services; tools
+    ["trainer", "launch"],  # the RL loop
+    ["cli"],
+]
+FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
+
+
+def _room(module: str) -> str | None:
+    """The room of a dotted rl360 module name (None for rl360 itself and for other packages)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "rl360" and len(parts) > 1 else None
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, root: Path) -> list[tuple[int, str]]:
+    """(line, imported module) for every import in a file, relative ones resolved."""
+    name = _module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from rl360 import data` names the room data
+            names = {f"{base}.{alias.name}" if base == "rl360" else base for alias in node.names}
+            found += [(node.lineno, module) for module in sorted(names)]
+    return found
+
+
+def upward_imports(root: Path = ROOT) -> list[str]:
+    """Every import of a room on the same or a higher floor, as `file:line: room (floor) imports room (floor)`."""
+    offences = []
+    for path in sorted(root.rglob("*.py")):
+        room = _room(_module_name(path, root))
+        if room is None:
+            continue
+        for line, module in _imports(path, root):
+            target = _room(module)
+            if target is None or target == room:
+                continue
+            if FLOOR[target] >= FLOOR[room]:
+                offences.append(f"{path.relative_to(root.parent)}:{line}: {room} (floor {FLOOR[room]}) imports "
+                                f"{module} (floor {FLOOR[target]})")
+    return offences
+
+
+def test_every_room_has_a_floor():
+    packages = {path.name for path in ROOT.iterdir() if (path / "__init__.py").exists()}
+    rooms = packages | {path.stem for path in ROOT.glob("*.py") if path.stem != "__init__"}
+    assert sorted(rooms - FLOOR.keys()) == [], "give the new room a floor in FLOORS"
+    assert sorted(FLOOR.keys() - rooms) == [], "FLOORS names a room that is gone"
+
+
+def test_rooms_import_only_lower_floors():
+    offences = upward_imports()
+    assert not offences, "imports that point up or sideways:\n" + "\n".join(offences)
+
+
+def test_an_upward_import_is_named(tmp_path):
+    """The check itself: a data module importing the rollout room is reported with its file and line."""
+    (tmp_path / "rl360" / "data").mkdir(parents=True)
+    (tmp_path / "rl360" / "__init__.py").write_text("")
+    (tmp_path / "rl360" / "data" / "__init__.py").write_text("")
+    (tmp_path / "rl360" / "data" / "render.py").write_text(
+        "import os\nfrom rl360.core import Sample\n\ndef f():\n    from rl360.rollout.fleet import EngineFleet\n")
+    (tmp_path / "rl360" / "data" / "mix.py").write_text("from .render import f\nfrom ..cluster import groups\n")
+    offences = upward_imports(tmp_path / "rl360")
+    assert offences == ["rl360/data/mix.py:2: data (floor 3) imports rl360.cluster (floor 3)",
+                        "rl360/data/render.py:5: data (floor 3) imports rl360.rollout.fleet (floor 5)"]
+
+
+@pytest.mark.parametrize("module", ["rl360.core", "rl360.weight_sync.formats"])
+def test_the_lower_floors_stand_alone(module):
+    """The bottom rooms import without Ray or the engines' web stack behind them."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, {module}; heavy = sorted(m for m in ('ray', 'fastapi', 'rl360.rollout', 'rl360.actor') "
+            "if m in sys.modules); print(heavy); sys.exit(bool(heavy))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
