@@ -69,7 +69,7 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling
     top_k: int = -1  # top-k sampling; -1 disables
     max_response_length: int = 256  # new tokens per response
-    num_engines: int = 1  # engines the manager spreads each step's prompts over
+    num_engines: int = 1  # engines the fleet spreads each step's prompts over
     # how weights reach server/sglang engines after an update: distributed (a gloo/NCCL group between the
     # trainer's export rank and every engine, one broadcast per tensor), tensor (engine=server on the same host:
     # CUDA IPC for GPU weights on the engine's GPU, else shared memory), disk (a safetensors checkpoint the engines

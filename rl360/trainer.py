@@ -28,7 +28,7 @@ from rl360.plan import GIB, plan
 from rl360.rewards import register_reward_path
 from rl360.rewards.check import check_reward_data, judge_configured
 from rl360.rewards.pool import open_reward_pool
-from rl360.rollout.manager import RolloutManager
+from rl360.rollout.sampler import RolloutSampler
 from rl360.tracking.tracker import Tracker
 
 
@@ -88,7 +88,7 @@ def train(cfg: RunConfig) -> Path:
         critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, name="critic", **groups)) \
             if use_critic else None
         # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer
-        rollouts = RolloutManager(cfg, tokenizer, stream, renderer, rewards, policy, placement)
+        rollouts = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy, placement)
         estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
         kl_control = KLController(cfg.algorithm.kl_in_reward_coef, cfg.algorithm.kl_in_reward_target,
                                   cfg.algorithm.kl_in_reward_horizon)
@@ -113,7 +113,7 @@ def train(cfg: RunConfig) -> Path:
         for step in range(first_step, cfg.trainer.total_steps + 1):
             started = time.perf_counter()
             # 1-3. prompts -> n rollouts each (with the engine's log-probs) -> rewards by data_source, from the
-            #      rollout manager (DAPO's dynamic sampling and ReMax's greedy baselines happen there too);
+            #      rollout sampler (DAPO's dynamic sampling and ReMax's greedy baselines happen there too);
             #      async: the next `ahead` steps' rollouts are generated while this step trains
             for upcoming in range(step, min(step + ahead, cfg.trainer.total_steps) + 1):
                 if upcoming not in generating:

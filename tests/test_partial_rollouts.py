@@ -1,7 +1,7 @@
-"""A weight update that meets generate requests in flight (rollout.mode=async), through the rollout manager and a
+"""A weight update that meets generate requests in flight (rollout.mode=async), through the rollout sampler and a
 real `rl360 serve rollout` engine process.
 
-With `rollout.partial=true` the update aborts the requests, and the manager continues every cut response from the
+With `rollout.partial=true` the update aborts the requests, and the sampler continues every cut response from the
 tokens it had under the new weights: each token is tagged with the version that drew it, and the engine log-prob
 kept for it is the one of that version's policy (checked against both models' own log-probs). Without it the update
 waits for the requests, which end under the weights they started with.
@@ -25,7 +25,7 @@ from rl360.config import load_config
 from rl360.data import PromptRenderer, PromptStream
 from rl360.quickstart.assets import build_quickstart_model
 from rl360.rewards.pool import open_reward_pool
-from rl360.rollout.manager import RolloutManager
+from rl360.rollout.sampler import RolloutSampler
 from rl360.weight_sync.sender import WeightSender
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ MAX_TOKENS = 200  # long enough that responses are still being drawn when the up
 
 
 class HFPolicy:
-    """What the manager asks of the policy group for engine processes: `send_weights`."""
+    """What the fleet asks of the policy group for engine processes: `send_weights`."""
 
     def __init__(self, model):
         self.model, self.sender = model, None
@@ -74,18 +74,18 @@ def _update_during_generation(assets, name: str, partial: bool):
         for parameter in new.parameters():
             parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
     rewards = open_reward_pool(cfg.reward, announce=lambda line: None)
-    manager = RolloutManager(cfg, tokenizer, stream, renderer, rewards, HFPolicy(new))
+    sampler = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, HFPolicy(new))
     try:
-        future = manager.generate(1)
+        future = sampler.generate(1)
         deadline = time.monotonic() + 60
-        while manager._in_flight == 0 and time.monotonic() < deadline:
+        while sampler.fleet.in_flight == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(0.05)  # the engine is drawing tokens
         assert not future.done(), "step 1's rollouts ended before the update came"
-        sync_metrics = manager.sync_weights(1)
+        sync_metrics = sampler.sync_weights(1)
         result = future.result(timeout=300)
     finally:
-        manager.close()
+        sampler.close()
         rewards.close()
     return result, sync_metrics, old, new
 
@@ -163,17 +163,17 @@ def test_steps_take_turns_at_the_prompt_stream(assets):
     expected_states.append(expected.state_dict())  # after the fourth step's prompts
     stream = PromptStream(cfg.data.train_files, 4, seed=0, filter_fn=renderer.fits)
     rewards = open_reward_pool(cfg.reward, announce=lambda line: None)
-    manager = RolloutManager(cfg, tokenizer, stream, renderer, rewards, policy=None)
+    sampler = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy=None)
     try:
         states = {}
-        futures = [manager.generate(step) for step in range(1, 5)]  # four steps at once
-        reader = threading.Thread(target=lambda: states.update({s: manager.data_state(s) for s in range(1, 5)}))
+        futures = [sampler.generate(step) for step in range(1, 5)]  # four steps at once
+        reader = threading.Thread(target=lambda: states.update({s: sampler.data_state(s) for s in range(1, 5)}))
         reader.start()
         results = [future.result(timeout=300) for future in futures]
         reader.join(timeout=300)
-        after = manager.data_state(5)
+        after = sampler.data_state(5)
     finally:
-        manager.close()
+        sampler.close()
         rewards.close()
     for step, result in enumerate(results):
         rows = [row["extra_info"]["index"] for row in result.scored.rows[::2]]

@@ -1,11 +1,14 @@
-"""Training with rollout engines as processes (`rl360 serve rollout`, SGLang's protocol) behind the manager.
+"""Training with rollout engines as processes (`rl360 serve rollout`, SGLang's protocol) behind the engine fleet.
 
 Real runs on the quickstart model: two engine processes with weights sent over a gloo group, a one-engine
 async run with shared-memory weights, and a run in which one engine process is SIGKILLed at a seeded random
 moment from outside; that run must end exactly as the unbroken run does (server engines seed every sample by
-its position, so which engine drew it does not matter), with the restart counted.
+its position, so which engine drew it does not matter), with the restart counted. The fleet's dispatch is
+checked on its own too: the same seed gives the same samples from one engine, from two, and from two with one
+marked down.
 """
 
+import asyncio
 import json
 import os
 import random
@@ -13,14 +16,20 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
+import torch
+from transformers import AutoTokenizer
 
+from rl360.cluster.placement import make_placement
 from rl360.config import load_config
+from rl360.core import SamplingParams
 from rl360.quickstart.assets import build_quickstart_model
+from rl360.rollout.fleet import EngineFleet
 from rl360.trainer import train
 
 pytestmark = pytest.mark.slow
@@ -83,6 +92,51 @@ def test_engine_processes_are_listed_and_stopped(two_engines):
     for engine in engines:
         assert not _alive(engine["pid"]), engine  # the run stopped its engines
         assert "serving rollout engine" in (out / "rollout" / f"engine-{engine['index']}.log").read_text()
+
+
+def test_samples_do_not_depend_on_how_many_engines_drew_them(assets):
+    """Sample j of prompt i is seeded `seed + i * n + j` whichever engine draws it: two engines, one engine, and
+    two engines with either marked down give the same tokens and log-probs."""
+    root, model = assets
+    cfg = load_config("configs/quickstart.yaml", _overrides(assets, root / "seeds", "rollout.num_engines=2"))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = [tokenizer.encode(f"{a}+{b}=") for a in range(4) for b in range(2)]
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12)
+    placement = make_placement(1, False, cfg.rollout, gpus=0)
+
+    async def draw() -> tuple[dict, dict]:
+        fleets = {engines: EngineFleet(replace(cfg.rollout, num_engines=engines), cfg.model, placement, None,
+                                       root / "seeds" / f"engines{engines}", num_threads=2) for engines in (1, 2)}
+        try:
+            await asyncio.gather(*(fleet.start() for fleet in fleets.values()))
+            two, drawn = fleets[2], {}
+            counts = {}
+            drawn["one"] = await fleets[1].generate(prompts, params, 1234)
+            drawn["two"] = await two.generate(prompts, params, 1234, counts)
+            for down in (0, 1):
+                two.engines[down].usable = False
+                drawn[f"engine{down}_down"] = await two.generate(prompts, params, 1234)
+                two.engines[down].usable = True
+            return drawn, counts
+        finally:
+            for fleet in fleets.values():
+                fleet.close()
+
+    drawn, counts = asyncio.run(draw())
+    assert counts == {"rollout/engine0_prompts": 4, "rollout/engine1_prompts": 4}  # both engines drew a share
+
+    def tokens(groups) -> list:
+        return [[sample.response_ids for sample in group] for group in groups]
+
+    def logprobs(groups) -> torch.Tensor:  # equal up to float noise: an engine's batch holds other prompts
+        return torch.tensor([lp for group in groups for sample in group for lp in sample.logprobs])
+
+    reference = tokens(drawn["one"])
+    assert len(reference) == 8 and all(len(group) == 4 for group in reference)
+    assert len({tuple(ids) for group in reference for ids in group}) > 8  # the seeds do vary the samples
+    for name in ("two", "engine0_down", "engine1_down"):
+        assert tokens(drawn[name]) == reference, name
+        assert torch.allclose(logprobs(drawn[name]), logprobs(drawn["one"]), atol=1e-4), name
 
 
 def test_async_mode_trains_one_weight_version_behind(assets):

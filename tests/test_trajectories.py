@@ -8,7 +8,7 @@ from rl360.actor.batch import build_batch
 from rl360.actor.policy import PolicyWorker
 from rl360.core import Sample, SamplingParams, Turn
 from rl360.engine.hf_engine import HFEngine
-from rl360.rollout.manager import Scored
+from rl360.rollout.sampler import Scored
 from rl360.trainer import _token_level
 from tests.helpers import make_tiny_qwen2
 

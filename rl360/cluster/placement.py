@@ -1,5 +1,5 @@
 """Who runs on which GPU: one placement plan for a run, made from its settings and the GPUs the cluster has
-before any worker starts, read by the trainer, the rollout manager and `rl360 plan`.
+before any worker starts, read by the trainer, the engine fleet and `rl360 plan`.
 
     placement = make_placement(cfg.actor.parallel.ranks, cfg.algorithm.adv_estimator == "gae", cfg.rollout,
                                gpus=ray_gpus)        # PlacementError naming what does not fit

@@ -1,16 +1,20 @@
-"""The rollout manager's engines, one interface for three kinds (`rollout.engine`):
+"""The fleet's engines, one protocol (`Engine`) for three kinds (`rollout.engine`):
 
-- `hf`: `HFEngine` inside a Ray actor; weights arrive as Ray object-store buckets. One engine, no HTTP.
+- `hf`: `HFEngine` inside a Ray actor (`ActorEngine`); weights arrive as Ray object-store buckets. One engine,
+  no HTTP, nothing to pause, release or restart.
 - `server`: `rl360 serve rollout` processes (the HF engine behind SGLang's native HTTP API).
 - `sglang`: `python -m sglang.launch_server` processes (GPU only; needs `pip install sglang`).
 
-Both process kinds are driven by the same `EngineClient`, started by the manager with a random API key
-(`rl360 serve rollout` reads it from the environment; SGLang only takes `--api-key`), their output in
+Both process kinds are `ProcessEngine`s driven by the same `EngineClient`, started by the fleet with a random API
+key (`rl360 serve rollout` reads it from the environment; SGLang only takes `--api-key`), their output in
 `<output_dir>/rollout/engine-<i>.log`: on 127.0.0.1 in the trainer's process (`rollout.engine_hosts=local`),
 or each inside an `EngineNode` Ray actor that reserves the engine's GPUs on whichever node Ray picks and serves
 on that node's address (`ray`: engines on other nodes than the trainer's). A process that dies or stops
 answering is restarted by `ProcessEngine.restart` (on the same node); it serves the weights it was started with
 until the next weight update reaches it.
+
+Every difference between the kinds is behind the `Engine` protocol (generate, pause/continue, release/resume
+memory, weight sync, restart), so the fleet never asks which kind an engine is.
 
 Prompts are token ids or `ImagePrompt`s (vision-language models), mixed: the Ray actor takes them as they are,
 the processes as `EngineClient.generate_samples` sends them (SGLang's `image_data`); samples carry their images.
@@ -26,7 +30,9 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import httpx
 
@@ -42,18 +48,124 @@ class EngineDown(RuntimeError):
     """An engine that did not answer (connection refused or reset, a time-out, a 5xx): its work goes elsewhere."""
 
 
+class EnginesDown(RuntimeError):
+    """A weight update that failed because some of its engines died on the way: they are restarted and the
+    update tried again."""
+
+    def __init__(self, engines: list, cause: BaseException):
+        super().__init__(str(cause))
+        self.engines, self.cause = engines, cause
+
+
+_DOWN = (EngineTimeout, httpx.TransportError, OSError)  # what says an engine is gone (not a refused request)
+
+
+@dataclass(frozen=True)
+class WeightSyncArgs:
+    """How the policy's weights reach engine processes: `rollout.weight_sync`, the engines' API key and a scratch
+    directory (disk: the checkpoint the engines load; tensor: a place beside /dev/shm)."""
+
+    strategy: str
+    api_key: str
+    scratch_dir: Path
+
+
+class Engine(Protocol):
+    """One rollout engine as the fleet drives it. `usable`: serving the weights the fleet expects (`version`)."""
+
+    index: int
+    kind: str
+    url: str  # "" where the engine has no HTTP address
+    log_path: Path | None
+    version: int
+    usable: bool
+    supports_pause: bool  # `pause` aborts requests in flight (partial rollouts); False: an update waits for them
+
+    async def start(self) -> None: ...
+
+    async def alive(self) -> bool: ...
+
+    async def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int) -> list[list[Sample]]:
+        """`params.n` samples per prompt, sample j of prompt i seeded `seed + i * n + j`; EngineDown when the
+        engine is gone. Aborted samples come back with the tokens drawn before the abort."""
+        ...
+
+    async def pause(self) -> bool:
+        """Abort generate requests in flight; whether the engine did (EngineDown when it is gone)."""
+        ...
+
+    async def resume_generation(self) -> None: ...
+
+    async def release(self, tags: list[str]) -> bool:
+        """Free the memory under `tags` for training (colocate); whether anything was freed."""
+        ...
+
+    async def resume(self, tags: list[str]) -> bool:
+        """Take back the memory under released `tags`; whether anything was taken back."""
+        ...
+
+    async def sync_weights(self, policy: Any, version: int, peers: list[Engine],
+                           args: WeightSyncArgs) -> dict[str, float]:
+        """The policy's weights into this engine and its `peers` (the fleet's engines, this one included; one
+        send reaches them all), as `version`; EnginesDown when some of them died on the way."""
+        ...
+
+    async def restart(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def describe(self) -> dict: ...
+
+
 class ActorEngine:
-    """The in-process HF engine, in a Ray actor (rollout.engine=hf)."""
+    """The in-process HF engine, in a Ray actor (rollout.engine=hf): nothing to pause, release or restart."""
 
     kind = "hf"
+    url = ""
+    log_path = None
+    supports_pause = False
 
     def __init__(self, actor, index: int = 0):
         self.actor, self.index = actor, index
         self.version, self.usable = 0, True
 
+    async def start(self) -> None:
+        self.usable = True  # the actor was started with its worker group
+
+    async def alive(self) -> bool:
+        return True
+
     async def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int) -> list[list[Sample]]:
         params = SamplingParams(**{**params.__dict__, "seed": seed})
         return await self.actor.generate.remote(prompts, params)
+
+    async def pause(self) -> bool:
+        return False
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def release(self, tags: list[str]) -> bool:
+        return False
+
+    async def resume(self, tags: list[str]) -> bool:
+        return False
+
+    async def sync_weights(self, policy: Any, version: int, peers: list[Engine],
+                           args: WeightSyncArgs) -> dict[str, float]:
+        """The policy's buckets, streamed from its export ranks through Ray's object store into the actor."""
+        pending = []
+        async for bucket_ref in policy.export_weights():
+            pending.append(self.actor.update_weights.remote(bucket_ref, version))
+        await asyncio.gather(*pending)
+        await self.actor.finish_weight_update.remote(version)
+        return {}
+
+    async def restart(self) -> None:
+        raise RuntimeError("the in-process rollout engine (rollout.engine=hf) cannot be restarted")
+
+    def stop(self) -> None:
+        return None  # the actor ends with Ray
 
     def describe(self) -> dict:
         return {"index": self.index, "kind": self.kind}
@@ -140,9 +252,11 @@ class EngineNode:
 
 
 class ProcessEngine:
-    """One engine process speaking SGLang's HTTP API, as the manager sees it: its client, the weights it
+    """One engine process speaking SGLang's HTTP API, as the fleet sees it: its client, the weights it
     serves, restarts. The process runs here (`hosts="local"`) or on a node Ray picks (`hosts="ray"`: an
     `EngineNode` actor reserving `num_gpus`)."""
+
+    supports_pause = True
 
     def __init__(self, index: int, command: list[str], log_dir: Path, api_key: str, startup_timeout_s: float,
                  request_timeout_s: float, env: dict[str, str] | None = None, kind: str = "server",
@@ -158,7 +272,7 @@ class ProcessEngine:
         self.client: EngineClient | None = None
         self.url = ""
         self.version = 0  # the weights it serves (0: the checkpoint it was started from)
-        self.usable = False  # serving, with the weights the manager expects
+        self.usable = False  # serving, with the weights the fleet expects
         self.restarts = 0
         self.released: set[str] = set()  # memory tags released for training (rollout.colocate)
 
@@ -206,7 +320,54 @@ class ProcessEngine:
             if err.status >= 500:
                 raise EngineDown(f"engine {self.index} ({self.url}): {err}") from err
             raise
-        return groups  # aborted samples included (with the tokens drawn before the abort): the manager decides
+        return groups  # aborted samples included (with the tokens drawn before the abort): the fleet decides
+
+    async def pause(self) -> bool:
+        if self.client is None or not self.usable:
+            return False
+        await self._down_on_failure(self.client.pause_generation("abort"))
+        return True
+
+    async def resume_generation(self) -> None:
+        if self.client is not None and self.usable:
+            await self._down_on_failure(self.client.continue_generation())
+
+    async def release(self, tags: list[str]) -> bool:
+        if self.client is None or set(tags) & self.released:  # a restarted engine holds what it has
+            return False
+        await self._down_on_failure(self.client.release_memory_occupation(tags))
+        self.released = self.released | set(tags)
+        return True
+
+    async def resume(self, tags: list[str]) -> bool:
+        if self.client is None or not set(tags) & self.released:
+            return False
+        await self._down_on_failure(self.client.resume_memory_occupation(tags))
+        self.released = self.released - set(tags)
+        return True
+
+    async def _down_on_failure(self, call) -> None:
+        try:
+            await call
+        except _DOWN as err:
+            raise EngineDown(f"engine {self.index} ({self.url}): {str(err) or type(err).__name__}") from err
+
+    async def sync_weights(self, policy: Any, version: int, peers: list[Engine],
+                           args: WeightSyncArgs) -> dict[str, float]:
+        """The policy group's export ranks send straight to every peer's URL (one distributed group, one shared
+        memory file or one checkpoint for all of them)."""
+        import ray
+
+        args.scratch_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            return await policy.send_weights([peer.url for peer in peers], args.strategy, version, args.api_key,
+                                             str(args.scratch_dir))
+        except ray.exceptions.RayTaskError as err:
+            alive = await asyncio.gather(*(peer.alive() for peer in peers))
+            dead = [peer for peer, running in zip(peers, alive) if not running]
+            if not dead:
+                raise
+            raise EnginesDown(dead, err) from err
 
     async def restart(self) -> None:
         """Kill the process and start it again (on the same node, with the same GPUs, when Ray placed it)."""

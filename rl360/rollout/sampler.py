@@ -1,0 +1,308 @@
+"""The training sampler: a step's scored prompt groups from the prompt stream, the engine fleet and the reward pool.
+
+    sampler = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy)   # starts the engine fleet
+    future = sampler.generate(step)      # a concurrent.futures.Future of StepRollouts, computed meanwhile
+    sampler.sync_weights(step)           # the policy's weights into every engine, version `step`
+    sampler.data_state(next_step)        # the stream position before `next_step`'s prompts (for checkpoints)
+    sampler.close()
+
+It lives in the trainer's process on an event-loop thread of its own (engine requests are asyncio), so
+`generate` runs while the trainer trains: async training is `generate(step + k)` issued before step's update
+(k <= rollout.max_staleness). Several steps may generate at once; they take turns at the prompt stream in the
+order `generate` was called (a step with dynamic sampling keeps its turn until its last batch is drawn), so the
+data order does not depend on timing. The stream, the reward pool and the tokenizer are used by that thread only.
+
+The engines are an `EngineFleet` (rl360/rollout/fleet.py: start, restarts, least-loaded dispatch, pause and
+continue, memory, weight sync). A prompt batch's samples come from one pluggable function,
+`generate_group(fleet, prompts, params, seed, metrics) -> list[list[Sample]]` (`params.n` samples per prompt,
+sample j of prompt i seeded `seed + i * n + j`); the default is the fleet's dispatch, `fleet.generate`; an
+agent loop can take its place. Samples are scored once, after the whole batch has come back.
+
+Per step: groups of `rollout.n`, DAPO's dynamic sampling (`algorithm.filter_groups`), ReMax's greedy baselines,
+the overlong penalty, and the metrics `rollout/staleness_*`, `rollout/truncated_frac`, `rollout/aborted` (samples
+cut by an update, or by an engine), `rollout/resumed`, `rollout/mixed_version_frac`, `rollout/engine<i>_prompts`,
+`rollout/engine_restarts` (since the previous step's metrics) and `_total`, `rollout/engines_released` (colocate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl360.actor.batch import RolloutBatch, build_batch
+from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
+from rl360.cluster.placement import Placement, make_placement
+from rl360.core import Prompt, Sample, SamplingParams
+from rl360.rewards import RewardItem, RewardPool
+from rl360.rollout.fleet import EngineFleet
+
+# a prompt batch's samples: (fleet, prompts, params, seed, the step's metrics) -> params.n samples per prompt
+GenerateGroup = Callable[[EngineFleet, list[Prompt], SamplingParams, int, dict[str, float]],
+                         Awaitable[list[list[Sample]]]]
+
+
+async def dispatch(fleet: EngineFleet, prompts: list[Prompt], params: SamplingParams, seed: int,
+                   metrics: dict[str, float]) -> list[list[Sample]]:
+    """The default `generate_group`: one turn per sample, on the fleet's least-loaded engines."""
+    return await fleet.generate(prompts, params, seed, metrics)
+
+
+@dataclass
+class Scored:
+    """Sampled responses with their prompts' rows and their scores, `n` consecutive samples per prompt."""
+
+    rows: list[dict]  # one per sample
+    samples: list[Sample]
+    scores: torch.Tensor  # [num samples], trained on (overlong penalty included)
+    accuracy: torch.Tensor  # [num samples], the reward's "acc" extra where it gives one, else its score
+    n: int
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.samples) // self.n
+
+    def select_groups(self, keep: torch.Tensor) -> Scored:
+        rows = [i for g in keep.nonzero().flatten().tolist() for i in range(g * self.n, (g + 1) * self.n)]
+        return Scored([self.rows[i] for i in rows], [self.samples[i] for i in rows], self.scores[rows],
+                      self.accuracy[rows], self.n)
+
+    def first_groups(self, count: int) -> Scored:
+        return self.select_groups(torch.arange(self.num_groups) < count)
+
+    @staticmethod
+    def concat(parts: list[Scored]) -> Scored:
+        return Scored([r for p in parts for r in p.rows], [s for p in parts for s in p.samples],
+                      torch.cat([p.scores for p in parts]), torch.cat([p.accuracy for p in parts]), parts[0].n)
+
+    def batch(self, pad_id: int) -> RolloutBatch:
+        return build_batch([s.prompt_ids for s in self.samples], [s.response_ids for s in self.samples],
+                           [s.logprobs for s in self.samples], pad_id=pad_id, images=[s.images for s in self.samples],
+                           loss_masks=[s.loss_mask for s in self.samples])
+
+
+@dataclass
+class _Turn:
+    """A step's turn at the prompt stream: it draws once the previous step has drawn its last batch."""
+
+    previous: concurrent.futures.Future  # the previous step's `done`
+    start_state: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)  # before its prompts
+    done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)  # its last batch drawn
+
+
+@dataclass
+class StepRollouts:
+    """What one step trains on: the scored groups, ReMax baselines (or None), metrics and phase times."""
+
+    scored: Scored
+    baselines: torch.Tensor | None
+    metrics: dict[str, float]
+    timing: dict[str, float]
+
+
+class RolloutSampler:
+    def __init__(self, cfg: Any, tokenizer: Any, stream: Any, renderer: Any, rewards: RewardPool, policy: Any,
+                 placement: Placement | None = None, generate_group: GenerateGroup = dispatch):
+        self.cfg, self.tokenizer, self.stream, self.renderer, self.rewards = cfg, tokenizer, stream, renderer, rewards
+        self.generate_group = generate_group
+        # where the engines run (on CPU when none is given)
+        placement = placement or make_placement(cfg.actor.parallel.ranks, cfg.algorithm.adv_estimator == "gae",
+                                                cfg.rollout, gpus=0)
+        # policy: the PolicyGroup, whose export ranks send the weights
+        self.fleet = EngineFleet(cfg.rollout, cfg.model, placement, policy, Path(cfg.output_dir) / "rollout",
+                                 cfg.trainer.num_threads, cfg.cluster.placement_timeout_s)
+        self._batches = iter(stream)
+        self._turns: dict[int, _Turn] = {}
+        self._last_turn_done = concurrent.futures.Future()
+        self._last_turn_done.set_result(None)
+        self._scoring = asyncio.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rl360-rollout-sampler", daemon=True)
+        self._thread.start()
+        try:
+            self._call(self.fleet.start())
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- the trainer's side (any thread but the sampler's) ----
+    def generate(self, step: int) -> concurrent.futures.Future:
+        """A future of `step`'s StepRollouts; the work runs on the sampler's thread, its prompts drawn after those
+        of the steps generate was called for before."""
+        turn = _Turn(previous=self._last_turn_done)
+        self._last_turn_done = turn.done
+        self._turns = {s: t for s, t in self._turns.items() if s >= step - self.cfg.rollout.max_staleness - 2}
+        self._turns[step] = turn
+        return asyncio.run_coroutine_threadsafe(self._generate_step(step, turn), self._loop)
+
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """The policy's current weights into every engine as `version` (restarted engines included)."""
+        return self._call(self.fleet.sync_weights(version))
+
+    def data_state(self, next_step: int) -> dict:
+        """The stream position before `next_step`'s prompts were drawn (after the last step's, when generate
+        was not called for `next_step`)."""
+        turn = self._turns.get(next_step)
+        if turn is not None:
+            return turn.start_state.result()
+        return self._call(self._state_after(self._last_turn_done))
+
+    async def _state_after(self, done: concurrent.futures.Future) -> dict:
+        await asyncio.wrap_future(done)
+        return self.stream.state_dict()
+
+    def load_data_state(self, state: dict) -> None:
+        self.stream.load_state_dict(state)
+        self._batches = iter(self.stream)
+
+    def describe(self) -> list[dict]:
+        return self.fleet.describe()
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self.fleet.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def _call(self, coroutine) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    # ---- one step ----
+    async def _generate_step(self, step: int, turn: _Turn) -> StepRollouts:
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = self.fleet.step_metrics()
+        scored = await self._collect_groups(step, turn, timing, metrics)
+        baselines = None
+        if self.cfg.algorithm.adv_estimator == "remax":  # ReMax: a greedy response's score per prompt
+            baselines = await self._greedy_baselines(scored, timing, metrics)
+        samples = scored.samples
+        oldest = torch.tensor([sample.weight_version for sample in samples], dtype=torch.float32)
+        statuses = [sample.status for sample in samples]
+        metrics.update({
+            "rollout/staleness_mean": (step - 1 - oldest).mean().item(),  # by each response's oldest token
+            "rollout/staleness_max": (step - 1 - oldest).max().item(),
+            "rollout/truncated_frac": statuses.count("truncated") / len(statuses),
+            "rollout/aborted": sum(sample.resumed > 0 for sample in samples),
+            "rollout/resumed": sum(sample.resumed for sample in samples),
+            "rollout/mixed_version_frac": sum(sample.token_versions is not None for sample in samples) / len(samples),
+            **self.fleet.restart_metrics(),
+        })
+        if self.cfg.rollout.colocate:  # the engines' memory goes to training until the next weight update
+            metrics["rollout/engines_released"] = await self.fleet.release(["weights", "kv_cache"])
+        return StepRollouts(scored, baselines, metrics, timing)
+
+    async def _collect_groups(self, step: int, turn: _Turn, timing: dict[str, float],
+                              metrics: dict[str, float]) -> Scored:
+        """`data.batch_size` scored prompt groups; the step's sampling metrics go into `metrics`.
+
+        Without dynamic sampling: one prompt batch. With it (DAPO): groups whose scores are all equal are set
+        aside and more prompt batches are sampled; after `max_num_gen_batches` the step fills up with set-aside
+        groups (no signal under group-centred advantages) and counts them."""
+        cfg, algo = self.cfg, self.cfg.algorithm
+        kept: list[Scored] = []
+        uniform: list[Scored] = []
+        sampled: list[torch.Tensor] = []  # every score of the step, trained on or not
+        gen_batches = filled = 0
+        await asyncio.wrap_future(turn.previous)
+        skipped_before = self.stream.skipped()
+        turn.start_state.set_result(self.stream.state_dict())
+        try:
+            while sum(g.num_groups for g in kept) < cfg.data.batch_size:
+                if gen_batches and algo.max_num_gen_batches and gen_batches >= algo.max_num_gen_batches:
+                    filled = cfg.data.batch_size - sum(g.num_groups for g in kept)
+                    kept += uniform
+                    break
+                gen_batches += 1
+                rows = next(self._batches)
+                if not algo.filter_groups:  # one batch a step: the next step may draw now
+                    self._end_turn(turn, skipped_before, metrics)
+                scored = await self._rollout_and_score(rows, cfg.rollout,
+                                                       cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
+                                                       timing, metrics)
+                sampled.append(scored.scores)
+                if algo.filter_groups:
+                    metric = scored.accuracy if algo.filter_groups_metric == "acc" else scored.scores
+                    varied = varied_groups(metric, cfg.rollout.n)
+                    kept.append(scored.select_groups(varied))
+                    uniform.append(scored.select_groups(~varied))
+                else:
+                    kept.append(scored)
+        finally:
+            self._end_turn(turn, skipped_before, metrics)
+        metrics.update({"reward/mean_sampled": torch.cat(sampled).mean().item(),
+                        "dynamic_sampling/gen_batches": gen_batches, "dynamic_sampling/filled_groups": filled})
+        return Scored.concat(kept).first_groups(cfg.data.batch_size)
+
+    def _end_turn(self, turn: _Turn, skipped_before: dict[str, int], metrics: dict[str, float]) -> None:
+        """The step has drawn its last prompt batch: the stream's counts for it, and the next step's turn."""
+        if turn.done.done():
+            return
+        metrics.update({"data/epoch": self.stream.epoch, **_skipped_metrics(self.stream.skipped(), skipped_before)})
+        turn.done.set_result(None)
+
+    async def _rollout_and_score(self, rows: list[dict], rollout: Any, seed: int, timing: dict[str, float],
+                                 metrics: dict[str, float]) -> Scored:
+        """`rollout.n` responses for each prompt row, scored by its data_source's reward under a timeout;
+        reward counts are added to `metrics`."""
+        n = rollout.n
+        started = time.perf_counter()
+        params = SamplingParams(n=n, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                                max_new_tokens=rollout.max_response_length,
+                                stop_token_ids=sorted({self.tokenizer.eos_token_id} - {None}))
+        groups = await self.generate_group(self.fleet, [self.renderer.prompt(row) for row in rows], params, seed,
+                                           metrics)
+        _add(timing, "rollout", time.perf_counter() - started)
+        samples = [sample for group in groups for sample in group]
+        sample_rows = [row for row in rows for _ in range(n)]
+        started = time.perf_counter()
+        texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
+        items = [RewardItem(row["data_source"], text, row["reward_model"]["ground_truth"], row.get("extra_info"))
+                 for row, text in zip(sample_rows, texts)]
+        async with self._scoring:  # the pool scores one call at a time (steps may overlap)
+            results, counts = await asyncio.to_thread(self._score, items)
+        _add(timing, "reward", time.perf_counter() - started)
+        scores = torch.tensor([r.score for r in results], dtype=torch.float32)
+        accuracy = torch.tensor([float(r.extras.get("acc", r.score)) for r in results], dtype=torch.float32)
+        if self.cfg.reward.overlong_buffer_len:
+            lengths = torch.tensor([len(s.response_ids) for s in samples])
+            penalty = overlong_penalty(lengths, rollout.max_response_length, self.cfg.reward.overlong_buffer_len,
+                                       self.cfg.reward.overlong_penalty_factor)
+            scores = scores + penalty
+            counts["reward/overlong_penalized"] = int((penalty < 0).sum())
+        for key, value in counts.items():
+            metrics[key] = metrics.get(key, 0) + value
+        return Scored(sample_rows, samples, scores, accuracy, n)
+
+    def _score(self, items: list[RewardItem]) -> tuple[list, dict[str, float]]:
+        return self.rewards.score(items), self.rewards.last_metrics()
+
+    async def _greedy_baselines(self, scored: Scored, timing: dict[str, float],
+                                metrics: dict[str, float]) -> torch.Tensor:
+        """[num samples] ReMax baselines: each prompt's greedy (temperature 0) response, scored like the samples
+        and repeated for the prompt's `n` samples. The greedy responses are not trained on; their reward calls,
+        timeouts and errors count in `metrics` with the samples'."""
+        greedy = await self._rollout_and_score(scored.rows[::scored.n], replace(self.cfg.rollout, n=1, temperature=0.0),
+                                               0, timing, metrics)
+        metrics["reward/greedy_baseline_mean"] = greedy.scores.mean().item()
+        return greedy.scores.repeat_interleave(scored.n)
+
+
+def _add(timing: dict[str, float], name: str, seconds: float) -> None:
+    timing[name] = timing.get(name, 0.0) + seconds
+
+
+def _skipped_metrics(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    """Rows the data stream left out in this step (bad rows under data.on_bad_row=skip; prompts over
+    data.max_prompt_length) and since the run began."""
+    names = {"bad_rows": "bad_rows", "filtered": "too_long"}
+    return {**{f"data/skipped_{names[k]}": now[k] - before[k] for k in names},
+            **{f"data/skipped_{names[k]}_total": now[k] for k in names}}
