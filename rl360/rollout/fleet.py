@@ -51,12 +51,13 @@ from rl360.rollout.engines import (
 
 class EngineFleet:
     def __init__(self, rollout: Any, model: Any, placement: Placement, policy: Any, log_dir: Path,
-                 num_threads: int = 0, placement_timeout_s: float = 600.0):
+                 num_threads: int = 0, placement_timeout_s: float = 600.0, engines: list[Engine] | None = None):
+        """`engines`: ones built elsewhere (any `Engine`), started by `start` instead of those `rollout` names."""
         self.rollout, self.model, self.placement, self.policy = rollout, model, placement, policy
         self.log_dir = Path(log_dir)
         self.num_threads, self.placement_timeout_s = num_threads, placement_timeout_s
         self.api_key = new_api_key()
-        self.engines: list[Engine] = []
+        self.engines: list[Engine] = list(engines or [])
         self.version = 0  # the weights every usable engine serves
         self.restarts_total = 0
         self._restarts_reported = 0  # restarts_total at the last step's metrics
@@ -74,7 +75,7 @@ class EngineFleet:
         self._drained, self._weights_ready, self._sync_lock = asyncio.Event(), asyncio.Event(), asyncio.Lock()
         self._drained.set()
         self._weights_ready.set()
-        self.engines = self._build()
+        self.engines = self.engines or self._build()
         await asyncio.gather(*(engine.start() for engine in self.engines))
         for engine in self.engines:
             engine.usable = True
@@ -184,17 +185,23 @@ class EngineFleet:
             await self._sync(self.version, only_if_none_usable=True)
 
     async def _each(self, call: str, engines: list[Engine], *args) -> list[Engine]:
-        """`call` on each of `engines`; those that did (a true or None answer), restarting the ones found gone."""
-        outcomes = await asyncio.gather(*(getattr(engine, call)(*args) for engine in engines), return_exceptions=True)
-        answered = []
-        for engine, outcome in zip(engines, outcomes):
-            if isinstance(outcome, EngineDown):
-                self.engine_down(engine, outcome)
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            elif outcome is not False:
-                answered.append(engine)
-        return answered
+        """`call` on each of `engines`; those that did (a true or None answer), restarting the ones found gone.
+        Any other failure is raised once every engine has answered."""
+        failures: list[BaseException] = []
+
+        async def one(engine: Engine) -> bool:
+            try:
+                return await getattr(engine, call)(*args) is not False
+            except EngineDown as err:
+                self.engine_down(engine, err)
+            except Exception as err:  # raised below, once the others have answered
+                failures.append(err)
+            return False
+
+        answered = await asyncio.gather(*(one(engine) for engine in engines))
+        if failures:
+            raise failures[0]
+        return [engine for engine, did in zip(engines, answered) if did]
 
     # ---- memory (rollout.colocate) ----
     async def release(self, tags: list[str]) -> int:
@@ -257,7 +264,7 @@ class EngineFleet:
         a failed part goes to another engine, aborted samples are continued. Prompts per engine go into
         `metrics` (with several engines)."""
         usable = [engine for engine in self.engines if engine.usable] or [await self._usable_engine()]
-        usable.sort(key=lambda engine: self._load.get(engine.index, 0))
+        usable = sorted(usable, key=lambda engine: self._load.get(engine.index, 0))[:max(1, len(prompts))]
         bounds = [len(prompts) * i // len(usable) for i in range(len(usable) + 1)]
         parts = await asyncio.gather(*(self._part(prompts[a:b], params, seed + a * params.n, engine, metrics)
                                        for a, b, engine in zip(bounds, bounds[1:], usable) if b > a))

@@ -1,0 +1,159 @@
+"""The engine fleet's dispatch, faults and memory calls over engines that implement the `Engine` protocol in
+memory (no processes): sample j of prompt i is seeded `seed + i * n + j` however many engines share the prompts
+and whichever of them fails; a failed engine's share goes to another one and the restart is counted; work goes
+to the least-loaded engine; release and resume count the engines that did."""
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from rl360.cluster.placement import make_placement
+from rl360.config import RolloutConfig
+from rl360.core import Sample, SamplingParams
+from rl360.rollout.engines import EngineDown
+from rl360.rollout.fleet import EngineFleet
+
+
+class MemoryEngine:
+    """Answers each prompt's sample j with the one token `seed + i * n + j` (its seed); fails its first
+    `failures` generate calls."""
+
+    kind, url, log_path, supports_pause = "memory", "", None, False
+
+    def __init__(self, index: int, failures: int = 0, delay_s: float = 0.0):
+        self.index, self.failures, self.delay_s = index, failures, delay_s
+        self.version, self.usable, self.restarts, self.calls = 0, False, 0, []
+        self.released: set[str] = set()
+        self.stopped = False
+
+    async def start(self) -> None:
+        return None
+
+    async def alive(self) -> bool:
+        return True
+
+    async def generate(self, prompts, params, seed):
+        self.calls.append(len(prompts))
+        await asyncio.sleep(self.delay_s)
+        if self.failures:
+            self.failures -= 1
+            raise EngineDown(f"engine {self.index} is down")
+        return [[Sample(list(prompt), [seed + i * params.n + j], [0.0], "stop") for j in range(params.n)]
+                for i, prompt in enumerate(prompts)]
+
+    async def pause(self) -> bool:
+        return False
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def release(self, tags) -> bool:
+        if set(tags) & self.released:
+            return False
+        self.released |= set(tags)
+        return True
+
+    async def resume(self, tags) -> bool:
+        if not set(tags) & self.released:
+            return False
+        self.released -= set(tags)
+        return True
+
+    async def sync_weights(self, policy, version, peers, args) -> dict:
+        return {}
+
+    async def restart(self) -> None:
+        self.restarts += 1
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def describe(self) -> dict:
+        return {"index": self.index, "kind": self.kind}
+
+
+def _fleet(tmp_path, engines) -> EngineFleet:
+    rollout = RolloutConfig(engine="server", num_engines=len(engines))
+    return EngineFleet(rollout, None, make_placement(1, False, rollout, gpus=0), None, tmp_path, engines=engines)
+
+
+def _draw(fleet: EngineFleet, prompts, params, seed, metrics=None):
+    async def run():
+        await fleet.start()
+        try:
+            groups = await fleet.generate(prompts, params, seed, metrics)
+            await fleet._restarts_done()
+            return groups
+        finally:
+            fleet.close()
+
+    return asyncio.run(run())
+
+
+PROMPTS = [[p] for p in range(7)]
+PARAMS = SamplingParams(n=3, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("engines", [1, 2, 3])
+def test_each_sample_is_seeded_by_its_position_however_many_engines_share_the_prompts(tmp_path, engines):
+    metrics = {}
+    groups = _draw(_fleet(tmp_path, [MemoryEngine(i) for i in range(engines)]), PROMPTS, PARAMS, 100, metrics)
+    assert [[s.response_ids[0] for s in group] for group in groups] == [[100 + 3 * i + j for j in range(3)]
+                                                                         for i in range(7)]
+    assert [group[0].prompt_ids for group in groups] == PROMPTS
+    if engines > 1:
+        assert sum(metrics.values()) == 7 and all(count >= 2 for count in metrics.values()), metrics
+
+
+def test_a_failed_engines_share_goes_to_another_and_its_restart_is_counted(tmp_path):
+    engines = [MemoryEngine(0), MemoryEngine(1, failures=1), MemoryEngine(2)]
+    fleet = _fleet(tmp_path, engines)
+    groups = _draw(fleet, PROMPTS, PARAMS, 100)
+    assert [[s.response_ids[0] for s in group] for group in groups] == [[100 + 3 * i + j for j in range(3)]
+                                                                         for i in range(7)]
+    assert engines[1].restarts == 1 and fleet.restart_metrics() == {"rollout/engine_restarts": 1,
+                                                                       "rollout/engine_restarts_total": 1}
+    assert fleet.restart_metrics()["rollout/engine_restarts"] == 0  # counted once, at the next step's metrics
+    assert engines[1].usable  # restarted before any weight update: it serves the weights the fleet expects
+    assert all(engine.stopped for engine in engines)
+
+
+def test_more_restarts_than_allowed_stop_the_run(tmp_path):
+    engines = [MemoryEngine(0, failures=5)]
+    fleet = _fleet(tmp_path, engines)
+    fleet.rollout = replace(fleet.rollout, max_engine_restarts=2)
+    with pytest.raises(RuntimeError, match="more than rollout.max_engine_restarts=2"):
+        _draw(fleet, PROMPTS, PARAMS, 0)
+
+
+def test_work_goes_to_the_least_loaded_engine(tmp_path):
+    engines = [MemoryEngine(0, delay_s=0.2), MemoryEngine(1, delay_s=0.2)]
+    fleet = _fleet(tmp_path, engines)
+
+    async def run():
+        await fleet.start()
+        engines[1].usable = False
+        busy = asyncio.ensure_future(fleet.generate(PROMPTS, PARAMS, 0))  # all on engine 0
+        await asyncio.sleep(0.05)
+        engines[1].usable = True
+        await fleet.generate([[9]], PARAMS, 0)  # one prompt, one part: the idle engine 1 takes it
+        await busy
+        fleet.close()
+
+    asyncio.run(run())
+    assert engines[0].calls == [7] and engines[1].calls == [1]
+
+
+def test_release_and_resume_count_the_engines_that_did(tmp_path):
+    engines = [MemoryEngine(0), MemoryEngine(1)]
+    fleet = _fleet(tmp_path, engines)
+
+    async def run():
+        await fleet.start()
+        counts = [await fleet.release(["weights", "kv_cache"]), await fleet.release(["weights"]),
+                  await fleet.resume(["weights"]), await fleet.resume(["weights"]), await fleet.resume(["kv_cache"])]
+        fleet.close()
+        return counts
+
+    assert asyncio.run(run()) == [2, 0, 2, 0, 2]
