@@ -150,6 +150,8 @@ def test_python_keeps_state_per_trajectory_and_survives_crash_hang_and_flood():
         after = run(tool.call({"code": "print(x)"}, one))  # the failed cell left the state as it was
         assert after.text == "42\n" and not after.failed
     assert failures == 6
+    cut = run(tool.call({"code": "y = 5\nprint('y' * 10_000)"}, one))  # cut output: an error, but the cell ran
+    assert "cut" in cut.error and run(tool.call({"code": "print(x + y)"}, one)).text == "47\n"
     assert run(tool.call({"code": ""}, one)).error  # bad arguments: an error reply
 
 

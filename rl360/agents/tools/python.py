@@ -5,7 +5,8 @@
 that first re-runs the trajectory's earlier successful cells, silently, and then the new one. So variables,
 imports and files of earlier calls are there, as in a notebook, while every call keeps the sandbox's
 run-to-completion isolation: nothing lives between calls, a cell that crashes, hangs or floods cannot leave
-a broken interpreter behind (it is simply not kept), and two trajectories never share a process. The price:
+a broken interpreter behind (a cell that raises or is stopped is not kept; one whose output was cut is), and
+two trajectories never share a process. The price:
 earlier cells' time is paid again (the wall-clock cap of a call is `timeout_s` plus 1.5 x the earlier cells'
 own time), and a cell whose result depends on chance or the clock may differ on replay (`random` is seeded
 per trajectory). A persistent interpreter would be cheaper per call but needs a long-lived sandbox process
@@ -194,6 +195,9 @@ class PythonTool:
         except json.JSONDecodeError:
             return ToolReply(error="the code's result could not be read (did it write to the real stdout?)")
         text, error = report["output"], report["error"]
+        if not error:  # it ran through (even if its output or images are cut below): later calls see its state
+            memory["cells"].append(code)
+            memory["seconds"].append(report["seconds"])
         stray = head + result.stderr  # what bypassed sys.stdout (os.write, subprocesses)
         if stray.strip():
             text = (text + stray)[: self.settings.max_output_chars]
@@ -204,9 +208,6 @@ class PythonTool:
         images, refused = self._images(report["images"], state)
         if refused:
             error = error or refused
-        if not error:
-            memory["cells"].append(code)
-            memory["seconds"].append(report["seconds"])
         return ToolReply(text, tuple(images), error)
 
     def _images(self, encoded: list[str], state: TrajectoryState) -> tuple[list[bytes], str]:
