@@ -229,6 +229,22 @@ class RewardConfig:
 
 
 @dataclass
+class AgentConfig:
+    # "": one response per prompt (no tools); tools: multi-turn, the policy calls `tools` between turns
+    loop: str = ""
+    parser: str = "hermes"  # tool-call format: a registered parser (hermes: Qwen's <tool_call>) or "module:function"
+    tools: list[str] = field(default_factory=list)  # built-ins (python, image_zoom_in) or "module:Class"
+    max_turns: int = 5  # generated turns per trajectory (rollout.max_response_length bounds all its tokens)
+    tool_timeout_s: float = 30.0  # wall clock per tool call; past it the model gets an error reply
+    tool_memory_mb: int = 1024  # memory of the code the python tool runs
+    max_tool_output_chars: int = 4096  # a tool reply's text is cut past this (and counted as an error)
+    max_image_tokens: int = 8192  # image tokens tools may add to one trajectory (zoomed crops, plots)
+    min_pixels: int = 3136  # an image a tool returns is resized to at least this area (Qwen-VL's rule)
+    max_pixels: int = 1003520  # ... and at most this area
+    python: str = ""  # interpreter the python tool runs ("": the sandbox's own; it needs PIL for image_clue_N)
+
+
+@dataclass
 class TrackingConfig:
     wandb: bool = False  # also log to Weights & Biases (WANDB_MODE=offline works without network)
     project: str = "rl360"  # wandb project
@@ -274,6 +290,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 # Keys whose values come from a closed set: key -> allowed values.
@@ -292,6 +309,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "actor.rollout_is_level": ROLLOUT_IS_LEVELS,
     "algorithm.filter_groups_metric": ("acc", "score"),
     "algorithm.kl_estimator": KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS),
+    "agent.loop": ("", "tools"),
 }
 
 # Keys naming a registered function or a "package.module:function" reference: key -> its lookup.
@@ -308,6 +326,8 @@ POSITIVE = (
     "trainer.keep_checkpoints", "rollout.request_timeout_s", "rollout.startup_timeout_s",
     "rollout.engine_tensor_parallel", "rollout.mem_fraction", "rollout.max_staleness",
     "reward.judge.timeout_s", "reward.judge.deadline_s", "cluster.placement_timeout_s",
+    "agent.max_turns", "agent.tool_timeout_s", "agent.tool_memory_mb", "agent.max_tool_output_chars",
+    "agent.min_pixels", "agent.max_pixels",
 )
 NON_NEGATIVE = (
     "actor.lr", "actor.weight_decay", "actor.grad_clip", "actor.clip_ratio_low", "actor.clip_ratio_high",
@@ -320,6 +340,7 @@ NON_NEGATIVE = (
     "algorithm.gamma", "algorithm.lam",
     "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every", "rollout.max_engine_restarts",
     "actor.max_tokens_per_micro_batch", "actor.moe_aux_loss_coef", "cluster.gpu_memory_gb",
+    "agent.max_image_tokens",
 )
 
 
@@ -619,6 +640,16 @@ def validate(cfg: RunConfig) -> None:
                           "update meet requests in flight")
     if cfg.rollout.mem_fraction > 1:
         raise ConfigError(f"rollout.mem_fraction={cfg.rollout.mem_fraction} must be in (0, 1]")
+    if cfg.agent.loop and not cfg.agent.tools:
+        raise ConfigError(f"agent.loop={cfg.agent.loop!r} needs agent.tools: name at least one (python, image_zoom_in "
+                          "or 'module:Class')")
+    for index, name in enumerate(cfg.agent.tools):
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"agent.tools[{index}]={name!r}: a tool name or 'module:Class'")
+    if not cfg.agent.parser:
+        raise ConfigError("agent.parser is empty: hermes or 'module:function'")
+    if cfg.agent.min_pixels > cfg.agent.max_pixels:
+        raise ConfigError(f"agent.min_pixels={cfg.agent.min_pixels} must be <= agent.max_pixels={cfg.agent.max_pixels}")
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:

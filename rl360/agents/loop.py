@@ -1,0 +1,237 @@
+"""The agent loop: one prompt -> one multi-turn trajectory `Sample`, tools called between turns.
+
+    sample = await run_agent(generate_turn, prompt, tokenizer, tools, get_parser("hermes"), settings, params, seed)
+
+`generate_turn(prompt, params, seed)` is any engine's single-response generate (it returns one continuation
+`Sample`: tokens, the engine's log-probs, weight version); the loop:
+
+1. generates a turn from the prompt (then from the trajectory so far), at most the response tokens left;
+2. parses the turn's tool calls; none, or a turn cut by the length limit or aborted, ends the trajectory;
+3. runs the calls: different tools concurrently, calls of one tool in the order written (they may share the
+   trajectory's state, e.g. the python tool's cells); a failing, hanging or unknown call becomes an error reply;
+4. renders the replies with the tokenizer's chat template as `tool` messages and appends exactly the tokens the
+   template adds after the turn (the turn's closing, the tool block, the next assistant header), with loss mask
+   0 and log-prob 0 (`Sample.then`), so the trainer sees the very tokens the engine was fed;
+5. goes on, up to `max_turns` generated turns and `max_response_length` response tokens (generated and
+   inserted together; a reply that would leave no room for one more generated token ends the trajectory,
+   finish reason "length").
+
+The tool tokens are found as verl and slime do: render a fixed dummy conversation ending in an assistant
+message, with and without the tool messages (and the generation prompt), and take the difference. That needs
+a template whose rendering of earlier messages does not depend on later ones (Qwen2.5's, Hermes', Llama's);
+Qwen3's, which drops the reasoning of earlier assistant turns, renders the history differently from what the
+engine generated, which this loop does not reproduce (the engine's tokens are kept as generated).
+
+Images: a tool's images are attached to the trajectory in order (`Sample.images`, after the prompt's) and
+written into the tool message as Qwen-VL's placeholder (vision start, one image pad per merged patch, vision
+end), so the next turn's `ImagePrompt` has the ids the processor would produce. Only an `ImagePrompt` takes
+them; for a text prompt they are dropped and the reply says so. What remains for training on them: the
+trainer's M-RoPE position ids (Qwen2-VL's `get_rope_index`) must be computed over the whole trajectory with
+every image's grid (the tool images included), and the images' pixel values fed to the vision tower at
+their pad positions; the engine does its own, so only the trainer side is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from rl360.agents.parsers import Parser, ParseResult, ToolCall
+from rl360.agents.tools.base import Tool, ToolReply, TrajectoryState
+from rl360.agents.tools.images import qwen_vl_placeholder
+from rl360.core.prompt import ImagePrompt, Prompt, prompt_ids, prompt_images
+from rl360.core.sampling import SamplingParams
+from rl360.core.trajectory import Sample
+
+GenerateTurn = Callable[[Prompt, SamplingParams, int], Awaitable[Sample]]
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What bounds one trajectory (from the `agent` and `rollout` config sections)."""
+
+    max_turns: int = 5  # generated turns
+    max_response_length: int = 1024  # response tokens, generated and inserted together
+    tool_timeout_s: float = 30.0  # per call, for tools that do not enforce their own (python does)
+    min_pixels: int = 3136  # Qwen-VL image bounds, for the placeholder of an image a tool returns
+    max_pixels: int = 1003520
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One tool call: the tool, whether it failed (and why), timed out, and how long it took."""
+
+    name: str
+    error: str = ""
+    timed_out: bool = False
+    seconds: float = 0.0
+    images: int = 0
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One generated turn: its tokens, its finish reason, its calls and the tool tokens inserted after it."""
+
+    generated_tokens: int
+    finish_reason: str
+    calls: tuple[CallRecord, ...] = ()
+    tool_tokens: int = 0
+    tool_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class AgentTrace:
+    """How a trajectory went: its turns, and what ended it: "done" (a turn without calls), "max_turns",
+    "budget" (the response-token budget), "length" (a turn cut by the budget) or "abort"."""
+
+    turns: tuple[TurnRecord, ...] = ()
+    ended_by: str = "done"
+    images_dropped: int = 0
+
+    @property
+    def calls(self) -> list[CallRecord]:
+        return [call for turn in self.turns for call in turn.calls]
+
+
+@dataclass
+class AgentSample(Sample):
+    """A trajectory `Sample` with how it went (`trace`)."""
+
+    trace: AgentTrace = field(default_factory=AgentTrace)
+
+
+async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any, tools: dict[str, Tool],
+                    parser: Parser, settings: AgentSettings, params: SamplingParams | None = None,
+                    seed: int = 0) -> AgentSample:
+    """One trajectory from `prompt` (already rendered with the chat template and its generation prompt); see
+    the module docstring."""
+    params = params or SamplingParams()
+    images = list(prompt_images(prompt) or ())
+    state = TrajectoryState(images=list(images), seed=seed)
+    sample: Sample | None = None
+    turns: list[TurnRecord] = []
+    ended_by, dropped, context = "done", 0, prompt
+    pending: list[int] = []  # the tool tokens after the last turn, before the next
+    for turn in range(settings.max_turns):
+        used = len(sample.response_ids) + len(pending) if sample else 0
+        more = await generate_turn(context, replace(params, n=1, max_new_tokens=settings.max_response_length - used),
+                                   _turn_seed(seed, turn))
+        if sample is not None:
+            sample = sample.then(pending, more)
+        else:
+            sample = more
+        text = tokenizer.decode(more.response_ids, skip_special_tokens=False)
+        parsed = parser(text) if more.finish_reason == "stop" else ParseResult()
+        if not parsed.calls:
+            turns.append(TurnRecord(len(more.response_ids), more.finish_reason))
+            ended_by = {"stop": "done", "length": "length"}.get(more.finish_reason, "abort")
+            break
+        if turn + 1 == settings.max_turns:
+            turns.append(TurnRecord(len(more.response_ids), more.finish_reason))
+            ended_by = "max_turns"
+            break
+        started = time.monotonic()
+        replies = await _run_calls(parsed.calls, tools, state, settings)
+        seconds = time.monotonic() - started
+        messages, new_images = [], []
+        for call, (reply, _) in zip(parsed.calls, replies, strict=True):
+            shown = list(reply.images) if isinstance(prompt, ImagePrompt) else []
+            dropped += len(reply.images) - len(shown)
+            messages.append(_tool_message(call, reply, shown, len(reply.images) - len(shown), settings))
+            new_images += shown
+        pending = tool_tokens(tokenizer, text, messages)
+        records = tuple(record for _, record in replies)
+        turns.append(TurnRecord(len(more.response_ids), more.finish_reason, records, len(pending), seconds))
+        if len(sample.response_ids) + len(pending) >= settings.max_response_length:
+            ended_by = "budget"
+            break
+        images += new_images
+        state.images += new_images
+        ids = prompt_ids(prompt) + sample.response_ids + pending
+        context = ImagePrompt(ids, tuple(images)) if isinstance(prompt, ImagePrompt) else ids
+    assert sample is not None
+    if isinstance(prompt, ImagePrompt):
+        sample = replace(sample, images=tuple(images))
+    values = {item.name: getattr(sample, item.name) for item in fields(Sample)}
+    return AgentSample(**values, trace=AgentTrace(tuple(turns), ended_by, dropped))
+
+
+def _turn_seed(seed: int, turn: int) -> int:
+    return (seed * 1_000_003 + turn) % (1 << 31)
+
+
+async def _run_calls(calls: tuple[ToolCall, ...], tools: dict[str, Tool], state: TrajectoryState,
+                     settings: AgentSettings) -> list[tuple[ToolReply, CallRecord]]:
+    """Every call's reply and record, in the calls' order: tools concurrently, one tool's calls in order."""
+    results: list[tuple[ToolReply, CallRecord] | None] = [None] * len(calls)
+    by_tool: dict[str, list[int]] = {}
+    for index, call in enumerate(calls):
+        by_tool.setdefault(call.name, []).append(index)
+
+    async def run_group(indices: list[int]) -> None:
+        for index in indices:
+            results[index] = await _run_call(calls[index], tools, state, settings)
+
+    await asyncio.gather(*(run_group(indices) for indices in by_tool.values()))
+    return [result for result in results if result is not None]
+
+
+async def _run_call(call: ToolCall, tools: dict[str, Tool], state: TrajectoryState,
+                    settings: AgentSettings) -> tuple[ToolReply, CallRecord]:
+    started = time.monotonic()
+    if call.error:
+        reply = ToolReply(error=call.error)
+    elif call.name not in tools:
+        reply = ToolReply(error=f"there is no tool {call.name!r}; the tools are {sorted(tools)}")
+    else:
+        tool = tools[call.name]
+        try:
+            if getattr(tool, "manages_timeout", False):
+                reply = await tool.call(call.arguments, state)
+            else:
+                reply = await asyncio.wait_for(tool.call(call.arguments, state), settings.tool_timeout_s)
+        except TimeoutError:
+            reply = ToolReply(error=f"the tool ran past {settings.tool_timeout_s:g} s and was stopped", timed_out=True)
+        except Exception as error:  # a tool's bug is the model's error message, not the trajectory's end
+            reply = ToolReply(error=f"the tool failed: {type(error).__name__}: {error}")
+        if not isinstance(reply, ToolReply):
+            reply = ToolReply(error=f"the tool returned {type(reply).__name__}, not a ToolReply")
+    record = CallRecord(call.name or "?", reply.error or ("timed out" if reply.timed_out else ""),
+                        reply.timed_out, time.monotonic() - started, len(reply.images))
+    return reply, record
+
+
+def _tool_message(call: ToolCall, reply: ToolReply, images: list[bytes], dropped: int,
+                  settings: AgentSettings) -> dict[str, str]:
+    """The chat `tool` message of one reply: its images' placeholders, its text, its error."""
+    parts = [qwen_vl_placeholder(image, settings.min_pixels, settings.max_pixels) for image in images]
+    if reply.text:
+        parts.append(reply.text)
+    if dropped:
+        parts.append(f"[{dropped} image(s) not shown: this conversation has no images]")
+    if reply.error:
+        parts.append(f"Error: {reply.error}")
+    return {"role": "tool", "name": call.name or "unknown", "content": "\n".join(parts)}
+
+
+_DUMMY_REPLY = "rl360 dummy reply"
+_DUMMY = [{"role": "system", "content": "rl360 dummy system"}, {"role": "user", "content": "rl360 dummy user"},
+          {"role": "assistant", "content": _DUMMY_REPLY}]
+
+
+def tool_tokens(tokenizer: Any, generated: str, messages: list[dict[str, str]]) -> list[int]:
+    """The tokens the chat template puts after an assistant turn the engine generated as `generated`: the rest
+    of the turn's closing (what the engine did not generate of it), the `messages` (tool role) and the next
+    assistant header. `ValueError` when the template renders earlier messages differently once later ones
+    follow."""
+    base = tokenizer.apply_chat_template(_DUMMY, tokenize=False)
+    full = tokenizer.apply_chat_template(_DUMMY + messages, tokenize=False, add_generation_prompt=True)
+    if not full.startswith(base):
+        raise ValueError("the chat template renders an assistant message differently when tool messages follow it; "
+                         "the agent loop needs a template that renders earlier messages the same way")
+    closing = base[base.rindex(_DUMMY_REPLY) + len(_DUMMY_REPLY):]
+    done = next(k for k in range(len(closing), -1, -1) if generated.endswith(closing[:k]))
+    return tokenizer.encode(closing[done:] + full[len(base):], add_special_tokens=False)

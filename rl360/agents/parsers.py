@@ -1,0 +1,118 @@
+"""Tool-call parsers: the text of one generated turn -> the tool calls it makes.
+
+A parser is a function `parse(text) -> ParseResult`, registered by name (`register_parser`) or named by
+reference as "package.module:function". A parser never raises on model output: a call it cannot read becomes
+a `ToolCall` with `error` set, which the loop answers with that error as the tool's reply (and counts), so a
+malformed call costs the model a turn, not the trajectory.
+
+Built in: `hermes`, the format of Qwen2.5 / Qwen3 (and Hermes) chat templates:
+
+    <tool_call>
+    {"name": "image_zoom_in", "arguments": {"bbox_2d": [10, 20, 200, 240]}}
+    </tool_call>
+
+several per turn, each a JSON object with a string `name` and an object `arguments` (a JSON string holding an
+object is accepted too, as some models write it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call: the tool's `name` and its `arguments`; `error` when the call could not be read (then `name`
+    may be empty and `arguments` empty)."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    raw: str = ""  # the call's text as the model wrote it
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    """The calls of one turn, in the order written (malformed ones included, with `error` set), and the turn's
+    text outside them."""
+
+    calls: tuple[ToolCall, ...] = ()
+    content: str = ""
+
+    @property
+    def errors(self) -> int:
+        return sum(1 for call in self.calls if call.error)
+
+
+Parser = Callable[[str], ParseResult]
+_PARSERS: dict[str, Parser] = {}
+
+
+def register_parser(name: str) -> Callable[[Parser], Parser]:
+    """Decorator: register a parser under `name` (a second parser under one name is refused)."""
+    def wrap(fn: Parser) -> Parser:
+        if name in _PARSERS and _PARSERS[name] is not fn:
+            raise ValueError(f"a tool-call parser named {name!r} is already registered")
+        _PARSERS[name] = fn
+        return fn
+    return wrap
+
+
+def get_parser(name: str) -> Parser:
+    """The parser registered as `name`, or the function a "package.module:function" reference names.
+    `KeyError` naming the registered parsers for an unknown name; `ImportError`/`AttributeError` for a bad
+    reference."""
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        fn = getattr(importlib.import_module(module), attr)
+        if not callable(fn):
+            raise TypeError(f"{name!r} is not a function")
+        return fn
+    if name not in _PARSERS:
+        raise KeyError(f"unknown tool-call parser {name!r}; registered: {sorted(_PARSERS)} (or give "
+                       "'package.module:function')")
+    return _PARSERS[name]
+
+
+_HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
+
+
+@register_parser("hermes")
+def parse_hermes(text: str) -> ParseResult:
+    """Qwen/Hermes `<tool_call>{json}</tool_call>` blocks; an unclosed last block is read to the end of the
+    text (a turn cut by the length limit), and reported as an error if its JSON is incomplete."""
+    calls = []
+    for match in _HERMES.finditer(text):
+        body, closed = match.group(1).strip(), bool(match.group(2))
+        calls.append(_hermes_call(body, closed, match.group(0)))
+    content = _HERMES.sub("", text).strip()
+    return ParseResult(tuple(calls), content)
+
+
+def _hermes_call(body: str, closed: bool, raw: str) -> ToolCall:
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as error:
+        where = "" if closed else " (the <tool_call> is not closed)"
+        return ToolCall("", {}, f"the tool call is not valid JSON{where}: {error.msg} at char {error.pos}", raw)
+    if not isinstance(data, dict):
+        return ToolCall("", {}, f"a tool call must be a JSON object with 'name' and 'arguments', got "
+                                f"{type(data).__name__}", raw)
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        return ToolCall("", {}, "the tool call has no 'name' string", raw)
+    arguments = data.get("arguments", data.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as error:
+            return ToolCall(name, {}, f"the arguments of {name!r} are not valid JSON: {error.msg}", raw)
+    if not isinstance(arguments, dict):
+        return ToolCall(name, {}, f"the arguments of {name!r} must be a JSON object, got "
+                                  f"{type(arguments).__name__}", raw)
+    return ToolCall(name, arguments, "", raw)

@@ -1,0 +1,116 @@
+"""What a tool is, what it answers, the per-trajectory state it may keep, and the registry of tools.
+
+A tool has a `name`, a `schema` (the OpenAI/Qwen function description: name, description, JSON-schema
+parameters; the chat template shows it to the model) and `async call(arguments, state) -> ToolReply`. It is
+built once per run from `ToolSettings` and shared by every trajectory, so whatever belongs to one trajectory
+lives in the `TrajectoryState` it is handed. A tool reports failure in its reply (`error`, `timed_out`),
+which the loop shows to the model and counts; an exception escaping `call` is caught by the loop and treated
+the same way.
+
+Built-ins are registered by name (`register_tool`); a user tool is named "package.module:Class" and built as
+`Class(settings)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class ToolSettings:
+    """The limits every tool is built with (from the `agent` config section)."""
+
+    timeout_s: float = 10.0  # wall clock per call
+    memory_mb: int = 1024  # memory of the code a call runs
+    max_output_chars: int = 4096  # text of one reply, longer is cut (and counted as an error)
+    max_pixels: int = 1003520  # an image a tool returns is resized to at most this many pixels
+    min_pixels: int = 3136  # ... and at least this many (28 x 28 x 4)
+    max_image_tokens: int = 8192  # image tokens tools may add to one trajectory
+    python: str = ""  # interpreter of the python tool ("": the sandbox's own)
+
+
+@dataclass
+class TrajectoryState:
+    """What the tools keep for one trajectory: its images so far (the prompt's, then those tools returned),
+    the image tokens tools added, and each tool's own entries under its name in `store`."""
+
+    images: list[bytes] = field(default_factory=list)
+    image_tokens: int = 0
+    seed: int = 0
+    store: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolReply:
+    """A tool's answer: text for the model, images (PNG/JPEG bytes, in order), and `error` (shown to the
+    model and counted) or `timed_out`."""
+
+    text: str = ""
+    images: tuple[bytes, ...] = ()
+    error: str = ""
+    timed_out: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.error) or self.timed_out
+
+
+@runtime_checkable
+class Tool(Protocol):
+    name: str
+    schema: dict[str, Any]
+
+    async def call(self, arguments: dict[str, Any], state: TrajectoryState) -> ToolReply: ...
+
+
+_TOOLS: dict[str, Callable[[ToolSettings], Tool]] = {}
+
+
+def register_tool(name: str) -> Callable[[type], type]:
+    """Class decorator: register a built-in tool class under `name`."""
+    def wrap(cls: type) -> type:
+        if name in _TOOLS and _TOOLS[name] is not cls:
+            raise ValueError(f"a tool named {name!r} is already registered")
+        _TOOLS[name] = cls
+        return cls
+    return wrap
+
+
+def registered_tools() -> list[str]:
+    return sorted(_TOOLS)
+
+
+def get_tool(name: str, settings: ToolSettings | None = None) -> Tool:
+    """Build the tool `name` (a registered one, or "package.module:Class") with `settings`. `KeyError` naming
+    the registered tools for an unknown name; `TypeError` when what a reference names is not a tool."""
+    settings = settings or ToolSettings()
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+    elif name in _TOOLS:
+        factory = _TOOLS[name]
+    else:
+        raise KeyError(f"unknown tool {name!r}; registered: {registered_tools()} (or give 'package.module:Class')")
+    tool = factory(settings)
+    if not isinstance(tool, Tool) or not isinstance(tool.name, str) or not isinstance(tool.schema, dict):
+        raise TypeError(f"tool {name!r} must have a str `name`, a dict `schema` and `async call(arguments, state)`")
+    return tool
+
+
+def build_tools(names: list[str] | tuple[str, ...], settings: ToolSettings | None = None) -> dict[str, Tool]:
+    """The tools `names` by the name the model calls them; `ValueError` when two share a name."""
+    tools: dict[str, Tool] = {}
+    for name in names:
+        tool = get_tool(name, settings)
+        if tool.name in tools:
+            raise ValueError(f"two tools are called {tool.name!r}")
+        tools[tool.name] = tool
+    return tools
+
+
+def tool_schemas(tools: dict[str, Tool]) -> list[dict[str, Any]]:
+    """The schemas to hand the chat template (`apply_chat_template(..., tools=...)`)."""
+    return [tool.schema for tool in tools.values()]

@@ -1,0 +1,428 @@
+"""The agent room: tool-call parsing, the python and image_zoom_in tools, the multi-turn loop, its metrics and
+its config.
+
+The loop tests use a Qwen2-style tokenizer (byte-level BPE, the ChatML special tokens and Qwen2.5's chat
+template with its tool handling, built here: nothing is downloaded) and a `generate_turn` that replays a
+recorded conversation: each call returns the next recorded assistant message's token ids, as an engine
+would have produced them, after checking that the context it is handed is exactly the chat template's
+rendering of the conversation so far. What is tested is the loop's logic, parsing, token bookkeeping and
+masking, not a model."""
+
+import asyncio
+import io
+import sys
+
+import pytest
+from PIL import Image
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from rl360.agents import AgentSettings, agent_metrics, get_parser, run_agent
+from rl360.agents.build import agent_from_config
+from rl360.agents.parsers import parse_hermes
+from rl360.agents.tools import ToolReply, ToolSettings, TrajectoryState, get_tool, tool_schemas
+from rl360.agents.tools.images import image_tokens
+from rl360.agents.tools.zoom import check_bbox
+from rl360.config import ConfigError, load_config
+from rl360.core.prompt import ImagePrompt
+from rl360.core.sampling import SamplingParams
+from rl360.core.trajectory import Sample
+
+# Qwen2.5's chat template (tools in the system prompt, tool messages grouped into one user turn).
+QWEN25_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}"
+    "{{- messages[0]['content'] }}{%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful "
+    "assistant.' }}{%- endif %}{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user "
+    "query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}"
+    "{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}{%- endfor %}"
+    "{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}"
+    "{%- else %}{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+    "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a "
+    "helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or "
+    "(message.role == 'assistant' and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+    "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
+ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    core = Tokenizer(models.BPE(vocab={char: i for i, char in enumerate(alphabet)}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  additional_special_tokens=SPECIAL[1:], chat_template=QWEN25_TEMPLATE)
+    tok.add_tokens(ADDED)
+    path = tmp_path_factory.mktemp("qwen_tok")
+    tok.save_pretrained(str(path))
+    return PreTrainedTokenizerFast.from_pretrained(str(path))
+
+
+def encode(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+def png(width, height, colour=(200, 30, 30)):
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), colour).save(out, format="PNG")
+    return out.getvalue()
+
+
+def call(name, arguments):
+    import json
+
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+# ---------------------------------------------------------------- parsers
+
+def test_hermes_reads_several_calls_and_the_text_around_them():
+    text = ("Let me look.\n" + call("image_zoom_in", {"bbox_2d": [1, 2, 30, 40], "label": "cat"}) + "\n"
+            + call("python", {"code": "print(1)"}))
+    result = parse_hermes(text)
+    assert [(c.name, c.arguments, c.error) for c in result.calls] == [
+        ("image_zoom_in", {"bbox_2d": [1, 2, 30, 40], "label": "cat"}, ""), ("python", {"code": "print(1)"}, "")]
+    assert result.content == "Let me look."
+    assert parse_hermes("The answer is 4.").calls == ()
+
+
+@pytest.mark.parametrize("body, error", [
+    ('{"name": "python", "arguments": {"code": "x"', "not valid JSON"),
+    ('["python"]', "JSON object"),
+    ('{"arguments": {}}', "no 'name'"),
+    ('{"name": "python", "arguments": [1]}', "must be a JSON object"),
+    ('{"name": "python", "arguments": "{bad"}', "arguments of 'python' are not valid JSON"),
+])
+def test_hermes_turns_a_malformed_call_into_an_error_not_an_exception(body, error):
+    result = parse_hermes(f"<tool_call>{body}</tool_call> then " + call("python", {"code": "1"}))
+    assert error in result.calls[0].error
+    assert result.calls[1].name == "python" and not result.calls[1].error  # the next call is still read
+    assert result.errors == 1
+
+
+def test_hermes_accepts_string_arguments_and_reads_an_unclosed_last_call():
+    result = parse_hermes('<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"1\\"}"}</tool_call>')
+    assert result.calls[0].arguments == {"code": "1"}
+    cut = parse_hermes('<tool_call>{"name": "python", "arguments": {"code": "1"')
+    assert "not closed" in cut.calls[0].error
+
+
+def test_parsers_by_name_and_by_reference():
+    assert get_parser("hermes") is parse_hermes
+    assert get_parser("rl360.agents.parsers:parse_hermes") is parse_hermes
+    with pytest.raises(KeyError, match="hermes"):
+        get_parser("nope")
+
+
+# ---------------------------------------------------------------- python tool
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_python_keeps_state_per_trajectory_and_survives_crash_hang_and_flood():
+    tool = get_tool("python", ToolSettings(timeout_s=3, memory_mb=512, max_output_chars=300))
+    one, two = TrajectoryState(), TrajectoryState()
+    assert run(tool.call({"code": "x = 41\nprint('set')"}, one)).text == "set\n"
+    assert run(tool.call({"code": "x = 1000"}, two)).error == ""
+    assert run(tool.call({"code": "x += 1\nprint(x)"}, one)).text == "42\n"
+    assert run(tool.call({"code": "print(x)"}, two)).text == "1000\n"  # trajectories do not share state
+    failures = 0
+    for bad, why in [("raise ValueError('boom')", "ValueError: boom"), ("while True:\n    pass", "time limit"),
+                     ("print('y' * 100_000_000)", "cut"), ("import os\nos.write(1, b'z' * 100_000_000)", "output"),
+                     ("import os\nos.abort()", "stopped"), ("b = bytearray(900 << 20)", "MemoryError")]:
+        reply = run(tool.call({"code": bad}, one))
+        assert reply.failed and why in reply.error + reply.text, (bad, reply)
+        assert len(reply.text) < 400
+        failures += reply.failed
+        after = run(tool.call({"code": "print(x)"}, one))  # the failed cell left the state as it was
+        assert after.text == "42\n" and not after.failed
+    assert failures == 6
+    cut = run(tool.call({"code": "y = 5\nprint('y' * 10_000)"}, one))  # cut output: an error, but the cell ran
+    assert "cut" in cut.error and run(tool.call({"code": "print(x + y)"}, one)).text == "47\n"
+    assert run(tool.call({"code": ""}, one)).error  # bad arguments: an error reply
+
+
+def test_python_sees_the_images_and_returns_the_ones_it_shows(monkeypatch):
+    # the sandbox's /usr/bin/python3 may lack PIL: run this interpreter, with the isolation it can have
+    monkeypatch.setenv("RL360_SANDBOX_ISOLATION", "network,filesystem")
+    monkeypatch.setenv("RL360_SANDBOX_REQUIRE_ISOLATION", "0")
+    tool = get_tool("python", ToolSettings(timeout_s=20, python=sys.executable, max_image_tokens=10_000))
+    state = TrajectoryState(images=[png(100, 60)])
+    code = ("print(image_clue_0.size, image_clue_0.getpixel((0, 0)))\n"
+            "image_clue_0.crop((0, 0, 56, 56)).resize((112, 112)).show()\n"
+            "from PIL import Image\nImage.new('RGB', (40, 30), (0, 0, 255)).save('blue.png')")
+    reply = run(tool.call({"code": code}, state))
+    assert not reply.failed, reply
+    assert reply.text == "(100, 60) (200, 30, 30)\n"
+    assert len(reply.images) == 2
+    shown, saved = (Image.open(io.BytesIO(data)) for data in reply.images)
+    assert shown.size == (112, 112) and shown.getpixel((5, 5)) == (200, 30, 30)
+    assert saved.getpixel((1, 1)) == (0, 0, 255) and saved.size[0] % 28 == 0  # resized by Qwen-VL's rule
+    assert state.image_tokens == 16 + image_tokens(30, 40, 3136, 1003520)
+    # images beyond the trajectory's budget are dropped, with an error
+    state.image_tokens = 9_995  # the 100 x 60 image takes 8 tokens
+    reply = run(tool.call({"code": "image_clue_0.show()"}, state))
+    assert reply.images == () and "budget" in reply.error
+
+
+# ---------------------------------------------------------------- image_zoom_in
+
+def test_check_bbox_validates_clamps_and_enlarges():
+    assert check_bbox([10, 20, 110, 220], 640, 480) == (10, 20, 110, 220)
+    assert check_bbox([-50, 400, 300, 900], 640, 480) == (0, 400, 300, 480)  # clamped
+    assert check_bbox([100, 100, 110, 104], 640, 480) == (91, 88, 119, 116)  # enlarged to 28 about the centre
+    assert check_bbox([0, 470, 5, 480], 640, 480) == (0, 452, 28, 480)  # enlarged, pushed back inside
+    for bad, why in [([1, 2, 3], "4 numbers"), ("0,0,5,5", "4 numbers"), ([0, "a", 5, 5], "finite"),
+                     ([50, 10, 20, 40], "x1 < x2"), ([700, 10, 800, 90], "outside"), ([0, 0, 1000, 2], "thin"),
+                     ([0, 0, float("nan"), 5], "finite")]:
+        with pytest.raises(ValueError, match=why):
+            check_bbox(bad, 640, 480)
+
+
+def test_zoom_crops_resizes_and_charges_the_budget():
+    image = Image.new("RGB", (640, 480), (0, 0, 0))
+    image.paste((255, 0, 0), (100, 100, 300, 200))
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    settings = ToolSettings(max_image_tokens=60, max_pixels=200 * 200, min_pixels=56 * 56)
+    tool = get_tool("image_zoom_in", settings)
+    state = TrajectoryState(images=[out.getvalue()])
+    reply = run(tool.call({"bbox_2d": [100, 100, 300, 200], "label": "red box"}, state))
+    assert not reply.failed and "red box" in reply.text and "[100, 100, 300, 200]" in reply.text
+    crop = Image.open(io.BytesIO(reply.images[0]))
+    assert crop.width * crop.height <= 200 * 200 and crop.width % 28 == 0 and crop.height % 28 == 0
+    assert crop.getpixel((crop.width // 2, crop.height // 2)) == (255, 0, 0)
+    assert state.image_tokens == (crop.width // 28) * (crop.height // 28)
+    small = run(tool.call({"bbox_2d": [100, 100, 105, 103]}, state))
+    assert "[88, 87, 116, 115]" in small.text  # under 28 px: enlarged
+    assert run(tool.call({"bbox_2d": [5, 5, 1, 1]}, state)).error.startswith("bbox_2d")
+    assert "no image" in run(tool.call({"bbox_2d": [0, 0, 9, 9]}, TrajectoryState())).error
+    spent = run(tool.call({"bbox_2d": [0, 0, 640, 480]}, state))
+    assert "budget" in spent.error and spent.images == ()
+
+
+# ---------------------------------------------------------------- the loop
+
+class Replay:
+    """Replays recorded engine output: turn k returns the token ids of `turns[k]`, and checks the context it is
+    handed is the chat template's rendering of `conversation[:k]`."""
+
+    def __init__(self, tok, turns, expected_contexts=None):
+        self.tok, self.turns, self.calls, self.expected = tok, turns, [], expected_contexts
+
+    async def __call__(self, prompt, params, seed):
+        ids = prompt.ids if isinstance(prompt, ImagePrompt) else prompt
+        k = len(self.calls)
+        self.calls.append((prompt, params, seed))
+        if self.expected is not None:
+            assert ids == self.expected[k], f"turn {k}: the context differs from the template's rendering"
+        out = encode(self.tok, self.turns[k] + "<|im_end|>")
+        finish = "stop"
+        if len(out) > params.max_new_tokens:
+            out, finish = out[: params.max_new_tokens], "length"
+        return Sample(list(ids), out, [-0.25] * len(out), finish, weight_version=7)
+
+
+class Echo:
+    name = "echo"
+    schema = {"type": "function", "function": {"name": "echo", "parameters": {"type": "object", "properties": {}}}}
+
+    async def call(self, arguments, state):
+        await asyncio.sleep(0.01)
+        return ToolReply(f"echo {arguments['say']}")
+
+
+class Broken:
+    name = "broken"
+    schema = {"type": "function", "function": {"name": "broken", "parameters": {"type": "object", "properties": {}}}}
+
+    async def call(self, arguments, state):
+        raise RuntimeError("kaput")
+
+
+class Slow:
+    name = "slow"
+    schema = {"type": "function", "function": {"name": "slow", "parameters": {"type": "object", "properties": {}}}}
+
+    async def call(self, arguments, state):
+        await asyncio.sleep(30)
+        return ToolReply("late")
+
+
+TOOLS = {"echo": Echo(), "broken": Broken(), "slow": Slow()}
+QUESTION = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "What is 6*7?"}]
+
+
+def render(tok, messages, generation):
+    return tok.apply_chat_template(messages, tools=tool_schemas(TOOLS), tokenize=False,
+                                   add_generation_prompt=generation)
+
+
+def test_the_trajectory_is_the_template_rendering_of_the_conversation(tokenizer):
+    turns = [
+        "I will ask twice.\n" + call("echo", {"say": "a"}) + "\n" + call("broken", {}),
+        "Bad JSON next.\n<tool_call>{oops</tool_call>",
+        "Then unknown.\n" + call("nosuch", {}) + call("echo", {"say": "b"}),
+        "The answer is 42.",
+    ]
+    replies = [["echo a", "Error: the tool failed: RuntimeError: kaput"],
+               ["Error: the tool call is not valid JSON: Expecting property name enclosed in double quotes at char 1"],
+               ["Error: there is no tool 'nosuch'; the tools are ['broken', 'echo', 'slow']", "echo b"]]
+    conversation, contexts = list(QUESTION), []
+    for k, text in enumerate(turns):
+        contexts.append(encode(tokenizer, render(tokenizer, conversation, True)))
+        conversation.append({"role": "assistant", "content": text})
+        conversation += [{"role": "tool", "content": content} for content in (replies[k] if k < 3 else [])]
+    prompt = contexts[0]
+    replay = Replay(tokenizer, turns, contexts)
+    settings = AgentSettings(max_turns=6, max_response_length=4000, tool_timeout_s=1)
+    sample = run(run_agent(replay, prompt, tokenizer, TOOLS, parse_hermes, settings, SamplingParams(), seed=3))
+    whole = render(tokenizer, conversation, False)
+    assert whole.endswith("<|im_end|>\n")
+    assert sample.prompt_ids + sample.response_ids == encode(tokenizer, whole[:-1])
+    assert sample.prompt_ids == prompt and sample.finish_reason == "stop" and len(replay.calls) == 4
+    # loss mask: 1 exactly on the generated tokens (each turn's text and its <|im_end|>), 0 on the rest
+    expected_mask, position = [], len(prompt)
+    for k, text in enumerate(turns):
+        generated = encode(tokenizer, text + "<|im_end|>")
+        start = len(contexts[k]) - len(prompt)
+        expected_mask += [0] * (start - len(expected_mask)) + [1] * len(generated)
+        assert sample.response_ids[start:start + len(generated)] == generated
+        position = start + len(generated)
+    assert position == len(sample.response_ids)
+    assert sample.mask() == expected_mask
+    assert [lp for lp, m in zip(sample.logprobs, expected_mask, strict=True) if not m] == [0.0] * expected_mask.count(0)
+    assert set(lp for lp, m in zip(sample.logprobs, expected_mask, strict=True) if m) == {-0.25}
+    assert [turn.generated for turn in sample.turn_list()] == [True, False, True, False, True, False, True]
+    # what the trace says
+    trace = sample.trace
+    assert trace.ended_by == "done" and len(trace.turns) == 4
+    assert [(c.name, bool(c.error)) for c in trace.calls] == [("echo", False), ("broken", True), ("?", True),
+                                                             ("nosuch", True), ("echo", False)]
+    assert [t.tool_tokens for t in trace.turns[:3]] == [len(contexts[k + 1]) - len(contexts[k]) - t.generated_tokens
+                                                       for k, t in enumerate(trace.turns[:3])]
+    assert len({seed for _, _, seed in replay.calls}) == 4
+    assert [params.max_new_tokens for _, params, _ in replay.calls][0] == 4000
+
+
+def test_max_turns_and_the_token_budget_end_the_trajectory(tokenizer):
+    looping = [f"Again {k}.\n" + call("echo", {"say": str(k)}) for k in range(10)]
+    prompt = encode(tokenizer, render(tokenizer, QUESTION, True))
+    replay = Replay(tokenizer, looping)
+    sample = run(run_agent(replay, prompt, tokenizer, TOOLS, parse_hermes, AgentSettings(max_turns=3,
+                                                                                        max_response_length=5000)))
+    assert sample.trace.ended_by == "max_turns" and len(replay.calls) == 3
+    assert [len(t.calls) for t in sample.trace.turns] == [1, 1, 0]  # the last turn's call is not run
+    assert sum(sample.mask()) == sum(t.generated_tokens for t in sample.trace.turns)
+
+    first = len(encode(tokenizer, looping[0] + "<|im_end|>"))
+    budget = first + 60  # room for the first turn and its reply, not for much of the second turn
+    replay = Replay(tokenizer, looping)
+    sample = run(run_agent(replay, prompt, tokenizer, TOOLS, parse_hermes, AgentSettings(max_turns=5,
+                                                                                        max_response_length=budget)))
+    assert len(sample.response_ids) == budget and sample.finish_reason == "length"
+    assert sample.trace.ended_by == "length"
+    assert replay.calls[1][1].max_new_tokens == budget - first - sample.trace.turns[0].tool_tokens
+
+    tight = first + 5  # the first reply alone does not fit: the trajectory ends before it
+    replay = Replay(tokenizer, looping)
+    sample = run(run_agent(replay, prompt, tokenizer, TOOLS, parse_hermes, AgentSettings(max_turns=5,
+                                                                                        max_response_length=tight)))
+    assert sample.trace.ended_by == "budget" and len(sample.response_ids) == first and len(replay.calls) == 1
+
+
+def test_a_hanging_tool_times_out_and_the_loop_goes_on(tokenizer):
+    turns = [call("slow", {}) + call("echo", {"say": "x"}), "Done."]
+    prompt = encode(tokenizer, render(tokenizer, QUESTION, True))
+    sample = run(run_agent(Replay(tokenizer, turns), prompt, tokenizer, TOOLS, parse_hermes,
+                           AgentSettings(tool_timeout_s=0.2)))
+    slow, echo = sample.trace.calls
+    assert slow.timed_out and slow.seconds < 5 and not echo.error
+    text = tokenizer.decode(sample.response_ids)
+    assert "Error: the tool ran past 0.2 s" in text and "echo x" in text and text.endswith("Done.<|im_end|>")
+    metrics = agent_metrics([sample])
+    assert metrics["agent/tool_timeouts"] == 1 and metrics["agent/tool_errors"] == 1
+    assert metrics["agent/calls/slow"] == 1 and metrics["agent/errors/echo"] == 0
+
+
+def test_tool_images_join_an_image_prompt_and_are_dropped_from_a_text_prompt(tokenizer):
+    picture = png(280, 140)
+    zoom = {"image_zoom_in": get_tool("image_zoom_in", ToolSettings())}
+    turns = [call("image_zoom_in", {"bbox_2d": [0, 0, 56, 56]}), "Red."]
+    head = encode(tokenizer, render(tokenizer, QUESTION, True))
+    sample = run(run_agent(Replay(tokenizer, turns), ImagePrompt(head, (picture,)), tokenizer, zoom,
+                           parse_hermes, AgentSettings()))
+    assert len(sample.images) == 2 and sample.images[0] == picture
+    crop = Image.open(io.BytesIO(sample.images[1]))
+    pads = image_tokens(crop.height, crop.width, 3136, 1003520)
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert sample.response_ids.count(pad) == pads > 0 and sample.trace.calls[0].images == 1
+    text = sample.continuation()
+    assert isinstance(text, ImagePrompt) and text.images == sample.images
+
+    plain = run(run_agent(Replay(tokenizer, turns), head, tokenizer, zoom, parse_hermes, AgentSettings()))
+    assert plain.images is None and pad not in plain.response_ids and plain.trace.images_dropped == 0  # no image
+    assert "no image" in plain.trace.calls[0].error
+
+    class Plot:  # a tool that draws, on a text prompt: its image cannot be shown
+        name, schema = "plot", {"type": "function", "function": {"name": "plot"}}
+
+        async def call(self, arguments, state):
+            return ToolReply("drawn", (picture,))
+
+    plotted = run(run_agent(Replay(tokenizer, [call("plot", {}), "Ok."]), head, tokenizer, {"plot": Plot()},
+                            parse_hermes, AgentSettings()))
+    assert plotted.images is None and plotted.trace.images_dropped == 1 and pad not in plotted.response_ids
+    assert "drawn\n[1 image(s) not shown: this conversation has no images]" in tokenizer.decode(plotted.response_ids)
+
+
+def test_agent_metrics_summarise_a_batch(tokenizer):
+    prompt = encode(tokenizer, render(tokenizer, QUESTION, True))
+    done = run(run_agent(Replay(tokenizer, ["42."]), prompt, tokenizer, TOOLS, parse_hermes, AgentSettings()))
+    looped = run(run_agent(Replay(tokenizer, [call("echo", {"say": "1"}), call("broken", {}), "x"]),
+                           prompt, tokenizer, TOOLS, parse_hermes, AgentSettings(max_turns=2)))
+    metrics = agent_metrics([done, looped])
+    assert metrics["agent/turns/mean"] == 1.5 and metrics["agent/turns/max"] == 2
+    assert metrics["agent/tool_calls/mean"] == 0.5 and metrics["agent/tool_calls/max"] == 1
+    assert metrics["agent/hit_max_turns"] == 0.5 and metrics["agent/tool_errors"] == 0
+    tool = len(looped.mask()) - sum(looped.mask())
+    assert metrics["agent/tool_tokens/mean"] == tool / 2 > 0
+    assert metrics["agent/generated_tokens/mean"] == (sum(done.mask()) + sum(looped.mask())) / 2
+    assert agent_metrics([]) == {}
+
+
+# ---------------------------------------------------------------- config
+
+BASE = ["model.path=m", "data.train_files=[x.parquet]"]
+
+
+def test_agent_config_is_validated_and_built():
+    assert agent_from_config(load_config(None, BASE)) is None
+    with pytest.raises(ConfigError, match="agent.tools"):
+        load_config(None, BASE + ["agent.loop=tools"])
+    with pytest.raises(ConfigError, match="agent.loop"):
+        load_config(None, BASE + ["agent.loop=chat", "agent.tools=[python]"])
+    with pytest.raises(ConfigError, match="agent.max_turns"):
+        load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]", "agent.max_turns=0"])
+    cfg = load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python,image_zoom_in]", "agent.max_turns=4",
+                                    "rollout.max_response_length=2048"])
+    agent = agent_from_config(cfg)
+    assert sorted(agent.tools) == ["image_zoom_in", "python"] and agent.parser is parse_hermes
+    assert agent.settings.max_turns == 4 and agent.settings.max_response_length == 2048
+    with pytest.raises(ConfigError, match="agent.tools.*unknown tool 'calculator'"):
+        agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[calculator]"]))
+    with pytest.raises(ConfigError, match="agent.parser"):
+        agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]", "agent.parser=xml"]))
