@@ -15,6 +15,8 @@ from rl360.actor.batch import RolloutBatch
 from rl360.actor.critic import CriticWorker
 from rl360.actor.policy import PolicyWorker
 from rl360.actor.policy_group import PolicyGroup
+from rl360.agents.build import agent_from_config
+from rl360.agents.group import agent_group
 from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.kl_control import KLController
 from rl360.algos.losses import kl_penalty
@@ -39,6 +41,7 @@ def train(cfg: RunConfig) -> Path:
         register_reward_path(prefix, path)
     # every row now, before Ray starts: rows that would stop the run when reached (data.on_bad_row=error) or be
     # skipped, an unknown data_source or reward_metric, a judge-scored row without reward.judge
+    agent = agent_from_config(cfg)  # an unknown tool or parser: said now
     routes = check_reward_data(cfg.data.train_files, judge_configured(cfg.reward.judge),
                                on_bad_row=cfg.data.on_bad_row)
     out = Path(cfg.output_dir)
@@ -88,7 +91,9 @@ def train(cfg: RunConfig) -> Path:
         critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, name="critic", **groups)) \
             if use_critic else None
         # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer
-        rollouts = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy, placement)
+        # multi-turn with tools (agent.loop=tools): each sample a trajectory of the agent loop; else one turn
+        turns = {"generate_group": agent_group(agent, tokenizer)} if agent is not None else {}
+        rollouts = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy, placement, **turns)
         estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
         kl_control = KLController(cfg.algorithm.kl_in_reward_coef, cfg.algorithm.kl_in_reward_target,
                                   cfg.algorithm.kl_in_reward_horizon)

@@ -426,3 +426,33 @@ def test_agent_config_is_validated_and_built():
         agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[calculator]"]))
     with pytest.raises(ConfigError, match="agent.parser"):
         agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]", "agent.parser=xml"]))
+
+
+@pytest.mark.slow
+def test_a_training_run_with_the_agent_loop_logs_its_metrics(tmp_path):
+    """`agent.loop=tools` in `rl360 train`: every sample is an agent trajectory (the random quickstart model calls no
+    tool, so each is one turn) and the step's metrics carry the agent's; two steps train."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rl360.quickstart.assets import build_quickstart_model
+
+    root = Path(__file__).resolve().parents[1]
+    model = build_quickstart_model(tmp_path / "model")
+    subprocess.run([sys.executable, "-m", "data_preprocess.synthetic_arithmetic", "--out", str(tmp_path / "data")],
+                   cwd=root, check=True, capture_output=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "rl360.cli", "train", "configs/quickstart.yaml", f"output_dir={tmp_path / 'out'}",
+         f"model.path={model}", f"data.train_files=[{tmp_path / 'data' / 'train.parquet'}]", "data.batch_size=4",
+         "rollout.n=4", "actor.ppo_mini_batch_size=4", "trainer.total_steps=2", "trainer.save_hf=false",
+         "cluster.num_cpus=2", "agent.loop=tools", "agent.tools=[python]"],
+        cwd=root, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        assert record["agent/turns/mean"] == 1.0 and record["agent/tool_calls/mean"] == 0.0
+        assert record["agent/generated_tokens/mean"] == record["response_length/mean"]
+        assert record["rollout/logprob_abs_diff"] <= 1e-6
