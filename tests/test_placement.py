@@ -44,11 +44,11 @@ def test_one_gpu_colocates_the_default_hf_engine_on_policy_rank_0():
 
 
 def test_enough_gpus_keep_engines_apart_and_change_nothing():
-    placement = make_placement(4, False, _rollout(engine="sglang", num_engines=2, engine_tensor_parallel=2), gpus=8)
+    rollout = _rollout(engine="sglang", num_engines=2, engine_tensor_parallel=2)
+    assert rollout.colocate is None  # unset by default
+    placement = make_placement(4, False, rollout, gpus=8)
     assert not placement.colocate and placement.notes == () and placement.gpu_share == 1.0
-    assert placement.gpus_needed == 8 == gpus_asked(4, False, placement_rollout := _rollout(
-        engine="sglang", num_engines=2, engine_tensor_parallel=2))
-    assert placement_rollout.colocate is None
+    assert placement.gpus_needed == 8 == gpus_asked(4, False, rollout)
     visible = [str(d) for d in range(8)]
     assert placement.engine_devices(0, visible) == ["4", "5"] and placement.engine_devices(1, visible) == ["6", "7"]
     assert placement.engine_devices(1, ["3", "1", "7", "0", "6", "2", "5", "4"]) == ["5", "4"]  # Slurm's order

@@ -17,12 +17,13 @@ object is accepted too, as some models write it).
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from rl360.algos.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -50,33 +51,9 @@ class ParseResult:
 
 
 Parser = Callable[[str], ParseResult]
-_PARSERS: dict[str, Parser] = {}
-
-
-def register_parser(name: str) -> Callable[[Parser], Parser]:
-    """Decorator: register a parser under `name` (a second parser under one name is refused)."""
-    def wrap(fn: Parser) -> Parser:
-        if name in _PARSERS and _PARSERS[name] is not fn:
-            raise ValueError(f"a tool-call parser named {name!r} is already registered")
-        _PARSERS[name] = fn
-        return fn
-    return wrap
-
-
-def get_parser(name: str) -> Parser:
-    """The parser registered as `name`, or the function a "package.module:function" reference names.
-    `KeyError` naming the registered parsers for an unknown name; `ImportError`/`AttributeError` for a bad
-    reference."""
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        fn = getattr(importlib.import_module(module), attr)
-        if not callable(fn):
-            raise TypeError(f"{name!r} is not a function")
-        return fn
-    if name not in _PARSERS:
-        raise KeyError(f"unknown tool-call parser {name!r}; registered: {sorted(_PARSERS)} (or give "
-                       "'package.module:function')")
-    return _PARSERS[name]
+PARSERS: Registry[Parser] = Registry("tool-call parser")
+register_parser = PARSERS.register
+get_parser = PARSERS.get  # a registered name, or a "package.module:function" reference
 
 
 _HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)

@@ -266,16 +266,15 @@ class EngineClient:
 
     async def health(self, timeout_s: float = 5.0) -> bool:
         """Whether the server answers `/health` with 200 (False on any error or time-out)."""
-        try:
-            await self._call("GET", "/health", None, timeout_s)
-        except (EngineError, httpx.HTTPError, OSError):
-            return False
-        return True
+        return await self._answers("/health", timeout_s)
 
     async def health_generate(self, timeout_s: float = 30.0) -> bool:
         """Whether the server generates a token (`/health_generate`) in time."""
+        return await self._answers("/health_generate", timeout_s)
+
+    async def _answers(self, path: str, timeout_s: float) -> bool:
         try:
-            await self._call("GET", "/health_generate", None, timeout_s)
+            await self._call("GET", path, None, timeout_s)
         except (EngineError, httpx.HTTPError, OSError):
             return False
         return True

@@ -13,10 +13,11 @@ Built-ins are registered by name (`register_tool`); a user tool is named "packag
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from rl360.algos.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -66,35 +67,15 @@ class Tool(Protocol):
     async def call(self, arguments: dict[str, Any], state: TrajectoryState) -> ToolReply: ...
 
 
-_TOOLS: dict[str, Callable[[ToolSettings], Tool]] = {}
-
-
-def register_tool(name: str) -> Callable[[type], type]:
-    """Class decorator: register a built-in tool class under `name`."""
-    def wrap(cls: type) -> type:
-        if name in _TOOLS and _TOOLS[name] is not cls:
-            raise ValueError(f"a tool named {name!r} is already registered")
-        _TOOLS[name] = cls
-        return cls
-    return wrap
-
-
-def registered_tools() -> list[str]:
-    return sorted(_TOOLS)
+TOOLS: Registry[Callable[[ToolSettings], Tool]] = Registry("tool")
+register_tool = TOOLS.register  # class decorator: a built-in tool class under a name
+registered_tools = TOOLS.names
 
 
 def get_tool(name: str, settings: ToolSettings | None = None) -> Tool:
     """Build the tool `name` (a registered one, or "package.module:Class") with `settings`. `KeyError` naming
     the registered tools for an unknown name; `TypeError` when what a reference names is not a tool."""
-    settings = settings or ToolSettings()
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
-    elif name in _TOOLS:
-        factory = _TOOLS[name]
-    else:
-        raise KeyError(f"unknown tool {name!r}; registered: {registered_tools()} (or give 'package.module:Class')")
-    tool = factory(settings)
+    tool = TOOLS.get(name)(settings or ToolSettings())
     if not isinstance(tool, Tool) or not isinstance(tool.name, str) or not isinstance(tool.schema, dict):
         raise TypeError(f"tool {name!r} must have a str `name`, a dict `schema` and `async call(arguments, state)`")
     return tool
