@@ -1,7 +1,8 @@
 """Weight sync into two real `rl360 serve rollout` processes (a tiny Qwen2), driven by `WeightSender` from this
 process: every strategy leaves every engine's weights bitwise equal to what was sent (read back through
-SGLang's `/get_weights_by_name`, whose float32 values survive JSON exactly); partial and stale updates are
-refused by name while the old weights and version stay; a restarted engine rejoins through `set_engines`;
+SGLang's `/get_weights_by_name`, whose float32 values survive JSON exactly), in float32 and in bfloat16; partial
+and stale updates are refused by name while the old weights and version stay, and a second, different partial
+update at the same version is refused too; a restarted engine rejoins through `set_engines`;
 memory release and resume; a sender in a process that already has a default process group."""
 
 import asyncio
@@ -63,13 +64,12 @@ class Engines:
             proc.communicate(timeout=30)
 
 
-def _launch(model_dir: str) -> subprocess.Popen:
+def _launch(model_dir: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "rl360.cli", "serve", "rollout", "--model", model_dir, "--port",
                              "0", "--api-key-env", "RL360_TEST_ROLLOUT_KEY", "--batch-window-ms", "1",
-                             "--weight-sync-timeout-s", "30", "--shutdown-grace", "5"],
+                             "--weight-sync-timeout-s", "30", "--shutdown-grace", "5", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "RL360_TEST_ROLLOUT_KEY": KEY, "OMP_NUM_THREADS": "1"})
-
 
 
 @pytest.fixture(scope="module")
@@ -164,12 +164,47 @@ def test_a_partial_update_is_refused_by_name_and_the_old_weights_stay(engines, n
         assert _versions(engines.urls) == before_versions
         for url, served in _served(engines.urls, names).items():  # the buckets that did arrive were not loaded either
             _assert_bitwise(served, list(before[url].items()))
+        # a different partial update at the same version: refused too, for what it lacks (an engine that kept the
+        # refused update's buckets would complete this one with them)
+        other = _weights(engines.model_dir, seed=40 + STRATEGIES.index(strategy))
+        with pytest.raises(EngineError, match="left parameters unset") as refused_again:
+            sender.send(_buckets([pair for pair in other if pair[0] != names[5]]), version)
+        assert names[5] in str(refused_again.value)
+        assert _versions(engines.urls) == before_versions
+        for url, served in _served(engines.urls, names).items():
+            _assert_bitwise(served, list(before[url].items()))
         group = sender.group_name
         sender.send(_buckets(named), version)  # the same sender (and group) goes on
         assert sender.group_name == group
     assert list(tmp_path.iterdir()) == []
     for served in _served(engines.urls, names).values():
         _assert_bitwise(served, named)
+
+
+@pytest.fixture(scope="module")
+def bf16_engine(engines):
+    proc = _launch(engines.model_dir, "--dtype", "bfloat16")
+    yield serving_url(proc)
+    proc.terminate()
+    proc.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_bf16_weights_arrive_bit_for_bit(engines, names, bf16_engine, strategy, tmp_path):
+    """bf16 tensors sent to a bf16 engine are served with the same bits (bf16 widens to float32 exactly, so the
+    JSON read-back holds every bit); values that differ only past bf16's 8 bits of mantissa would not pass."""
+    named = [(name, tensor.to(torch.bfloat16))
+             for name, tensor in _weights(engines.model_dir, seed=50 + STRATEGIES.index(strategy))]
+    version = _versions([bf16_engine])[0] + 1
+    with WeightSender([bf16_engine], strategy, api_key=KEY, timeout_s=30, scratch_dir=str(tmp_path)) as sender:
+        metrics = sender.send(_buckets(named), version)
+    assert metrics["weight_sync/bytes"] == sum(t.numel() * 2 for _, t in named)  # sent as bf16, not widened
+    assert _versions([bf16_engine]) == [version]
+    served = _served([bf16_engine], names)[bf16_engine]
+    for name, tensor in named:
+        assert served[name].shape == tensor.shape, name
+        assert torch.equal(served[name].to(torch.bfloat16).view(torch.int16), tensor.view(torch.int16)), name
+        assert torch.equal(served[name], tensor.float()), name  # nothing beyond bf16's bits was kept
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
