@@ -106,6 +106,24 @@ def test_each_sample_is_seeded_by_its_position_however_many_engines_share_the_pr
         assert sum(metrics.values()) == 7 and all(count >= 2 for count in metrics.values()), metrics
 
 
+def test_an_engine_marked_down_gets_no_share_and_the_samples_stay_the_same(tmp_path):
+    engines = [MemoryEngine(i) for i in range(3)]
+    fleet = _fleet(tmp_path, engines)
+
+    async def run():
+        await fleet.start()
+        engines[1].usable = False  # down (e.g. awaiting a restart): dispatch passes it by
+        try:
+            return await fleet.generate(PROMPTS, PARAMS, 100)
+        finally:
+            fleet.close()
+
+    groups = asyncio.run(run())
+    assert [[s.response_ids[0] for s in group] for group in groups] == [[100 + 3 * i + j for j in range(3)]
+                                                                         for i in range(7)]
+    assert engines[1].calls == [] and sum(sum(engine.calls) for engine in engines) == 7
+
+
 def test_a_failed_engines_share_goes_to_another_and_its_restart_is_counted(tmp_path):
     engines = [MemoryEngine(0), MemoryEngine(1, failures=1), MemoryEngine(2)]
     fleet = _fleet(tmp_path, engines)
