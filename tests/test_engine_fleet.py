@@ -175,3 +175,50 @@ def test_release_and_resume_count_the_engines_that_did(tmp_path):
         return counts
 
     assert asyncio.run(run()) == [2, 0, 2, 0, 2]
+
+
+ENGINE_PARENT = """
+import asyncio, sys, time
+from pathlib import Path
+from rl360.rollout.engines import EngineProcess, engine_command, new_api_key
+key = new_api_key()
+engine = EngineProcess(0, engine_command("server", sys.argv[1], "float32", key), Path(sys.argv[2]), key, 120.0)
+asyncio.run(engine.start())
+print(engine.pid(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_engine_process_dies_with_the_process_that_started_it(tmp_path):
+    """A trainer killed by SIGKILL (the OOM killer, Slurm) must not leave its engine processes serving, and holding
+    their GPUs: they run in sessions of their own, so only the parent-death signal ends them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import make_tiny_qwen2
+
+    model = make_tiny_qwen2(str(tmp_path / "model"), tie_word_embeddings=True)
+    parent = subprocess.Popen([sys.executable, "-c", ENGINE_PARENT, model, str(tmp_path / "engine.log")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        engine_pid = int(parent.stdout.readline())
+        assert os.getsid(engine_pid) != os.getsid(parent.pid)  # out of the parent's session: killpg would miss it
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _running(engine_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(engine_pid), "the engine outlived the process that started it"
+    finally:
+        parent.kill()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

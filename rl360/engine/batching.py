@@ -110,6 +110,12 @@ class Batcher:
         self.decoder, self.window_s, self.max_rows = decoder, window_s, max_rows
         self.batch_count = registry.counter("rl360_rollout_batches_total", "Batches the engine decoded.")
         self.batch_rows = registry.counter("rl360_rollout_batch_rows_total", "Responses decoded in those batches.")
+        # SGLang's num_running_reqs / num_queue_reqs: what a load balancer, or a test killing an engine mid-request,
+        # reads
+        self.running_gauge = registry.gauge("rl360_rollout_requests_running", "Responses being decoded now.")
+        self.queued_gauge = registry.gauge("rl360_rollout_requests_queued", "Responses waiting for the next batch.")
+        self.running_gauge.set(0)
+        self.queued_gauge.set(0)
         self._queue: list[tuple[Row, asyncio.Future, asyncio.AbstractEventLoop]] = []
         self._lock = threading.Condition()
         self.running: list[Row] = []
@@ -121,6 +127,7 @@ class Batcher:
         futures = [loop.create_future() for _ in rows]
         with self._lock:
             self._queue.extend((row, fut, loop) for row, fut in zip(rows, futures))
+            self.queued_gauge.set(len(self._queue))
             self._lock.notify()
         try:
             await asyncio.gather(*futures)
@@ -154,6 +161,8 @@ class Batcher:
             with self._lock:
                 taken, self._queue = self._queue[:self.max_rows], self._queue[self.max_rows:]
                 self.running = [row for row, _, _ in taken]
+                self.running_gauge.set(len(self.running))
+                self.queued_gauge.set(len(self._queue))
             pending = [(row, fut, loop) for row, fut, loop in taken if not self._settle_aborted(row, fut, loop)]
             error: BaseException | None = None
             try:
@@ -165,6 +174,7 @@ class Batcher:
                 error = err
             with self._lock:
                 self.running = []
+                self.running_gauge.set(0)
             for _, fut, loop in pending:
                 loop.call_soon_threadsafe(_settle, fut, error)
 

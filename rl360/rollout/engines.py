@@ -11,7 +11,9 @@ key (`rl360 serve rollout` reads it from the environment; SGLang only takes `--a
 or each inside an `EngineNode` Ray actor that reserves the engine's GPUs on whichever node Ray picks and serves
 on that node's address (`ray`: engines on other nodes than the trainer's). A process that dies or stops
 answering is restarted by `ProcessEngine.restart` (on the same node); it serves the weights it was started with
-until the next weight update reaches it.
+until the next weight update reaches it. An engine process dies with the process that started it (Linux's
+parent-death signal, set for the thread that launched it: the fleet's event loop, or the `EngineNode` actor's),
+so a trainer killed by SIGKILL, the OOM killer or Slurm leaves no engine holding a GPU.
 
 Every difference between the kinds is behind the `Engine` protocol (generate, pause/continue, release/resume
 memory, weight sync, restart), so the fleet never asks which kind an engine is.
@@ -190,7 +192,7 @@ class EngineProcess:
         log.flush()
         env = {**os.environ, **self.env, KEY_ENV: self.api_key}
         self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=_die_with_parent())
         log.close()
         return await self._wait_serving()
 
@@ -222,6 +224,23 @@ class EngineProcess:
             except ProcessLookupError:
                 pass
             self.process.wait()
+
+
+def _die_with_parent():
+    """A `preexec_fn` that has the child SIGKILLed when the thread that started it ends (prctl's
+    PR_SET_PDEATHSIG; Linux only, else None). libc's prctl is looked up here, in the parent, so the child only
+    makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    set_death_signal = 1  # PR_SET_PDEATHSIG
+
+    def die_with_parent() -> None:
+        prctl(set_death_signal, signal.SIGKILL, 0, 0, 0)
+
+    return die_with_parent
 
 
 class EngineNode:
