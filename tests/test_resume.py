@@ -1,6 +1,6 @@
 """A run killed at any point and started again ends exactly where an unbroken run ends: the same weights, bit
 for bit (every tensor of the HF export), and the same value of every logged metric (all but timing/*) at
-every step, for GRPO and PPO. A fresh run never touches another run's checkpoints, and the trainer's
+every step, for GRPO and PPO, and for GRPO sampling a step ahead on an engine process. A fresh run never touches another run's checkpoints, and the trainer's
 checkpoints convert to Hugging Face weights equal to the run's own export.
 
 The kills are real: `rl360 train` runs as a process tree in its own session and is killed with SIGKILL
@@ -28,7 +28,13 @@ from tests.killing import PHASES, Kill, TrainingProcess
 from tests.test_train_e2e import _row
 
 REPO = Path(__file__).resolve().parent.parent
-ALGORITHMS = {"grpo": [], "ppo": ["configs/algorithms/ppo.yaml"]}
+# GRPO and PPO with the in-process engine; GRPO sampling a step ahead (async) on an engine process (`rl360 serve
+# rollout`), whose kills land while the engine draws the next step's rollouts beside the update
+ALGORITHMS = {"grpo": [], "ppo": ["configs/algorithms/ppo.yaml"],
+              "grpo-async-server": ["rollout.engine=server", "rollout.mode=async", "rollout.weight_sync=tensor"]}
+# the phases each run is killed in (an engine process's generate shows in no Ray title: rollouts are killed inside
+# the update they overlap)
+KILL_PHASES = {"grpo": tuple(PHASES), "ppo": tuple(PHASES), "grpo-async-server": ("update", "checkpoint")}
 TOTAL_STEPS, SAVE_EVERY = 12, 2
 KILL_SEED = 13
 MAX_DELAY_S = {"rollout": 0.02, "update": 0.05, "checkpoint": 0.05}  # each lasts ~0.05-1 s here
@@ -168,7 +174,7 @@ class Killed:
 def _kill_plan(algorithm: str) -> list[tuple[str, int, float]]:
     """(phase, first step to aim at, random delay) per kill: every phase once, in a seeded order."""
     rng = random.Random(f"{KILL_SEED}-{algorithm}")
-    phases = list(PHASES)
+    phases = list(KILL_PHASES[algorithm])
     rng.shuffle(phases)
     return [(phase, rng.randint(0, 1), rng.uniform(0, MAX_DELAY_S[phase])) for phase in phases]
 
@@ -215,7 +221,7 @@ def test_each_kill_landed_in_the_phase_it_aimed_at(killed, algorithm):
     rollout or an update left none, the step not yet logged. The next start resumed from `latest` and removed
     the partial directory."""
     run = killed[algorithm]
-    assert sorted(record.kill.phase for record in run.kills) == sorted(PHASES)
+    assert sorted(record.kill.phase for record in run.kills) == sorted(KILL_PHASES[algorithm])
     for record in run.kills:
         kill = record.kill
         assert kill.landed_in_phase, (kill.phase, kill.titles)
