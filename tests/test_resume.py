@@ -1,7 +1,8 @@
 """A run killed at any point and started again ends exactly where an unbroken run ends: the same weights, bit
 for bit (every tensor of the HF export), and the same value of every logged metric (all but the timings) at
-every step, for GRPO and PPO, and for GRPO sampling a step ahead on an engine process. A fresh run never touches another run's checkpoints, and the trainer's
-checkpoints convert to Hugging Face weights equal to the run's own export.
+every step, for GRPO and PPO, and for GRPO sampling a step ahead on an engine process. A fresh run never
+touches another run's checkpoints, and the trainer's checkpoints convert to Hugging Face weights equal to the
+run's own export.
 
 The kills are real: `rl360 train` runs as a process tree in its own session and is killed with SIGKILL
 while a chosen phase runs (rollout, policy update, checkpoint write), seen from outside in Ray's process

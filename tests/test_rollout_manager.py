@@ -19,9 +19,9 @@ import sys
 import time
 from dataclasses import replace
 
+import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
-import httpx
 import pytest
 import ray
 import torch
