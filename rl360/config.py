@@ -213,6 +213,17 @@ class JudgeConfig:
 
 
 @dataclass
+class DeepEyesRewardConfig:
+    """DeepEyes' reward (rl360.rewards.agentic): accuracy_weight * judge accuracy + format_weight * (-1 on a
+    format error) + tool_weight * (a tool was called and the answer is right)."""
+
+    accuracy_weight: float = 0.8
+    format_weight: float = 0.2
+    tool_weight: float = 1.2
+    max_answer_chars: int = 1000  # an answer this long or longer scores accuracy 0 and is a format error
+
+
+@dataclass
 class RewardConfig:
     num_workers: int = 2  # reward worker processes (0: score in-process, no timeout)
     timeout_s: float = 10.0  # wall-clock limit per reward call; a timeout scores 0 and is counted
@@ -221,6 +232,7 @@ class RewardConfig:
     overlong_buffer_len: int = 0  # DAPO overlong penalty: last this many tokens of the budget (0: off)
     overlong_penalty_factor: float = 1.0  # penalty reached at rollout.max_response_length
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    deepeyes: DeepEyesRewardConfig = field(default_factory=DeepEyesRewardConfig)  # DeepEyes' weights
     # refuse to run untrusted code (codegen, CRUXEval) where the sandbox cannot fully isolate it (no uid
     # switch, no namespaces): at start when the data holds such rewards, else the row scores 0 as an error
     require_isolation: bool = True

@@ -40,7 +40,7 @@ import torch
 from rl360.actor.batch import RolloutBatch, build_batch
 from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
 from rl360.cluster.placement import Placement, make_placement
-from rl360.core import Prompt, Sample, SamplingParams
+from rl360.core import Prompt, Sample, SamplingParams, TrajectorySummary
 from rl360.rewards import RewardItem, RewardPool
 from rl360.rollout.fleet import EngineFleet
 
@@ -265,8 +265,9 @@ class RolloutSampler:
         sample_rows = [row for row in rows for _ in range(n)]
         started = time.perf_counter()
         texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
-        items = [RewardItem(row["data_source"], text, row["reward_model"]["ground_truth"], row.get("extra_info"))
-                 for row, text in zip(sample_rows, texts)]
+        items = [RewardItem(row["data_source"], text, row["reward_model"]["ground_truth"], row.get("extra_info"),
+                            self._summary(sample))
+                 for row, text, sample in zip(sample_rows, texts, samples)]
         async with self._scoring:  # the pool scores one call at a time (steps may overlap)
             results, counts = await asyncio.to_thread(self._score, items)
         _add(timing, "reward", time.perf_counter() - started)
@@ -281,6 +282,12 @@ class RolloutSampler:
         for key, value in counts.items():
             metrics[key] = metrics.get(key, 0) + value
         return Scored(sample_rows, samples, scores, accuracy, n)
+
+    def _summary(self, sample: Sample) -> TrajectorySummary | None:
+        """What the reward reads of a multi-turn trajectory (None for a single response: its text is all)."""
+        if sample.turns is None and not hasattr(sample, "trace"):
+            return None
+        return sample.summary(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def _score(self, items: list[RewardItem]) -> tuple[list, dict[str, float]]:
         return self.rewards.score(items), self.rewards.last_metrics()
