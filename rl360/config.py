@@ -190,6 +190,12 @@ class AlgorithmConfig:
     filter_groups_metric: str = "acc"  # acc: the reward's "acc" extra (else its score), before the overlong
     #                                    penalty | score: the score trained on, overlong penalty included
     max_num_gen_batches: int = 10  # with filter_groups: prompt batches sampled per step at most (0: no limit)
+    # with filter_groups, PyVision's partial dynamic filtering: advantages over whole groups, then trajectories
+    # filtered one by one (uniform groups, and endings not in partial_filter_keep, dropped); the step trains on
+    # data.batch_size * rollout.n trajectories, those of the groups whose scores vary most first
+    partial_filter: bool = False
+    partial_filter_keep: list[str] = field(default_factory=lambda: ["done", "max_turns"])  # trajectory endings
+    #   kept: done, max_turns (agents), budget / length (cut by the token budget), abort
     kl_coef: float = 0.0  # weight of the KL(policy || reference) loss; > 0 loads a reference model
     kl_estimator: str = "k3"  # k1 | k2 (mse) | k3 (low_var_kl) | abs; a "+" suffix: straight-through
     kl_in_reward_coef: float = 0.0  # KL(policy || reference) penalty in the reward, per token (0: off)
@@ -582,6 +588,15 @@ def validate(cfg: RunConfig) -> None:
     for key in NON_NEGATIVE:
         if _get(cfg, key) is not None and _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)!r} must be >= 0")
+    endings = {"done", "max_turns", "budget", "length", "abort"}
+    unknown = sorted(set(cfg.algorithm.partial_filter_keep) - endings)
+    if unknown:
+        raise ConfigError(f"algorithm.partial_filter_keep has {unknown}; a trajectory ends as one of {sorted(endings)}")
+    if cfg.algorithm.partial_filter and not cfg.algorithm.filter_groups:
+        raise ConfigError("algorithm.partial_filter=true filters within dynamic sampling: set algorithm.filter_groups=true")
+    if cfg.algorithm.partial_filter and (cfg.algorithm.adv_estimator == "gae" or cfg.algorithm.kl_in_reward_coef > 0):
+        raise ConfigError("algorithm.partial_filter=true computes group advantages from the scores alone, before any "
+                          "log-prob or value: use a group estimator (grpo, rloo, ...) and algorithm.kl_in_reward_coef=0")
     if not cfg.model.path:
         raise ConfigError("model.path is empty: give a Hugging Face model directory")
     if not cfg.data.train_files:

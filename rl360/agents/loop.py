@@ -103,12 +103,16 @@ class AgentSample(Sample):
 
     trace: AgentTrace = field(default_factory=AgentTrace)
 
+    @property
+    def ended_by(self) -> str:
+        return self.trace.ended_by
+
     def summary(self, decode: Callable[[list[int]], str]) -> TrajectorySummary:
-        """The generated turns' texts (`Sample.summary`) with the trace's calls, errors and ending."""
+        """The generated turns' texts (`Sample.summary`) with the trace's calls and errors."""
         calls = self.trace.calls
         return replace(super().summary(decode), tool_calls=dict(Counter(call.name for call in calls)),
                        tool_errors=sum(bool(call.error or call.timed_out) for call in calls),
-                       tool_timeouts=sum(call.timed_out for call in calls), ended_by=self.trace.ended_by)
+                       tool_timeouts=sum(call.timed_out for call in calls))
 
 
 async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any, tools: dict[str, Tool],

@@ -79,6 +79,12 @@ class Sample:
         """completed (ended by a stop token), truncated (by the length limit) or aborted."""
         return {"stop": "completed", "length": "truncated"}.get(self.finish_reason, "aborted")
 
+    @property
+    def ended_by(self) -> str:
+        """How the trajectory ended: done (a stop token), length (the token budget) or abort (an agent's sample
+        also max_turns or budget)."""
+        return {"stop": "done", "length": "length"}.get(self.finish_reason, "abort")
+
     def versions(self) -> list[int]:
         """The weight version that sampled each response token."""
         return self.token_versions or [self.weight_version] * len(self.response_ids)
@@ -98,8 +104,7 @@ class Sample:
         sample adds its tool calls)."""
         generated = [turn for turn in self.turn_list() if turn.generated]
         texts = tuple(decode(self.response_ids[turn.start:turn.end]) for turn in generated)
-        return TrajectorySummary(turns=len(generated), turn_texts=texts,
-                                 ended_by={"stop": "done"}.get(self.finish_reason, self.finish_reason))
+        return TrajectorySummary(turns=len(generated), turn_texts=texts, ended_by=self.ended_by)
 
     def continued(self, more: Sample) -> Sample:
         """This aborted sample followed by `more`, sampled from `prompt_ids + response_ids` (maybe by newer
