@@ -572,6 +572,13 @@ def _get(cfg: RunConfig, key: str) -> Any:
     return value
 
 
+def context_length(cfg: RunConfig) -> int:
+    """The most tokens one sample holds: its prompt (images' tokens included) and its response. An agent's
+    response is every turn: generated tokens, tool replies and the images tools add, all within
+    rollout.max_response_length (the agent loop ends a trajectory before it would pass it)."""
+    return cfg.data.max_prompt_length + cfg.rollout.max_response_length
+
+
 def validate(cfg: RunConfig) -> None:
     """Check value ranges and closed choices, and the relations between keys."""
     for key, allowed in CHOICES.items():

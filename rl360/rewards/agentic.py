@@ -171,13 +171,16 @@ _PYVISION_REFUSED = ("<interpreter>", "<answer>", "\\boxed")
 PYVISION_MAX_ANSWER_CHARS = 1000
 
 
-@register_reward("deepeyes", "zebra_cot", "vigorl", "minio3", "vsi", "longvila", "ecd", "v-interaction", "barc",
-                 "mathvision", "hrbench-4k", "hrbench-8k", "math_8k_verified", "wemath-standard", "wemath-pro",
-                 exact=True, needs_judge=True,
+_PYVISION_SOURCES = ("deepeyes", "zebra_cot", "vigorl", "minio3", "vsi", "longvila", "ecd", "v-interaction", "barc",
+                     "mathvision", "hrbench-4k", "hrbench-8k", "math_8k_verified", "wemath-standard", "wemath-pro")
+
+
+@register_reward(*_PYVISION_SOURCES, exact=True, needs_judge=True,
                  truth="the reference answer text; extra_info.question holds the question",
                  answer="PyVision: the judge's verdict (Judgement: 1 or 0) on the first <answer> of the generated "
                         "text; none, a nested tag or \\boxed, or 1000+ characters scores 0")
-@register_reward("vstar", "chart", "thinklite_eureka", "vl_agent", exact=True, metric="pyvision", needs_judge=True,
+@register_reward("vstar", "chart", "thinklite_eureka", "vl_agent", *_PYVISION_SOURCES, exact=True,
+                 metric="pyvision", needs_judge=True,
                  truth="the reference answer text; extra_info.question holds the question",
                  answer="PyVision's reward (as the default route of deepeyes)")
 def pyvision_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
