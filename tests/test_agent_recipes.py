@@ -112,3 +112,16 @@ def test_pyvision_recipe_filters_partially_and_deepeyes_weights_its_reward(recip
     deepeyes = load_config("configs/recipes/deepeyes.yaml", ["reward.deepeyes.tool_weight=0.5"])
     assert (deepeyes.reward.deepeyes.accuracy_weight, deepeyes.reward.deepeyes.format_weight,
             deepeyes.reward.deepeyes.tool_weight) == (0.8, 0.2, 0.5)
+
+
+def test_partial_filter_settings_are_checked(recipe_env):
+    from rl360.config import ConfigError
+
+    for overrides, message in [
+        (["algorithm.filter_groups=false"], "set algorithm.filter_groups=true"),
+        (["algorithm.partial_filter_keep=[done,finished]"], r"\['finished'\]"),
+        (["algorithm.kl_in_reward_coef=0.01"], "kl_in_reward_coef=0"),
+        (["algorithm.adv_estimator=gae"], "group estimator"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_config("configs/recipes/pyvision.yaml", overrides)

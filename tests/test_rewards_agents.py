@@ -133,6 +133,14 @@ def summary_score(solution_str, ground_truth, extra_info=None):
             "row": extra_info.get("row")}
 
 
+def one_turn_trajectory_seen(solution_str, ground_truth, extra_info=None):
+    """1 when the reward got the sample's trajectory: one generated turn, its text the response, no tool call (the
+    agent-loop training run in tests/test_agents.py, whose random model calls no tool)."""
+    trajectory = (extra_info or {}).get("trajectory") or {}
+    return float(trajectory.get("turns") == 1 and trajectory.get("num_tool_calls") == 0
+                 and trajectory.get("turn_texts") == [solution_str])
+
+
 def test_an_agent_samples_summary_reaches_the_reward_worker():
     """AgentSample -> TrajectorySummary (generated turns decoded, calls by tool, errors) -> a worker process."""
     generated_a, tool, generated_b = [1, 2], [7, 7, 7], [3]
