@@ -15,7 +15,7 @@ response, `rl360 reward check`), the response text is the one turn and a `<tool_
   trajectory called a tool and `acc` is 1, else 0: tool use pays only when the answer is right.
 - **PyVision** (`pyvision_score`; its `vl_agent` reward): the judge's verdict alone (template `pyvision`: the
   judge replies "Judgement: 1" or "0") on the first `<answer>...</answer>` of the generated text. No answer, an
-  answer holding `<interpreter>`, `<answer>` or `\\boxed`, or one of `max_answer_chars` characters or more,
+  answer holding `<interpreter>`, `<answer>` or `\\boxed`, or one of 1000 characters or more (as PyVision),
   scores 0 without asking the judge.
 
 Routes: the data_source names of DeepEyes' data (`vstar`, `chart`, `thinklite_eureka`, `vl_agent`) score with
