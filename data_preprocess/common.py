@@ -58,6 +58,7 @@ class Example:
     ground_truth: Any
     extra: dict[str, Any] = field(default_factory=dict)
     images: list[bytes] = field(default_factory=list)
+    data_source: str | None = None  # this row's own data_source (None: the script's <domain>__<name>)
 
 
 def user_prompt(text: str, system: str | None = None) -> list[dict[str, str]]:
@@ -160,6 +161,7 @@ def _read_file(path: Path) -> Iterator[dict[str, Any]]:
 def make_row(data_source: str, example: Example, split: str, index: int) -> dict[str, Any]:
     """A row of the standard schema from a converted example (with an `images` column of {bytes, path}
     items when the example has images)."""
+    data_source = example.data_source or data_source
     row = {
         "data_source": data_source,
         "prompt": example.prompt,

@@ -190,6 +190,12 @@ class AlgorithmConfig:
     filter_groups_metric: str = "acc"  # acc: the reward's "acc" extra (else its score), before the overlong
     #                                    penalty | score: the score trained on, overlong penalty included
     max_num_gen_batches: int = 10  # with filter_groups: prompt batches sampled per step at most (0: no limit)
+    # with filter_groups, PyVision's partial dynamic filtering: advantages over whole groups, then trajectories
+    # filtered one by one (uniform groups, and endings not in partial_filter_keep, dropped); the step trains on
+    # data.batch_size * rollout.n trajectories, those of the groups whose scores vary most first
+    partial_filter: bool = False
+    partial_filter_keep: list[str] = field(default_factory=lambda: ["done", "max_turns"])  # trajectory endings
+    #   kept: done, max_turns (agents), budget / length (cut by the token budget), abort
     kl_coef: float = 0.0  # weight of the KL(policy || reference) loss; > 0 loads a reference model
     kl_estimator: str = "k3"  # k1 | k2 (mse) | k3 (low_var_kl) | abs; a "+" suffix: straight-through
     kl_in_reward_coef: float = 0.0  # KL(policy || reference) penalty in the reward, per token (0: off)
@@ -213,6 +219,17 @@ class JudgeConfig:
 
 
 @dataclass
+class DeepEyesRewardConfig:
+    """DeepEyes' reward (rl360.rewards.agentic): accuracy_weight * judge accuracy + format_weight * (-1 on a
+    format error) + tool_weight * (a tool was called and the answer is right)."""
+
+    accuracy_weight: float = 0.8
+    format_weight: float = 0.2
+    tool_weight: float = 1.2
+    max_answer_chars: int = 1000  # an answer this long or longer scores accuracy 0 and is a format error
+
+
+@dataclass
 class RewardConfig:
     num_workers: int = 2  # reward worker processes (0: score in-process, no timeout)
     timeout_s: float = 10.0  # wall-clock limit per reward call; a timeout scores 0 and is counted
@@ -221,6 +238,7 @@ class RewardConfig:
     overlong_buffer_len: int = 0  # DAPO overlong penalty: last this many tokens of the budget (0: off)
     overlong_penalty_factor: float = 1.0  # penalty reached at rollout.max_response_length
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    deepeyes: DeepEyesRewardConfig = field(default_factory=DeepEyesRewardConfig)  # DeepEyes' weights
     # refuse to run untrusted code (codegen, CRUXEval) where the sandbox cannot fully isolate it (no uid
     # switch, no namespaces): at start when the data holds such rewards, else the row scores 0 as an error
     require_isolation: bool = True
@@ -554,6 +572,13 @@ def _get(cfg: RunConfig, key: str) -> Any:
     return value
 
 
+def context_length(cfg: RunConfig) -> int:
+    """The most tokens one sample holds: its prompt (images' tokens included) and its response. An agent's
+    response is every turn: generated tokens, tool replies and the images tools add, all within
+    rollout.max_response_length (the agent loop ends a trajectory before it would pass it)."""
+    return cfg.data.max_prompt_length + cfg.rollout.max_response_length
+
+
 def validate(cfg: RunConfig) -> None:
     """Check value ranges and closed choices, and the relations between keys."""
     for key, allowed in CHOICES.items():
@@ -570,6 +595,15 @@ def validate(cfg: RunConfig) -> None:
     for key in NON_NEGATIVE:
         if _get(cfg, key) is not None and _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)!r} must be >= 0")
+    endings = {"done", "max_turns", "budget", "length", "abort"}
+    unknown = sorted(set(cfg.algorithm.partial_filter_keep) - endings)
+    if unknown:
+        raise ConfigError(f"algorithm.partial_filter_keep has {unknown}; a trajectory ends as one of {sorted(endings)}")
+    if cfg.algorithm.partial_filter and not cfg.algorithm.filter_groups:
+        raise ConfigError("algorithm.partial_filter=true filters within dynamic sampling: set algorithm.filter_groups=true")
+    if cfg.algorithm.partial_filter and (cfg.algorithm.adv_estimator == "gae" or cfg.algorithm.kl_in_reward_coef > 0):
+        raise ConfigError("algorithm.partial_filter=true computes group advantages from the scores alone, before any "
+                          "log-prob or value: use a group estimator (grpo, rloo, ...) and algorithm.kl_in_reward_coef=0")
     if not cfg.model.path:
         raise ConfigError("model.path is empty: give a Hugging Face model directory")
     if not cfg.data.train_files:

@@ -52,6 +52,7 @@ from megatron_bridge.arch import get_architecture
 from megatron_bridge.config_map import head_dim, num_experts, num_query_groups, padded_vocab_size
 from megatron_bridge.vision import is_vision_language, language_config, vision_parameter_count
 from rl360.actor.batch import interleaved_micro_batches, interleaving_group
+from rl360.config import context_length
 
 GIB = 1024 ** 3
 RESERVED_GIB = 2.0  # CUDA context, NCCL buffers, fragmentation
@@ -206,7 +207,7 @@ def activation_bytes(cfg: Any, hf: dict[str, Any]) -> float:
     """Activations kept for the backward pass on the fullest rank (see the module docstring)."""
     actor, parallel = cfg.actor, cfg.actor.parallel
     tp, pp = parallel.tensor, parallel.pipeline
-    sequence = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    sequence = context_length(cfg)
     tokens = actor.max_tokens_per_micro_batch or actor.micro_batch_size * sequence
     responses = cfg.actor.ppo_mini_batch_size * cfg.rollout.n // parallel.data
     micro_batches = max(1, -(-responses * sequence // tokens))
@@ -242,7 +243,7 @@ def engine_report(cfg: Any, hf: dict[str, Any], gpu_memory_gb: float) -> list[st
     weights = rank_parameters(hf, engine_tp, 1, 0) * dtype
     room = rollout.mem_fraction * gpu_memory_gb * GIB - weights
     kv_per_token = 2 * hf["num_hidden_layers"] * max(1, num_query_groups(hf) // engine_tp) * head_dim(hf) * dtype
-    step_tokens = cfg.data.batch_size * rollout.n * (cfg.data.max_prompt_length + rollout.max_response_length)
+    step_tokens = cfg.data.batch_size * rollout.n * context_length(cfg)
     held = max(room, 0) / kv_per_token * rollout.num_engines
     lines = [f"each engine GPU (tp {engine_tp}): weights {weights / GIB:.2f} GiB, KV cache "
              f"{max(room, 0) / GIB:.2f} GiB = {held / rollout.num_engines:,.0f} tokens"]
@@ -286,6 +287,10 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{cfg.model.path}: policy TP {parallel.tensor}{context} x PP {parallel.pipeline} x DP {parallel.data}"
           f"{experts} = {ranks} GPU(s) ({nodes} node(s) of {args.gpus_per_node}), dtype {cfg.model.dtype}")
     print(placement.describe())
+    turns = (f"; an agent's response holds up to {cfg.agent.max_turns} turns, tool replies and tool images "
+             f"({', '.join(cfg.agent.tools) or 'no tools'})") if cfg.agent.loop else ""
+    print(f"context per sample: {context_length(cfg):,} tokens (prompt {cfg.data.max_prompt_length:,} + response "
+          f"{cfg.rollout.max_response_length:,}{turns})")
     result = plan(cfg, args.gpu_memory_gb)
     print(result.report())
     return 0 if result.fits() else 1

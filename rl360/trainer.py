@@ -127,6 +127,13 @@ def train(cfg: RunConfig) -> Path:
             timing = {"rollout_wait": time.perf_counter() - started, **step_rollouts.timing}
             scored, baselines, sampling_metrics = step_rollouts.scored, step_rollouts.baselines, step_rollouts.metrics
             batch, scores = scored.batch(tokenizer.pad_token_id or 0), scored.scores
+            partial = scored.train_mask is not None
+            if partial:  # partial dynamic filtering: advantages over whole groups, then only the kept trajectories
+                batch.advantages, batch.returns = estimator(
+                    _token_level(scores, batch), batch.response_mask, [i // cfg.rollout.n for i in range(len(batch))],
+                    norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, gamma=cfg.algorithm.gamma,
+                    lam=cfg.algorithm.lam, reward_baselines=baselines)
+                batch, scores = batch.select(scored.train_mask), scores[scored.train_mask]
 
             # 4. old / reference log-probs (and PPO's values) and advantages
             with _timer(timing, "logprobs"):
@@ -143,10 +150,11 @@ def train(cfg: RunConfig) -> Path:
                 sequence_kl = token_kl.sum(-1).mean().item()
                 sampling_metrics.update({"reward/kl": sequence_kl, "reward/kl_coef": kl_control.coef})
                 kl_control.update(sequence_kl, len(batch))
-            batch.advantages, batch.returns = estimator(
-                token_rewards, batch.response_mask, [i // cfg.rollout.n for i in range(len(batch))],
-                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, gamma=cfg.algorithm.gamma,
-                lam=cfg.algorithm.lam, reward_baselines=baselines, values=batch.values)
+            if not partial:
+                batch.advantages, batch.returns = estimator(
+                    token_rewards, batch.response_mask, [i // cfg.rollout.n for i in range(len(batch))],
+                    norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, gamma=cfg.algorithm.gamma,
+                    lam=cfg.algorithm.lam, reward_baselines=baselines, values=batch.values)
 
             # 5. critic and policy updates (shards again: they now carry log-probs, advantages, returns)
             update_metrics = {}

@@ -447,7 +447,8 @@ def test_a_training_run_with_the_agent_loop_logs_its_metrics(tmp_path):
         [sys.executable, "-m", "rl360.cli", "train", "configs/quickstart.yaml", f"output_dir={tmp_path / 'out'}",
          f"model.path={model}", f"data.train_files=[{tmp_path / 'data' / 'train.parquet'}]", "data.batch_size=4",
          "rollout.n=4", "actor.ppo_mini_batch_size=4", "trainer.total_steps=2", "trainer.save_hf=false",
-         "cluster.num_cpus=2", "agent.loop=tools", "agent.tools=[python]"],
+         "cluster.num_cpus=2", "agent.loop=tools", "agent.tools=[python]",
+         "reward.custom={math__synthetic: 'tests.test_rewards_agents:one_turn_trajectory_seen'}"],
         cwd=root, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
@@ -456,3 +457,4 @@ def test_a_training_run_with_the_agent_loop_logs_its_metrics(tmp_path):
         assert record["agent/turns/mean"] == 1.0 and record["agent/tool_calls/mean"] == 0.0
         assert record["agent/generated_tokens/mean"] == record["response_length/mean"]
         assert record["rollout/logprob_abs_diff"] <= 1e-6
+        assert record["reward/mean"] == 1.0  # every reward call was handed its trajectory's summary

@@ -656,6 +656,24 @@ def test_dynamic_sampling_keeps_groups_whose_scores_vary():
     assert varied_groups(scores, 3).tolist() == [False, True, False]
 
 
+def test_partial_dynamic_filtering_keeps_trajectories_one_by_one():
+    """PyVision's rule: a uniform group goes (a group of one never is), then each trajectory whose ending is not
+    kept; past the target, the trajectories of the groups whose scores vary most."""
+    from rl360.algos.dynamic_sampling import group_std, most_varied, partial_keep
+
+    scores = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.5, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    endings = torch.tensor([True, True, True, True, False, True, True, True, True, True, True, True])
+    keep = partial_keep(scores, 3, endings)
+    assert keep.tolist() == [False] * 3 + [True, False, True] + [True] * 3 + [False] * 3
+    assert partial_keep(torch.tensor([1.0, 1.0]), 1, torch.tensor([True, False])).tolist() == [True, False]
+    stds = group_std(scores, 3)
+    torch.testing.assert_close(stds[3:9], torch.tensor([0.4082483, 0.4082483, 0.4082483, 0.4714045, 0.4714045,
+                                                        0.4714045]))
+    assert most_varied(keep, stds, 4).tolist() == [False] * 3 + [True, False, False] + [True] * 3 + [False] * 3
+    assert most_varied(keep, stds, 10).tolist() == keep.tolist()
+    assert most_varied(torch.tensor([True, True, True]), torch.zeros(3), 2).tolist() == [True, True, False]
+
+
 def test_overlong_penalty_is_linear_in_the_buffer():
     from rl360.algos.dynamic_sampling import overlong_penalty
 

@@ -115,6 +115,8 @@ class _Handler(BaseHTTPRequestHandler):
         wrong = "WRONG" in prompt
         if "exactly one word" in prompt:
             text = "Incorrect" if wrong else "Correct"
+        elif prompt.rstrip().endswith("Judgement:"):  # the few-shot "Judgement: 1 / 0" form
+            text = "Judgement: " + ("0" if wrong else "1")
         else:
             text = "The values agree.\nFinal Decision: " + ("No" if wrong else "Yes")
         if tag == "babble":

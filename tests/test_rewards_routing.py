@@ -212,7 +212,9 @@ def test_an_unknown_reward_metric_is_an_error_naming_the_known_ones():
 
 def test_routes_that_call_the_judge_are_declared():
     judged = {(route.pattern, route.metric) for route in routes() if route.needs_judge}
-    assert judged == {("stem_web*", "default"), ("math*", "math_llm_judge")}
+    agents = {(route.pattern, route.metric) for route in routes() if route.ref.startswith("rl360.rewards.agentic:")}
+    assert ("vstar", "default") in agents and ("deepeyes", "default") in agents and ("vstar", "pyvision") in agents
+    assert judged == {("stem_web*", "default"), ("math*", "math_llm_judge")} | agents
     with pytest.raises(JudgeNotConfigured, match=r"'stem_web'.*reward\.judge\.url"):
         check_route("stem_web", None, judge_configured=False)
     with pytest.raises(JudgeNotConfigured, match=r"'math__x' with extra_info.reward_metric 'math_llm_judge'"):

@@ -119,6 +119,28 @@ def test_dynamic_sampling_filters_on_the_chosen_metric(tmp_path, metric):
             assert record["dynamic_sampling/filled_groups"] < 4
 
 
+@pytest.mark.parametrize("keep", ["[done,length]", "[abort]"])
+def test_partial_dynamic_filtering_trains_on_the_kept_trajectories(tmp_path, keep):
+    """PyVision's partial dynamic filtering: every ending kept, scores that vary unless a group's responses are
+    identical: whole groups kept, a second batch only when a group was dropped, 16 trajectories trained on; an
+    ending no single response has (abort) kept: nothing is, the two batches allowed are sampled and set-aside
+    trajectories fill the step, still exactly 16."""
+    _, records = _short_run(
+        tmp_path, "configs/algorithms/dapo.yaml", "algorithm.max_num_gen_batches=2", "trainer.save_hf=false",
+        "algorithm.filter_groups_metric=score", "algorithm.partial_filter=true",
+        f"algorithm.partial_filter_keep={keep}",
+        "reward.custom={test_acc: 'tests.algo_fixtures:always_correct_varied_score'}",
+        rows=[_row(f"{a}+{a}", str(2 * a), source="test_acc__x") for a in range(8)])
+    for record in records:
+        assert record["dynamic_sampling/trained_trajectories"] == 16
+        if keep == "[abort]":
+            assert record["dynamic_sampling/gen_batches"] == 2 and record["dynamic_sampling/filled_trajectories"] == 16
+        elif record["dynamic_sampling/gen_batches"] == 1:  # every group varied: all of them, whole
+            assert record["dynamic_sampling/filled_trajectories"] == 0
+            assert record["dynamic_sampling/partial_groups"] == 0
+        assert record["reward/calls"] == 16 * record["dynamic_sampling/gen_batches"]
+
+
 def _short_run(tmp_path, *overrides: str, rows: list[dict] | None = None, moe: bool = False,
                moe_layers: int = 2) -> tuple:
     """Two steps of the quickstart model (with `moe`, a Qwen2-MoE of `moe_layers` layers over its tokenizer instead)

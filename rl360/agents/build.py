@@ -35,7 +35,25 @@ def agent_from_config(cfg: RunConfig) -> Agent | None:
         tools = build_tools(list(section.tools), tool_settings)
     except (KeyError, ImportError, AttributeError, TypeError, ValueError) as error:
         raise ConfigError(f"agent.tools={list(section.tools)}: {str(error).strip(chr(34))}") from None
+    if "python" in tools:
+        _announce_tool_python(section.python)
     settings = AgentSettings(max_turns=section.max_turns, max_response_length=cfg.rollout.max_response_length,
                              tool_timeout_s=section.tool_timeout_s, min_pixels=section.min_pixels,
                              max_pixels=section.max_pixels)
     return Agent(tools, parser, settings)
+
+
+def _announce_tool_python(configured: str) -> None:
+    """One line when the python tool's interpreter lacks PIL or numpy: the images would not reach the model's code."""
+    from rl360.agents.tools.python_env import missing_modules
+    from rl360.rewards.sandbox import IsolationError, sandbox_python
+
+    python = configured or sandbox_python()
+    try:
+        missing = missing_modules(python, ("PIL", "numpy")) if python else ["python"]
+    except IsolationError:  # the sandbox refuses to run code here: the python tool says so at its first call
+        return
+    if missing:
+        print(f"agent.tools: the python tool's interpreter {python or '(none)'} cannot import {missing} in the "
+              "sandbox, so image_clue_0, ... are not loaded: make one with `python -m rl360.agents.tools.python_env "
+              "DIR` and set agent.python=DIR/bin/python", flush=True)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -44,7 +45,7 @@ from rl360.agents.tools.base import Tool, ToolReply, TrajectoryState
 from rl360.agents.tools.images import qwen_vl_placeholder
 from rl360.core.prompt import ImagePrompt, Prompt, prompt_ids, prompt_images
 from rl360.core.sampling import SamplingParams
-from rl360.core.trajectory import Sample
+from rl360.core.trajectory import Sample, TrajectorySummary
 
 GenerateTurn = Callable[[Prompt, SamplingParams, int], Awaitable[Sample]]
 
@@ -101,6 +102,17 @@ class AgentSample(Sample):
     """A trajectory `Sample` with how it went (`trace`)."""
 
     trace: AgentTrace = field(default_factory=AgentTrace)
+
+    @property
+    def ended_by(self) -> str:
+        return self.trace.ended_by
+
+    def summary(self, decode: Callable[[list[int]], str]) -> TrajectorySummary:
+        """The generated turns' texts (`Sample.summary`) with the trace's calls and errors."""
+        calls = self.trace.calls
+        return replace(super().summary(decode), tool_calls=dict(Counter(call.name for call in calls)),
+                       tool_errors=sum(bool(call.error or call.timed_out) for call in calls),
+                       tool_timeouts=sum(call.timed_out for call in calls))
 
 
 async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any, tools: dict[str, Tool],

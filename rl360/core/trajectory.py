@@ -13,7 +13,9 @@ into the context; those stay in the sequence (the policy's log-probs see them as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from rl360.core.prompt import ImagePrompt, Prompt
 
@@ -30,6 +32,29 @@ class Turn:
 
     def shifted(self, offset: int) -> Turn:
         return Turn(self.start + offset, self.end + offset, self.version, self.generated)
+
+
+@dataclass(frozen=True)
+class TrajectorySummary:
+    """What a reward may read of a trajectory besides its text: small and picklable, so it travels to the reward
+    pool's workers with the response. A single response is one turn without tool calls."""
+
+    turns: int = 1  # generated turns
+    turn_texts: tuple[str, ...] = ()  # each generated turn's text, in order (tool replies left out)
+    tool_calls: Mapping[str, int] = field(default_factory=dict)  # calls per tool name
+    tool_errors: int = 0  # calls that failed or timed out
+    tool_timeouts: int = 0
+    ended_by: str = "done"  # done | max_turns | budget | length | abort
+
+    @property
+    def num_tool_calls(self) -> int:
+        return sum(self.tool_calls.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        """The form a reward function gets in `extra_info["trajectory"]`."""
+        return {"turns": self.turns, "turn_texts": list(self.turn_texts), "tool_calls": dict(self.tool_calls),
+                "num_tool_calls": self.num_tool_calls, "tool_errors": self.tool_errors,
+                "tool_timeouts": self.tool_timeouts, "ended_by": self.ended_by}
 
 
 @dataclass
@@ -54,6 +79,12 @@ class Sample:
         """completed (ended by a stop token), truncated (by the length limit) or aborted."""
         return {"stop": "completed", "length": "truncated"}.get(self.finish_reason, "aborted")
 
+    @property
+    def ended_by(self) -> str:
+        """How the trajectory ended: done (a stop token), length (the token budget) or abort (an agent's sample
+        also max_turns or budget)."""
+        return {"stop": "done", "length": "length"}.get(self.finish_reason, "abort")
+
     def versions(self) -> list[int]:
         """The weight version that sampled each response token."""
         return self.token_versions or [self.weight_version] * len(self.response_ids)
@@ -67,6 +98,13 @@ class Sample:
         if self.turns is not None:
             return list(self.turns)
         return [Turn(0, len(self.response_ids), self.weight_version)] if self.response_ids else []
+
+    def summary(self, decode: Callable[[list[int]], str]) -> TrajectorySummary:
+        """The trajectory's `TrajectorySummary`, each generated turn's tokens decoded by `decode` (an agent's
+        sample adds its tool calls)."""
+        generated = [turn for turn in self.turn_list() if turn.generated]
+        texts = tuple(decode(self.response_ids[turn.start:turn.end]) for turn in generated)
+        return TrajectorySummary(turns=len(generated), turn_texts=texts, ended_by=self.ended_by)
 
     def continued(self, more: Sample) -> Sample:
         """This aborted sample followed by `more`, sampled from `prompt_ids + response_ids` (maybe by newer

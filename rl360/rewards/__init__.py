@@ -3,6 +3,7 @@
 `docs/rewards.md` lists every routed name (`python -m rl360.rewards.docs` writes it from the registry).
 """
 
+from rl360.rewards import agentic as _agentic  # noqa: F401  (registers "vstar", "chart", "deepeyes", ...)
 from rl360.rewards import codegen as _codegen  # noqa: F401  (registers "codegen", "apps", "taco", ...)
 from rl360.rewards import geometry as _geometry  # noqa: F401  (registers "hiyouga/geometry3k")
 from rl360.rewards import gsm8k as _gsm8k  # noqa: F401  (registers "openai/gsm8k")

@@ -56,7 +56,7 @@ from rl360.rewards.judge_templates import TEMPLATES, Template, get_template, reg
 from rl360.rewards.math import last_boxed, strip_thinking
 
 __all__ = ["JudgeClient", "JudgeFailed", "JudgeItem", "JudgeResult", "TEMPLATES", "Template", "judge_env",
-           "judge_key_env", "judge_score", "register_template"]
+           "judge_answer", "judge_key_env", "judge_score", "register_template"]
 
 logger = logging.getLogger(__name__)
 
@@ -509,15 +509,23 @@ def judge_score(solution_str: str, ground_truth: str, extra_info: dict | None = 
     `correctness`), or `extra_info["judge_template"]`. The question is `extra_info["question"]`; a custom
     template's other fields come from `extra_info` too. A failed judgement raises `JudgeFailed`, so the
     reward pool scores it 0 and counts it in `reward/errors/<domain>` with the failure kind in its text."""
-    client = _env_client()
     info = extra_info or {}
-    template = get_template(info.get("judge_template") or client.template)
-    fields = {name: info[name] for name in template.fields if name in info}
-    fields.update(question=info.get("question", ""), reference=ground_truth, response=answer_for_judge(solution_str))
-    result = client.score_batch([JudgeItem(template.name, **fields)])[0]
+    result = judge_answer(info.get("judge_template") or _env_client().template, info.get("question", ""),
+                          ground_truth, answer_for_judge(solution_str), info)
+    return {"score": result.score, "judge_text": result.text[:200]}
+
+
+def judge_answer(template: str, question: str, reference: str, response: str,
+                 fields: Mapping[str, Any] | None = None) -> JudgeResult:
+    """One judgement by this process's judge (RL360_JUDGE_* settings) with `template`; a custom template's other
+    fields come from `fields`. `JudgeFailed` when it ends without a grade."""
+    chosen = get_template(template)
+    values = {name: fields[name] for name in chosen.fields if fields and name in fields}
+    values.update(question=question, reference=reference, response=response)
+    result = _env_client().score_batch([JudgeItem(chosen.name, **values)])[0]
     if result.error or result.score is None:
         raise JudgeFailed(result.error or "unparseable")
-    return {"score": result.score, "judge_text": result.text[:200]}
+    return result
 
 
 class JudgeFailed(RuntimeError):

@@ -61,6 +61,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
+from rl360.core.trajectory import TrajectorySummary
+from rl360.data.schema import extra_info_dict
 from rl360.imports import import_ref
 from rl360.rewards.registry import resolve, reward_ref
 
@@ -87,12 +89,22 @@ _CODE_ISOLATION = "rl360.rewards.remote_sandbox:code_isolation"
 
 @dataclass
 class RewardItem:
-    """One response to score: routed by `data_source`, compared with `ground_truth`."""
+    """One response to score: routed by `data_source`, compared with `ground_truth`. `trajectory` (a multi-turn
+    sample's turns' texts and tool calls) reaches the reward function as `extra_info["trajectory"]`, a dict
+    (`TrajectorySummary.as_dict`)."""
 
     data_source: str
     solution_str: str
     ground_truth: str
     extra_info: dict | None = None
+    trajectory: TrajectorySummary | None = None
+
+    def reward_extra_info(self) -> dict | None:
+        """The `extra_info` the reward function is called with: the row's, plus "trajectory" when there is one."""
+        if self.trajectory is None:
+            return self.extra_info
+        info = extra_info_dict(self.extra_info)
+        return {**(info if isinstance(info, dict) else {}), "trajectory": self.trajectory.as_dict()}
 
 
 @dataclass
@@ -114,7 +126,7 @@ def domain_of(data_source: str) -> str:
 def score_one(ref: str, item: RewardItem) -> RewardResult:
     """Run one reward call in this process; an exception becomes a 0 score with its text."""
     try:
-        value = resolve(ref)(item.solution_str, item.ground_truth, item.extra_info)
+        value = resolve(ref)(item.solution_str, item.ground_truth, item.reward_extra_info())
         if isinstance(value, dict):
             if "score" not in value:
                 return RewardResult(0.0, error=f"reward function {ref} returned a dict without a 'score' key")
@@ -382,11 +394,14 @@ def open_reward_pool(cfg: Any, routes: Mapping[str, Route] | None = None,
     start (`rl360.rewards.sandbox.IsolationError`, the pool closed) when `routes` (data_source -> its
     reward route, as `rl360.rewards.check.check_reward_data` returns them) holds one that runs the
     response's code while the isolation it requires is missing."""
+    from rl360.rewards.agentic import deepeyes_env
     from rl360.rewards.judge import judge_env
     from rl360.rewards.sandbox import isolation_env, refuse_untrusted_code
 
-    pool = RewardPool(cfg.num_workers, cfg.timeout_s, int(cfg.max_memory_gb * (1 << 30)) or None,
-                      env={**judge_env(cfg.judge), **isolation_env(cfg.require_isolation)},
+    settings = {**judge_env(cfg.judge), **isolation_env(cfg.require_isolation)}
+    if hasattr(cfg, "deepeyes"):
+        settings.update(deepeyes_env(cfg.deepeyes))
+    pool = RewardPool(cfg.num_workers, cfg.timeout_s, int(cfg.max_memory_gb * (1 << 30)) or None, env=settings,
                       env_passthrough=cfg.env_passthrough)
     try:
         found = pool.sandbox_isolation()

@@ -38,9 +38,9 @@ from typing import Any
 import torch
 
 from rl360.actor.batch import RolloutBatch, build_batch
-from rl360.algos.dynamic_sampling import overlong_penalty, varied_groups
+from rl360.algos.dynamic_sampling import group_std, most_varied, overlong_penalty, partial_keep, varied_groups
 from rl360.cluster.placement import Placement, make_placement
-from rl360.core import Prompt, Sample, SamplingParams
+from rl360.core import Prompt, Sample, SamplingParams, TrajectorySummary
 from rl360.rewards import RewardItem, RewardPool
 from rl360.rollout.fleet import EngineFleet
 
@@ -64,6 +64,9 @@ class Scored:
     scores: torch.Tensor  # [num samples], trained on (overlong penalty included)
     accuracy: torch.Tensor  # [num samples], the reward's "acc" extra where it gives one, else its score
     n: int
+    # [num samples] bool, partial dynamic filtering: the trajectories trained on (None: all). The others stay for
+    # their groups' advantages and are dropped from the batch after them.
+    train_mask: torch.Tensor | None = None
 
     @property
     def num_groups(self) -> int:
@@ -72,15 +75,17 @@ class Scored:
     def select_groups(self, keep: torch.Tensor) -> Scored:
         rows = [i for g in keep.nonzero().flatten().tolist() for i in range(g * self.n, (g + 1) * self.n)]
         return Scored([self.rows[i] for i in rows], [self.samples[i] for i in rows], self.scores[rows],
-                      self.accuracy[rows], self.n)
+                      self.accuracy[rows], self.n, None if self.train_mask is None else self.train_mask[rows])
 
     def first_groups(self, count: int) -> Scored:
         return self.select_groups(torch.arange(self.num_groups) < count)
 
     @staticmethod
     def concat(parts: list[Scored]) -> Scored:
+        masks = None if all(p.train_mask is None for p in parts) else torch.cat(
+            [p.train_mask if p.train_mask is not None else torch.ones(len(p.samples), dtype=torch.bool) for p in parts])
         return Scored([r for p in parts for r in p.rows], [s for p in parts for s in p.samples],
-                      torch.cat([p.scores for p in parts]), torch.cat([p.accuracy for p in parts]), parts[0].n)
+                      torch.cat([p.scores for p in parts]), torch.cat([p.accuracy for p in parts]), parts[0].n, masks)
 
     def batch(self, pad_id: int) -> RolloutBatch:
         return build_batch([s.prompt_ids for s in self.samples], [s.response_ids for s in self.samples],
@@ -208,6 +213,8 @@ class RolloutSampler:
         aside and more prompt batches are sampled; after `max_num_gen_batches` the step fills up with set-aside
         groups (no signal under group-centred advantages) and counts them."""
         cfg, algo = self.cfg, self.cfg.algorithm
+        if algo.filter_groups and algo.partial_filter:
+            return await self._collect_partial(step, turn, timing, metrics)
         kept: list[Scored] = []
         uniform: list[Scored] = []
         sampled: list[torch.Tensor] = []  # every score of the step, trained on or not
@@ -242,6 +249,55 @@ class RolloutSampler:
                         "dynamic_sampling/gen_batches": gen_batches, "dynamic_sampling/filled_groups": filled})
         return Scored.concat(kept).first_groups(cfg.data.batch_size)
 
+    async def _collect_partial(self, step: int, turn: _Turn, timing: dict[str, float],
+                               metrics: dict[str, float]) -> Scored:
+        """PyVision's partial dynamic filtering: prompt batches are sampled until `data.batch_size * rollout.n`
+        trajectories are kept, a trajectory kept when its group's scores vary and its ending is one of
+        `algorithm.partial_filter_keep` (`partial_keep`). Whole groups are returned, the kept trajectories marked
+        (`Scored.train_mask`): the trainer computes advantages over whole groups and trains on the kept ones. Past
+        the target, the kept trajectories of the most varied groups are trained on (PyVision's std ranking);
+        after `max_num_gen_batches` batches, set-aside trajectories fill the step, in the order sampled, and are
+        counted (`dynamic_sampling/filled_trajectories`)."""
+        cfg, algo = self.cfg, self.cfg.algorithm
+        target, n = cfg.data.batch_size * cfg.rollout.n, cfg.rollout.n
+        endings = set(algo.partial_filter_keep)
+        parts: list[Scored] = []
+        gen_batches = filled = 0
+        await asyncio.wrap_future(turn.previous)
+        skipped_before = self.stream.skipped()
+        turn.start_state.set_result(self.stream.state_dict())
+        try:
+            while sum(int(p.train_mask.sum()) for p in parts) < target:
+                if gen_batches and algo.max_num_gen_batches and gen_batches >= algo.max_num_gen_batches:
+                    break
+                gen_batches += 1
+                scored = await self._rollout_and_score(next(self._batches), cfg.rollout,
+                                                       cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
+                                                       timing, metrics)
+                metric = scored.accuracy if algo.filter_groups_metric == "acc" else scored.scores
+                ending_kept = torch.tensor([sample.ended_by in endings for sample in scored.samples])
+                scored.train_mask = partial_keep(metric, n, ending_kept)
+                parts.append(scored)
+        finally:
+            self._end_turn(turn, skipped_before, metrics)
+        every = Scored.concat(parts)
+        keep = every.train_mask
+        metric = every.accuracy if algo.filter_groups_metric == "acc" else every.scores
+        if int(keep.sum()) < target:  # the batch limit: set-aside trajectories fill the step
+            missing = (~keep).nonzero().flatten()[:target - int(keep.sum())]
+            filled = len(missing)
+            keep = keep.clone()
+            keep[missing] = True
+        every.train_mask = most_varied(keep, group_std(metric, n), target)
+        groups = every.train_mask.view(-1, n).any(dim=-1)  # groups without a kept trajectory are left out
+        metrics.update({"reward/mean_sampled": every.scores.mean().item(),
+                        "dynamic_sampling/gen_batches": gen_batches, "dynamic_sampling/filled_groups": 0,
+                        "dynamic_sampling/filled_trajectories": filled,
+                        "dynamic_sampling/trained_trajectories": int(every.train_mask.sum()),
+                        "dynamic_sampling/partial_groups": int((every.train_mask.view(-1, n)[groups]
+                                                                .sum(dim=-1) < n).sum())})
+        return every.select_groups(groups)
+
     def _end_turn(self, turn: _Turn, skipped_before: dict[str, int], metrics: dict[str, float]) -> None:
         """The step has drawn its last prompt batch: the stream's counts for it, and the next step's turn."""
         if turn.done.done():
@@ -265,8 +321,9 @@ class RolloutSampler:
         sample_rows = [row for row in rows for _ in range(n)]
         started = time.perf_counter()
         texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
-        items = [RewardItem(row["data_source"], text, row["reward_model"]["ground_truth"], row.get("extra_info"))
-                 for row, text in zip(sample_rows, texts)]
+        items = [RewardItem(row["data_source"], text, row["reward_model"]["ground_truth"], row.get("extra_info"),
+                            self._summary(sample))
+                 for row, text, sample in zip(sample_rows, texts, samples)]
         async with self._scoring:  # the pool scores one call at a time (steps may overlap)
             results, counts = await asyncio.to_thread(self._score, items)
         _add(timing, "reward", time.perf_counter() - started)
@@ -281,6 +338,12 @@ class RolloutSampler:
         for key, value in counts.items():
             metrics[key] = metrics.get(key, 0) + value
         return Scored(sample_rows, samples, scores, accuracy, n)
+
+    def _summary(self, sample: Sample) -> TrajectorySummary | None:
+        """What the reward reads of a multi-turn trajectory (None for a single response: its text is all)."""
+        if sample.turns is None and not hasattr(sample, "trace"):
+            return None
+        return sample.summary(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def _score(self, items: list[RewardItem]) -> tuple[list, dict[str, float]]:
         return self.rewards.score(items), self.rewards.last_metrics()
