@@ -389,6 +389,19 @@ def test_tool_images_join_an_image_prompt_and_are_dropped_from_a_text_prompt(tok
     assert "drawn\n[1 image(s) not shown: this conversation has no images]" in tokenizer.decode(plotted.response_ids)
 
 
+def test_a_turn_that_sampled_the_image_token_ends_the_trajectory(tokenizer):
+    """An engine handed a sampled image token back as context would take it for an image's place: the trajectory
+    ends after that turn, its call not run."""
+    picture = png(112, 112)
+    zoom = {"image_zoom_in": get_tool("image_zoom_in", ToolSettings())}
+    head = encode(tokenizer, render(tokenizer, QUESTION, True))
+    turns = ["<|image_pad|>" + call("image_zoom_in", {"bbox_2d": [0, 0, 56, 56]}), "Red."]
+    replay = Replay(tokenizer, turns)
+    sample = run(run_agent(replay, ImagePrompt(head, (picture,)), tokenizer, zoom, parse_hermes, AgentSettings()))
+    assert sample.trace.ended_by == "image_token" and len(replay.calls) == 1 and not sample.trace.calls
+    assert sample.images == (picture,) and sample.mask() == [1] * len(sample.response_ids)
+
+
 def test_agent_metrics_summarise_a_batch(tokenizer):
     prompt = encode(tokenizer, render(tokenizer, QUESTION, True))
     done = run(run_agent(Replay(tokenizer, ["42."]), prompt, tokenizer, TOOLS, parse_hermes, AgentSettings()))

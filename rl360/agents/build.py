@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from rl360.agents.loop import AgentSettings
@@ -38,4 +39,23 @@ def agent_from_config(cfg: RunConfig) -> Agent | None:
     settings = AgentSettings(max_turns=section.max_turns, max_response_length=cfg.rollout.max_response_length,
                              tool_timeout_s=section.tool_timeout_s, min_pixels=section.min_pixels,
                              max_pixels=section.max_pixels)
+    _check_pixel_bounds(cfg)
     return Agent(tools, parser, settings)
+
+
+def _check_pixel_bounds(cfg: RunConfig) -> None:
+    """A tool's image is resized within `agent.min_pixels` ... `agent.max_pixels` and written as that many image
+    tokens; the engines and the trainer expand it by the model's processor bounds, which must keep it as it is:
+    a vision model's processor bounds must contain the agent's (`ConfigError` naming both otherwise)."""
+    from rl360.data.images import VisionProcessor, is_vision_model
+
+    if not os.path.isdir(cfg.model.path) or not is_vision_model(cfg.model.path):
+        return
+    processor = VisionProcessor.from_pretrained(cfg.model.path, min_pixels=cfg.model.min_pixels or None,
+                                                max_pixels=cfg.model.max_pixels or None)
+    agent = cfg.agent
+    if agent.min_pixels < processor.min_pixels or agent.max_pixels > processor.max_pixels:
+        raise ConfigError(f"agent.min_pixels={agent.min_pixels}, agent.max_pixels={agent.max_pixels}: a tool's images "
+                          f"must stay within the model's image bounds ({processor.min_pixels} ... "
+                          f"{processor.max_pixels} pixels, model.min_pixels / model.max_pixels or its "
+                          "preprocessor_config.json); set agent.min_pixels / agent.max_pixels inside them")

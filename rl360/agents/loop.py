@@ -6,7 +6,9 @@
 `Sample`: tokens, the engine's log-probs, weight version); the loop:
 
 1. generates a turn from the prompt (then from the trajectory so far), at most the response tokens left;
-2. parses the turn's tool calls; none, or a turn cut by the length limit or aborted, ends the trajectory;
+2. parses the turn's tool calls; none, or a turn cut by the length limit or aborted, ends the trajectory; so
+   does a turn that sampled the image token (`<|image_pad|>`): an engine handed it back in the next turn's
+   context would take it for an image's place (finish "image_token");
 3. runs the calls: different tools concurrently, calls of one tool in the order written (they may share the
    trajectory's state, e.g. the python tool's cells); a failing, hanging or unknown call becomes an error reply;
 4. renders the replies with the tokenizer's chat template as `tool` messages and appends exactly the tokens the
@@ -25,10 +27,13 @@ engine generated, which this loop does not reproduce (the engine's tokens are ke
 Images: a tool's images are attached to the trajectory in order (`Sample.images`, after the prompt's) and
 written into the tool message as Qwen-VL's placeholder (vision start, one image pad per merged patch, vision
 end), so the next turn's `ImagePrompt` has the ids the processor would produce. Only an `ImagePrompt` takes
-them; for a text prompt they are dropped and the reply says so. What remains for training on them: the
-trainer's M-RoPE position ids (Qwen2-VL's `get_rope_index`) must be computed over the whole trajectory with
-every image's grid (the tool images included), and the images' pixel values fed to the vision tower at
-their pad positions; the engine does its own, so only the trainer side is missing.
+them; for a text prompt they are dropped and the reply says so. The trainer trains on such trajectories as the
+engine sampled them: `build_batch` carries every image of a row (`Sample.images`), the policy computes the
+M-RoPE positions over the whole trajectory with every image's grid and feeds each image's pixels at its image
+tokens, those of the prompt and those inside the response's tool tokens (`rl360.actor.multimodal`); an
+image-token id the engine sampled is text there, as it was to the engine. `agent.min_pixels`/`max_pixels` must
+lie within the model processor's bounds, or the placeholder's token count is not the one the engine and
+trainer expand the image into (checked when the run starts).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from typing import Any
 
 from rl360.agents.parsers import Parser, ParseResult, ToolCall
 from rl360.agents.tools.base import Tool, ToolReply, TrajectoryState
-from rl360.agents.tools.images import qwen_vl_placeholder
+from rl360.agents.tools.images import IMAGE_PAD, qwen_vl_placeholder
 from rl360.core.prompt import ImagePrompt, Prompt, prompt_ids, prompt_images
 from rl360.core.sampling import SamplingParams
 from rl360.core.trajectory import Sample
@@ -85,7 +90,8 @@ class TurnRecord:
 @dataclass(frozen=True)
 class AgentTrace:
     """How a trajectory went: its turns, and what ended it: "done" (a turn without calls), "max_turns",
-    "budget" (the response-token budget), "length" (a turn cut by the budget) or "abort"."""
+    "budget" (the response-token budget), "length" (a turn cut by the budget), "abort" or "image_token" (a turn
+    with calls that sampled the image token, which no engine can be handed back as text)."""
 
     turns: tuple[TurnRecord, ...] = ()
     ended_by: str = "done"
@@ -115,6 +121,7 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
     turns: list[TurnRecord] = []
     ended_by, dropped, context = "done", 0, prompt
     pending: list[int] = []  # the tool tokens after the last turn, before the next
+    image_pad = tokenizer.get_vocab().get(IMAGE_PAD)
     for turn in range(settings.max_turns):
         used = len(sample.response_ids) + len(pending) if sample else 0
         more = await generate_turn(context, replace(params, n=1, max_new_tokens=settings.max_response_length - used),
@@ -129,9 +136,9 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
             turns.append(TurnRecord(len(more.response_ids), more.finish_reason))
             ended_by = {"stop": "done", "length": "length"}.get(more.finish_reason, "abort")
             break
-        if turn + 1 == settings.max_turns:
+        if turn + 1 == settings.max_turns or (image_pad is not None and image_pad in more.response_ids):
             turns.append(TurnRecord(len(more.response_ids), more.finish_reason))
-            ended_by = "max_turns"
+            ended_by = "max_turns" if turn + 1 == settings.max_turns else "image_token"
             break
         started = time.monotonic()
         replies = await _run_calls(parsed.calls, tools, state, settings)
