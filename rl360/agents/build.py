@@ -28,6 +28,9 @@ def agent_from_config(cfg: RunConfig) -> Agent | None:
         parser = get_parser(section.parser)
     except (KeyError, ImportError, AttributeError, TypeError) as error:
         raise ConfigError(f"agent.parser={section.parser!r}: {str(error).strip(chr(34))}") from None
+    if section.stop_after_call and not getattr(parser, "call_end", ""):
+        raise ConfigError(f"agent.stop_after_call=true: the parser {section.parser!r} names no call_end (the text "
+                          "that closes a call); set it on the parser function or agent.stop_after_call=false")
     tool_settings = ToolSettings(timeout_s=section.tool_timeout_s, memory_mb=section.tool_memory_mb,
                                  max_output_chars=section.max_tool_output_chars, max_pixels=section.max_pixels,
                                  min_pixels=section.min_pixels, max_image_tokens=section.max_image_tokens,
@@ -38,7 +41,8 @@ def agent_from_config(cfg: RunConfig) -> Agent | None:
         raise ConfigError(f"agent.tools={list(section.tools)}: {str(error).strip(chr(34))}") from None
     settings = AgentSettings(max_turns=section.max_turns, max_response_length=cfg.rollout.max_response_length,
                              tool_timeout_s=section.tool_timeout_s, min_pixels=section.min_pixels,
-                             max_pixels=section.max_pixels)
+                             max_pixels=section.max_pixels, stop_after_call=section.stop_after_call,
+                             batch_turns=section.batch_turns)
     _check_pixel_bounds(cfg)
     return Agent(tools, parser, settings)
 

@@ -6,6 +6,8 @@
 `Sample`: tokens, the engine's log-probs, weight version); the loop:
 
 1. generates a turn from the prompt (then from the trajectory so far), at most the response tokens left;
+   with `stop_after_call`, a token that closes a call (its text ends with the parser's `call_end`) ends the turn
+   too, as the end-of-turn token does;
 2. parses the turn's tool calls; none, or a turn cut by the length limit or aborted, ends the trajectory; so
    does a turn that sampled the image token (`<|image_pad|>`): an engine handed it back in the next turn's
    context would take it for an image's place (finish "image_token");
@@ -63,6 +65,8 @@ class AgentSettings:
     tool_timeout_s: float = 30.0  # per call, for tools that do not enforce their own (python does)
     min_pixels: int = 3136  # Qwen-VL image bounds, for the placeholder of an image a tool returns
     max_pixels: int = 1003520
+    stop_after_call: bool = False  # a turn ends at a token that closes a tool call (see the module docstring)
+    batch_turns: bool = False  # the trajectories' turns in step, one request a round (`rl360.agents.group`)
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,9 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
     turns: list[TurnRecord] = []
     ended_by, dropped, context = "done", 0, prompt
     pending: list[int] = []  # the tool tokens after the last turn, before the next
-    image_pad = tokenizer.get_vocab().get(IMAGE_PAD)
+    image_pad = _token_id(tokenizer, IMAGE_PAD)
+    if settings.stop_after_call:
+        params = replace(params, stop_token_ids=sorted({*params.stop_token_ids, *call_end_ids(tokenizer, parser)}))
     for turn in range(settings.max_turns):
         used = len(sample.response_ids) + len(pending) if sample else 0
         more = await generate_turn(context, replace(params, n=1, max_new_tokens=settings.max_response_length - used),
@@ -164,6 +170,25 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
         sample = replace(sample, images=tuple(images))
     values = {item.name: getattr(sample, item.name) for item in fields(Sample)}
     return AgentSample(**values, trace=AgentTrace(tuple(turns), ended_by, dropped))
+
+
+def _token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of the vocabulary token `token`, None when the tokenizer has none."""
+    index = tokenizer.convert_tokens_to_ids(token)
+    return None if index is None or index == tokenizer.unk_token_id else index
+
+
+def call_end_ids(tokenizer: Any, parser: Parser) -> list[int]:
+    """The ids of the added tokens whose text ends with the parser's `call_end` (`</tool_call>` itself in Qwen's
+    tokenizers); `ValueError` when the parser names none or no token ends a call."""
+    end = getattr(parser, "call_end", "")
+    if not end:
+        raise ValueError("agent.stop_after_call: the parser names no call_end (the text that closes a call)")
+    ids = sorted(index for token, index in tokenizer.get_added_vocab().items() if token.endswith(end))
+    if not ids:
+        raise ValueError(f"agent.stop_after_call: no token of the tokenizer ends with {end!r}, so no token can end "
+                         "a turn at a call; set agent.stop_after_call=false")
+    return ids
 
 
 def _turn_seed(seed: int, turn: int) -> int:
