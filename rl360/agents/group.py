@@ -64,6 +64,7 @@ class TurnBatch:
     def __init__(self, fleet: Any, count: int, metrics: dict[str, float]):
         self.fleet, self.unfinished, self.metrics = fleet, count, metrics
         self.waiting: dict[int, tuple[Prompt, SamplingParams, int, asyncio.Future]] = {}
+        self.sending: set[asyncio.Task] = set()  # held here: the event loop keeps only weak references to tasks
 
     def caller(self, index: int):
         async def generate_turn(context: Prompt, params: SamplingParams, seed: int) -> Sample:
@@ -82,7 +83,9 @@ class TurnBatch:
         if self.waiting and len(self.waiting) == self.unfinished:
             requests = [self.waiting[index] for index in sorted(self.waiting)]
             self.waiting = {}
-            asyncio.get_running_loop().create_task(self._send(requests))
+            task = asyncio.get_running_loop().create_task(self._send(requests))
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
 
     async def _send(self, requests: list[tuple[Prompt, SamplingParams, int, asyncio.Future]]) -> None:
         budget = max(params.max_new_tokens for _, params, _, _ in requests)
