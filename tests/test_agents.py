@@ -494,6 +494,12 @@ def test_agent_config_is_validated_and_built():
         agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[calculator]"]))
     with pytest.raises(ConfigError, match="agent.parser"):
         agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]", "agent.parser=xml"]))
+    with pytest.raises(ConfigError, match="agent.stop_after_call=true: the parser 'json:loads' names no call_end"):
+        agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]",
+                                                    "agent.parser=json:loads", "agent.stop_after_call=true"]))
+    stopping = agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]",
+                                                           "agent.stop_after_call=true", "agent.batch_turns=true"]))
+    assert stopping.settings.stop_after_call and stopping.settings.batch_turns
 
 
 @pytest.mark.slow
