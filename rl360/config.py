@@ -260,6 +260,11 @@ class AgentConfig:
     min_pixels: int = 3136  # an image a tool returns is resized to at least this area (Qwen-VL's rule)
     max_pixels: int = 1003520  # ... and at most this area
     python: str = ""  # interpreter the python tool runs ("": the sandbox's own; it needs PIL for image_clue_N)
+    # end a generated turn at a token that closes a tool call (its text ends with the parser's closing tag,
+    # hermes: </tool_call>): the calls run without waiting for the end of the turn (one call's block per turn)
+    stop_after_call: bool = False
+    # the trajectories' turns in step, each round one request (for an engine that decodes a batch at once: hf)
+    batch_turns: bool = False
 
 
 @dataclass

@@ -389,6 +389,74 @@ def test_tool_images_join_an_image_prompt_and_are_dropped_from_a_text_prompt(tok
     assert "drawn\n[1 image(s) not shown: this conversation has no images]" in tokenizer.decode(plotted.response_ids)
 
 
+def test_a_turn_that_sampled_the_image_token_ends_the_trajectory(tokenizer):
+    """An engine handed a sampled image token back as context would take it for an image's place: the trajectory
+    ends after that turn, its call not run."""
+    picture = png(112, 112)
+    zoom = {"image_zoom_in": get_tool("image_zoom_in", ToolSettings())}
+    head = encode(tokenizer, render(tokenizer, QUESTION, True))
+    turns = ["<|image_pad|>" + call("image_zoom_in", {"bbox_2d": [0, 0, 56, 56]}), "Red."]
+    replay = Replay(tokenizer, turns)
+    sample = run(run_agent(replay, ImagePrompt(head, (picture,)), tokenizer, zoom, parse_hermes, AgentSettings()))
+    assert sample.trace.ended_by == "image_token" and len(replay.calls) == 1 and not sample.trace.calls
+    assert sample.images == (picture,) and sample.mask() == [1] * len(sample.response_ids)
+
+
+def test_stop_after_call_ends_a_turn_at_the_token_that_closes_a_call(tokenizer):
+    prompt = encode(tokenizer, render(tokenizer, QUESTION, True))
+    replay = Replay(tokenizer, [call("echo", {"say": "a"}), "Done."])
+    closing = tokenizer.convert_tokens_to_ids("</tool_call>")
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    settings = AgentSettings(max_response_length=500, stop_after_call=True)
+    run(run_agent(replay, prompt, tokenizer, TOOLS, parse_hermes, settings, SamplingParams(stop_token_ids=[eos])))
+    assert [params.stop_token_ids for _, params, _ in replay.calls] == [sorted([eos, closing])] * 2
+    replay = Replay(tokenizer, [call("echo", {"say": "a"}), "Done."])
+    run(run_agent(replay, prompt, tokenizer, TOOLS, parse_hermes, AgentSettings(),
+                  SamplingParams(stop_token_ids=[eos])))
+    assert replay.calls[0][1].stop_token_ids == [eos]
+
+
+def test_batched_turns_go_in_step_one_request_a_round(tokenizer):
+    """`agent.batch_turns`: each round of turns is one fleet request, in trajectory order; a turn past its own
+    budget (the round's is the largest) is cut there, finish "length"."""
+    from rl360.agents.build import Agent
+    from rl360.agents.group import agent_group
+
+    asks = {"Ask briefly.": call("echo", {"say": "a"}), "Ask at length, please.": "Let me see, let me see, let me "
+            "see, let me see.\n" + call("echo", {"say": "b"}), "Answer.": "42."}
+    answer = "The answer, after a long and careful look at what the tool said, is 42."
+
+    class Fleet:
+        requests = []
+
+        async def generate(self, prompts, params, seed, metrics):
+            self.requests.append((len(prompts), params.max_new_tokens, seed))
+            out = []
+            for prompt in prompts:
+                text = tokenizer.decode(prompt)
+                reply = answer if "echo" in text.split("<|im_start|>user")[-1] else \
+                    next(turn for question, turn in asks.items() if question in text)
+                ids = encode(tokenizer, reply + "<|im_end|>")[:params.max_new_tokens]
+                out.append([Sample(list(prompt), ids, [-0.5] * len(ids), "stop", weight_version=1)])
+            return out
+
+    prompts = [encode(tokenizer, render(tokenizer, [{"role": "user", "content": question}], True))
+               for question in asks]
+    budget = 160
+    settings = AgentSettings(max_turns=3, max_response_length=budget, batch_turns=True)
+    generate_group = agent_group(Agent({"echo": Echo()}, parse_hermes, settings), tokenizer)
+    fleet = Fleet()
+    groups = run(generate_group(fleet, prompts, SamplingParams(n=2), 100, {}))
+    # the first trajectory's turn seeds (see rl360.agents.loop._turn_seed)
+    assert [(count, seed) for count, _, seed in fleet.requests] == [(6, 100 * 1_000_003), (4, 100 * 1_000_003 + 1)]
+    brief, long, plain = (group[0] for group in groups)
+    assert plain.trace.ended_by == "done" and len(plain.trace.turns) == 1
+    assert fleet.requests[1][1] == budget - (len(brief.response_ids) - brief.trace.turns[1].generated_tokens)
+    assert brief.finish_reason == "stop" and brief.trace.turns[1].generated_tokens == len(encode(tokenizer, answer)) + 1
+    assert long.finish_reason == "length" and len(long.response_ids) == budget
+    assert groups[0][1].response_ids == brief.response_ids
+
+
 def test_agent_metrics_summarise_a_batch(tokenizer):
     prompt = encode(tokenizer, render(tokenizer, QUESTION, True))
     done = run(run_agent(Replay(tokenizer, ["42."]), prompt, tokenizer, TOOLS, parse_hermes, AgentSettings()))
@@ -426,6 +494,12 @@ def test_agent_config_is_validated_and_built():
         agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[calculator]"]))
     with pytest.raises(ConfigError, match="agent.parser"):
         agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]", "agent.parser=xml"]))
+    with pytest.raises(ConfigError, match="agent.stop_after_call=true: the parser 'json:loads' names no call_end"):
+        agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]",
+                                                    "agent.parser=json:loads", "agent.stop_after_call=true"]))
+    stopping = agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]",
+                                                           "agent.stop_after_call=true", "agent.batch_turns=true"]))
+    assert stopping.settings.stop_after_call and stopping.settings.batch_turns
 
 
 @pytest.mark.slow

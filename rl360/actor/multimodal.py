@@ -3,7 +3,12 @@
 Every pipeline stage needs the M-RoPE positions ([3, B, T]), which depend on each image's patch grid: those
 come from the images' headers (no decoding). Only the first stage, which holds the vision tower, decodes the
 micro-batch's images into pixel patches. The images of a micro-batch are taken row by row, so they follow
-their tokens in the padded rows and in a packed row alike; a sampled response is text, whatever its ids.
+their tokens in the padded rows and in a packed row alike.
+
+A row's images are its prompt's, then those a tool added inside the response (a multi-turn trajectory), in
+order. Their image tokens are the image-token ids the engine did not sample: in the prompt, and in the
+response's inserted tokens (those out of the loss, `response_mask` 0, before the row's last trained token).
+A token the engine sampled is text whatever its id, as the engines embedded it.
 """
 
 from __future__ import annotations
@@ -29,34 +34,40 @@ class MultimodalInputs:
                  for row, row_images in enumerate(images) for k, data in enumerate(row_images)]
         grid_tensor = torch.tensor(grids, dtype=torch.long).reshape(-1, 3)
         lengths = packed_lengths or [input_ids.shape[1]] * len(mb)
-        return batch_mrope_positions(input_ids.cpu(), lengths, grid_tensor, [len(row) for row in images],
-                                     self.image_token_id, self.processor.merge_size,
-                                     prompt_lengths=mb.response_start.tolist()).to(input_ids.device)
+        ids = input_ids.cpu()
+        ids = torch.where(self.image_tokens(mb, ids, packed_lengths) | (ids != self.image_token_id), ids, -1)
+        return batch_mrope_positions(ids, lengths, grid_tensor, [len(row) for row in images], self.image_token_id,
+                                     self.processor.merge_size).to(input_ids.device)
 
     def model_inputs(self, mb: RolloutBatch, input_ids: torch.Tensor, packed_lengths: list[int] | None,
                      device: torch.device) -> dict[str, torch.Tensor]:
-        """The first stage's `pixel_values`, `image_grid_thw` and `image_mask` (the prompt's image tokens);
-        nothing elsewhere, or for a micro-batch without images."""
+        """The first stage's `pixel_values`, `image_grid_thw` and `image_mask` (`image_tokens`); nothing
+        elsewhere, or for a micro-batch without images."""
         flat = [data for row in self._row_images(mb) for data in row]
         if not self.first_stage or not flat:
             return {}
         pixels = self.processor.pixel_inputs(flat)
         return {"pixel_values": pixels["pixel_values"].to(device),
                 "image_grid_thw": pixels["image_grid_thw"].to(device),
-                "image_mask": self._prompt_image_tokens(mb, input_ids, packed_lengths)}
+                "image_mask": self.image_tokens(mb, input_ids, packed_lengths)}
 
-    def _prompt_image_tokens(self, mb: RolloutBatch, input_ids: torch.Tensor,
-                             packed_lengths: list[int] | None) -> torch.Tensor:
-        """[B, T] (or [1, T] packed) True at the image tokens inside each sequence's prompt."""
-        prompt_end = mb.response_start.to(input_ids.device)
+    def image_tokens(self, mb: RolloutBatch, input_ids: torch.Tensor,
+                     packed_lengths: list[int] | None) -> torch.Tensor:
+        """[B, T] (or [1, T] packed) True at the image tokens the images fill: image-token ids the engine did not
+        sample (the prompt's, and those of tool replies inside the response)."""
+        device = input_ids.device
+        starts, mask = mb.response_start.to(device), (mb.response_mask > 0).to(device)
         if packed_lengths is None:
-            inside = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :] < prompt_end[:, None]
+            rows = torch.arange(len(mb), device=device)[:, None].expand(-1, input_ids.shape[1])
+            offset = torch.arange(input_ids.shape[1], device=device)[None, :].expand_as(rows)
         else:
-            slots = torch.tensor(packed_lengths, device=input_ids.device)
-            starts = torch.cumsum(slots, 0) - slots
-            offset = torch.arange(input_ids.shape[1], device=input_ids.device) - torch.repeat_interleave(starts, slots)
-            inside = (offset < torch.repeat_interleave(prompt_end, slots))[None, :]
-        return (input_ids == self.image_token_id) & inside
+            slots = torch.tensor(packed_lengths, device=device)
+            rows = torch.repeat_interleave(torch.arange(len(mb), device=device), slots)[None, :]
+            offset = torch.arange(input_ids.shape[1], device=device)[None, :] - \
+                torch.repeat_interleave(torch.cumsum(slots, 0) - slots, slots)[None, :]
+        index = offset - starts[rows]  # the response token at each position (negative: the prompt)
+        sampled = (index >= 0) & (index < mask.shape[1]) & mask[rows, index.clamp(0, mask.shape[1] - 1)]
+        return (input_ids == self.image_token_id) & ~sampled
 
     @staticmethod
     def _row_images(mb: RolloutBatch) -> list[tuple[bytes, ...]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from rl360.agents.loop import AgentSettings
@@ -27,6 +28,9 @@ def agent_from_config(cfg: RunConfig) -> Agent | None:
         parser = get_parser(section.parser)
     except (KeyError, ImportError, AttributeError, TypeError) as error:
         raise ConfigError(f"agent.parser={section.parser!r}: {str(error).strip(chr(34))}") from None
+    if section.stop_after_call and not getattr(parser, "call_end", ""):
+        raise ConfigError(f"agent.stop_after_call=true: the parser {section.parser!r} names no call_end (the text "
+                          "that closes a call); set it on the parser function or agent.stop_after_call=false")
     tool_settings = ToolSettings(timeout_s=section.tool_timeout_s, memory_mb=section.tool_memory_mb,
                                  max_output_chars=section.max_tool_output_chars, max_pixels=section.max_pixels,
                                  min_pixels=section.min_pixels, max_image_tokens=section.max_image_tokens,
@@ -39,7 +43,9 @@ def agent_from_config(cfg: RunConfig) -> Agent | None:
         _announce_tool_python(section.python)
     settings = AgentSettings(max_turns=section.max_turns, max_response_length=cfg.rollout.max_response_length,
                              tool_timeout_s=section.tool_timeout_s, min_pixels=section.min_pixels,
-                             max_pixels=section.max_pixels)
+                             max_pixels=section.max_pixels, stop_after_call=section.stop_after_call,
+                             batch_turns=section.batch_turns)
+    _check_pixel_bounds(cfg)
     return Agent(tools, parser, settings)
 
 
@@ -57,3 +63,21 @@ def _announce_tool_python(configured: str) -> None:
         print(f"agent.tools: the python tool's interpreter {python or '(none)'} cannot import {missing} in the "
               "sandbox, so image_clue_0, ... are not loaded: make one with `python -m rl360.agents.tools.python_env "
               "DIR` and set agent.python=DIR/bin/python", flush=True)
+
+
+def _check_pixel_bounds(cfg: RunConfig) -> None:
+    """A tool's image is resized within `agent.min_pixels` ... `agent.max_pixels` and written as that many image
+    tokens; the engines and the trainer expand it by the model's processor bounds, which must keep it as it is:
+    a vision model's processor bounds must contain the agent's (`ConfigError` naming both otherwise)."""
+    from rl360.data.images import VisionProcessor, is_vision_model
+
+    if not os.path.isdir(cfg.model.path) or not is_vision_model(cfg.model.path):
+        return
+    processor = VisionProcessor.from_pretrained(cfg.model.path, min_pixels=cfg.model.min_pixels or None,
+                                                max_pixels=cfg.model.max_pixels or None)
+    agent = cfg.agent
+    if agent.min_pixels < processor.min_pixels or agent.max_pixels > processor.max_pixels:
+        raise ConfigError(f"agent.min_pixels={agent.min_pixels}, agent.max_pixels={agent.max_pixels}: a tool's images "
+                          f"must stay within the model's image bounds ({processor.min_pixels} ... "
+                          f"{processor.max_pixels} pixels, model.min_pixels / model.max_pixels or its "
+                          "preprocessor_config.json); set agent.min_pixels / agent.max_pixels inside them")

@@ -1,9 +1,12 @@
 """The agent as the training sampler's `generate_group`: every sample of every prompt one trajectory of
-`run_agent`, all in flight at once so the engines stay busy, each turn one request on the fleet's least-loaded
-engine. Sample j of prompt i is seeded `seed + i * n + j`, as single-turn samples are; the step's agent metrics
-(`rl360.agents.metrics`) go into the step's metrics.
+`run_agent`, all in flight at once so the engines stay busy. Sample j of prompt i is seeded `seed + i * n + j`,
+as single-turn samples are; the step's agent metrics (`rl360.agents.metrics`) go into the step's metrics.
 
     sampler = RolloutSampler(..., generate_group=agent_group(agent, tokenizer))
+
+Each turn is one request on the fleet's least-loaded engine; with `agent.batch_turns` the trajectories go in
+step instead: once every unfinished trajectory waits for its next turn, those turns are one request (`TurnBatch`),
+which an engine that decodes a batch at once (the in-process HF engine) runs in the time of one.
 
 The fleet is used through its `generate(prompts, params, seed, metrics)` alone, so this room needs nothing of
 `rl360.rollout`.
@@ -32,11 +35,76 @@ def agent_group(agent: Agent, tokenizer: Any):
             return (await fleet.generate([context], replace(turn_params, n=1), turn_seed, metrics))[0][0]
 
         n = params.n
-        trajectories = await asyncio.gather(*(
-            run_agent(turn, prompt, tokenizer, agent.tools, agent.parser, agent.settings, params, seed + i * n + j)
-            for i, prompt in enumerate(prompts) for j in range(n)))
+        batch = TurnBatch(fleet, len(prompts) * n, metrics) if agent.settings.batch_turns else None
+
+        async def trajectory(index: int, prompt: Prompt):
+            generate = batch.caller(index) if batch is not None else turn
+            try:
+                return await run_agent(generate, prompt, tokenizer, agent.tools, agent.parser, agent.settings,
+                                       params, seed + index)
+            finally:
+                if batch is not None:
+                    batch.finished()
+
+        trajectories = await asyncio.gather(*(trajectory(i * n + j, prompt)
+                                              for i, prompt in enumerate(prompts) for j in range(n)))
         for name, value in agent_metrics(list(trajectories)).items():
             metrics[name] = value
         return [list(trajectories[i * n:(i + 1) * n]) for i in range(len(prompts))]
 
     return generate_group
+
+
+class TurnBatch:
+    """Turns of `count` trajectories sent together: when every unfinished trajectory waits for a turn, they are
+    one `fleet.generate` call, in trajectory order, seeded by the first one's turn seed, with the largest token
+    budget among them; a turn that ran past its own budget is cut there (finish "length"), as the engine would
+    have cut it. The requests differ only in their budgets (one run's sampling settings)."""
+
+    def __init__(self, fleet: Any, count: int, metrics: dict[str, float]):
+        self.fleet, self.unfinished, self.metrics = fleet, count, metrics
+        self.waiting: dict[int, tuple[Prompt, SamplingParams, int, asyncio.Future]] = {}
+        self.sending: set[asyncio.Task] = set()  # held here: the event loop keeps only weak references to tasks
+
+    def caller(self, index: int):
+        async def generate_turn(context: Prompt, params: SamplingParams, seed: int) -> Sample:
+            future = asyncio.get_running_loop().create_future()
+            self.waiting[index] = (context, params, seed, future)
+            self._send_when_all_wait()
+            return await future
+
+        return generate_turn
+
+    def finished(self) -> None:
+        self.unfinished -= 1
+        self._send_when_all_wait()
+
+    def _send_when_all_wait(self) -> None:
+        if self.waiting and len(self.waiting) == self.unfinished:
+            requests = [self.waiting[index] for index in sorted(self.waiting)]
+            self.waiting = {}
+            task = asyncio.get_running_loop().create_task(self._send(requests))
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
+
+    async def _send(self, requests: list[tuple[Prompt, SamplingParams, int, asyncio.Future]]) -> None:
+        budget = max(params.max_new_tokens for _, params, _, _ in requests)
+        params = replace(requests[0][1], n=1, max_new_tokens=budget)
+        try:
+            groups = await self.fleet.generate([context for context, _, _, _ in requests], params, requests[0][2],
+                                               self.metrics)
+        except BaseException as error:  # every waiting trajectory fails with the request
+            for *_, future in requests:
+                future.set_exception(error)
+            return
+        for (_, own, _, future), [sample] in zip(requests, groups, strict=True):
+            future.set_result(_cut(sample, own.max_new_tokens))
+
+
+def _cut(sample: Sample, budget: int) -> Sample:
+    """`sample` with at most `budget` response tokens (finish "length" when cut)."""
+    if len(sample.response_ids) <= budget:
+        return sample
+    return replace(sample, response_ids=sample.response_ids[:budget], logprobs=sample.logprobs[:budget],
+                   finish_reason="length",
+                   token_versions=sample.token_versions[:budget] if sample.token_versions else None)

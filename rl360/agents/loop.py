@@ -6,7 +6,11 @@
 `Sample`: tokens, the engine's log-probs, weight version); the loop:
 
 1. generates a turn from the prompt (then from the trajectory so far), at most the response tokens left;
-2. parses the turn's tool calls; none, or a turn cut by the length limit or aborted, ends the trajectory;
+   with `stop_after_call`, a token that closes a call (its text ends with the parser's `call_end`) ends the turn
+   too, as the end-of-turn token does;
+2. parses the turn's tool calls; none, or a turn cut by the length limit or aborted, ends the trajectory; so
+   does a turn that sampled the image token (`<|image_pad|>`): an engine handed it back in the next turn's
+   context would take it for an image's place (finish "image_token");
 3. runs the calls: different tools concurrently, calls of one tool in the order written (they may share the
    trajectory's state, e.g. the python tool's cells); a failing, hanging or unknown call becomes an error reply;
 4. renders the replies with the tokenizer's chat template as `tool` messages and appends exactly the tokens the
@@ -25,10 +29,13 @@ engine generated, which this loop does not reproduce (the engine's tokens are ke
 Images: a tool's images are attached to the trajectory in order (`Sample.images`, after the prompt's) and
 written into the tool message as Qwen-VL's placeholder (vision start, one image pad per merged patch, vision
 end), so the next turn's `ImagePrompt` has the ids the processor would produce. Only an `ImagePrompt` takes
-them; for a text prompt they are dropped and the reply says so. What remains for training on them: the
-trainer's M-RoPE position ids (Qwen2-VL's `get_rope_index`) must be computed over the whole trajectory with
-every image's grid (the tool images included), and the images' pixel values fed to the vision tower at
-their pad positions; the engine does its own, so only the trainer side is missing.
+them; for a text prompt they are dropped and the reply says so. The trainer trains on such trajectories as the
+engine sampled them: `build_batch` carries every image of a row (`Sample.images`), the policy computes the
+M-RoPE positions over the whole trajectory with every image's grid and feeds each image's pixels at its image
+tokens, those of the prompt and those inside the response's tool tokens (`rl360.actor.multimodal`); an
+image-token id the engine sampled is text there, as it was to the engine. `agent.min_pixels`/`max_pixels` must
+lie within the model processor's bounds, or the placeholder's token count is not the one the engine and
+trainer expand the image into (checked when the run starts).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from typing import Any
 
 from rl360.agents.parsers import Parser, ParseResult, ToolCall
 from rl360.agents.tools.base import Tool, ToolReply, TrajectoryState
-from rl360.agents.tools.images import qwen_vl_placeholder
+from rl360.agents.tools.images import IMAGE_PAD, qwen_vl_placeholder
 from rl360.core.prompt import ImagePrompt, Prompt, prompt_ids, prompt_images
 from rl360.core.sampling import SamplingParams
 from rl360.core.trajectory import Sample, TrajectorySummary
@@ -59,6 +66,8 @@ class AgentSettings:
     tool_timeout_s: float = 30.0  # per call, for tools that do not enforce their own (python does)
     min_pixels: int = 3136  # Qwen-VL image bounds, for the placeholder of an image a tool returns
     max_pixels: int = 1003520
+    stop_after_call: bool = False  # a turn ends at a token that closes a tool call (see the module docstring)
+    batch_turns: bool = False  # the trajectories' turns in step, one request a round (`rl360.agents.group`)
 
 
 @dataclass(frozen=True)
@@ -86,7 +95,8 @@ class TurnRecord:
 @dataclass(frozen=True)
 class AgentTrace:
     """How a trajectory went: its turns, and what ended it: "done" (a turn without calls), "max_turns",
-    "budget" (the response-token budget), "length" (a turn cut by the budget) or "abort"."""
+    "budget" (the response-token budget), "length" (a turn cut by the budget), "abort" or "image_token" (a turn
+    with calls that sampled the image token, which no engine can be handed back as text)."""
 
     turns: tuple[TurnRecord, ...] = ()
     ended_by: str = "done"
@@ -127,6 +137,9 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
     turns: list[TurnRecord] = []
     ended_by, dropped, context = "done", 0, prompt
     pending: list[int] = []  # the tool tokens after the last turn, before the next
+    image_pad = _token_id(tokenizer, IMAGE_PAD)
+    if settings.stop_after_call:
+        params = replace(params, stop_token_ids=sorted({*params.stop_token_ids, *call_end_ids(tokenizer, parser)}))
     for turn in range(settings.max_turns):
         used = len(sample.response_ids) + len(pending) if sample else 0
         more = await generate_turn(context, replace(params, n=1, max_new_tokens=settings.max_response_length - used),
@@ -141,9 +154,9 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
             turns.append(TurnRecord(len(more.response_ids), more.finish_reason))
             ended_by = {"stop": "done", "length": "length"}.get(more.finish_reason, "abort")
             break
-        if turn + 1 == settings.max_turns:
+        if turn + 1 == settings.max_turns or (image_pad is not None and image_pad in more.response_ids):
             turns.append(TurnRecord(len(more.response_ids), more.finish_reason))
-            ended_by = "max_turns"
+            ended_by = "max_turns" if turn + 1 == settings.max_turns else "image_token"
             break
         started = time.monotonic()
         replies = await _run_calls(parsed.calls, tools, state, settings)
@@ -169,6 +182,25 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
         sample = replace(sample, images=tuple(images))
     values = {item.name: getattr(sample, item.name) for item in fields(Sample)}
     return AgentSample(**values, trace=AgentTrace(tuple(turns), ended_by, dropped))
+
+
+def _token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of the vocabulary token `token`, None when the tokenizer has none."""
+    index = tokenizer.convert_tokens_to_ids(token)
+    return None if index is None or index == tokenizer.unk_token_id else index
+
+
+def call_end_ids(tokenizer: Any, parser: Parser) -> list[int]:
+    """The ids of the added tokens whose text ends with the parser's `call_end` (`</tool_call>` itself in Qwen's
+    tokenizers); `ValueError` when the parser names none or no token ends a call."""
+    end = getattr(parser, "call_end", "")
+    if not end:
+        raise ValueError("agent.stop_after_call: the parser names no call_end (the text that closes a call)")
+    ids = sorted(index for token, index in tokenizer.get_added_vocab().items() if token.endswith(end))
+    if not ids:
+        raise ValueError(f"agent.stop_after_call: no token of the tokenizer ends with {end!r}, so no token can end "
+                         "a turn at a call; set agent.stop_after_call=false")
+    return ids
 
 
 def _turn_seed(seed: int, turn: int) -> int:

@@ -5,6 +5,8 @@ reference as "package.module:function". A parser never raises on model output: a
 a `ToolCall` with `error` set, which the loop answers with that error as the tool's reply (and counts), so a
 malformed call costs the model a turn, not the trajectory.
 
+A parser may name the text that closes a call (`parser.call_end`), for `agent.stop_after_call`.
+
 Built in: `hermes`, the format of Qwen2.5 / Qwen3 (and Hermes) chat templates:
 
     <tool_call>
@@ -69,6 +71,9 @@ def parse_hermes(text: str) -> ParseResult:
         calls.append(_hermes_call(body, closed, match.group(0)))
     content = _HERMES.sub("", text).strip()
     return ParseResult(tuple(calls), content)
+
+
+parse_hermes.call_end = "</tool_call>"
 
 
 def _hermes_call(body: str, closed: bool, raw: str) -> ToolCall:

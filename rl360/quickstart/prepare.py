@@ -1,7 +1,9 @@
 """Create a quickstart's model directory and parquet task where the config points, if absent.
 
 Tasks: `arithmetic` (a tiny Qwen2 learns single-digit addition), `vision` (a tiny Qwen2.5-VL learns which colour
-fills most of an image) and `vision-control` (the same with every image a plain grey square: nothing to learn)."""
+fills most of an image), `vision-control` (the same with every image a plain grey square: nothing to learn), `zoom`
+(a tiny Qwen2.5-VL reads a mark legible only in the `image_zoom_in` tool's crop) and `zoom-control` (the same
+without the tool)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 from rl360.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
-TASKS = ("arithmetic", "vision", "vision-control")
+TASKS = ("arithmetic", "vision", "vision-control", "zoom", "zoom-control")
 
 
 def prepare_quickstart(cfg: RunConfig, task: str = "arithmetic") -> None:
@@ -19,8 +21,17 @@ def prepare_quickstart(cfg: RunConfig, task: str = "arithmetic") -> None:
         raise ValueError(f"quickstart task {task!r}: choose one of {TASKS}")
     model_dir = Path(cfg.model.path)
     vision = task != "arithmetic"
+    zoom = task.startswith("zoom")
     if not (model_dir / "config.json").exists():
-        if vision:
+        if zoom:
+            from rl360.quickstart.vision_assets import build_vision_quickstart_model
+
+            script = _script("synthetic_zoom")
+            build_vision_quickstart_model(model_dir, texts=[script.QUESTION, "tool"], seed=cfg.seed,
+                                          added_tokens=[script.CALL, script.REPLY])
+            print(f"built a random-weight tiny Qwen2.5-VL model (the zoom call one token), its tokenizer and image "
+                  f"processor in {model_dir}")
+        elif vision:
             from rl360.quickstart.vision_assets import build_vision_quickstart_model
 
             build_vision_quickstart_model(model_dir, texts=[_script("synthetic_colours").QUESTION], seed=cfg.seed)
@@ -33,7 +44,9 @@ def prepare_quickstart(cfg: RunConfig, task: str = "arithmetic") -> None:
     data_files = [Path(f) for f in cfg.data.train_files]
     if not all(f.exists() for f in data_files):
         out_dir = str(data_files[0].parent)
-        if vision:
+        if zoom:
+            _script("synthetic_zoom").main(["--out", out_dir])
+        elif vision:
             _script("synthetic_colours").main(["--out", out_dir] + (["--blank"] if task == "vision-control" else []))
         else:
             _script("synthetic_arithmetic").main(["--out", out_dir])

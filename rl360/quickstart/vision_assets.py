@@ -3,7 +3,8 @@ image processor and chat template, laid out as a Hugging Face checkpoint of Qwen
 
 The tokenizer is word-level like the text quickstart's (`rl360.quickstart.assets`): ChatML and vision special
 tokens, role names, digits, punctuation, one token per answer `\\boxed{N}`, the words of the default system
-prompt, and every word of the `texts` it is built for. The model: vision tower of hidden size 32 and depth 2,
+prompt, every word of the `texts` it is built for and each of `added_tokens` whole (e.g. a tool call the model
+writes as one token). The model: vision tower of hidden size 32 and depth 2,
 language model of hidden size 64 with 2 layers and grouped-query attention (4 query heads, 2 key/value heads of
 dimension 16, multimodal rotary sections 2 + 3 + 3 = 16 / 2). Patches of 14 pixels merged 2 x 2, and images
 bounded to 28 x 28 ... 112 x 112 pixels of area, so a 56 x 56 image is 4 image tokens.
@@ -55,12 +56,14 @@ def words_of(texts: Iterable[str]) -> list[str]:
     return list(seen)
 
 
-def build_vision_tokenizer(out_dir: str | Path, texts: Iterable[str] = (), max_answer: int = 18
-                           ) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer with ChatML and vision special tokens that spells `texts` without `<unk>`."""
+def build_vision_tokenizer(out_dir: str | Path, texts: Iterable[str] = (), max_answer: int = 18,
+                           added_tokens: Iterable[str] = ()) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer with ChatML and vision special tokens that spells `texts` without `<unk>`, and
+    each of `added_tokens` as one token."""
     words = ["user", "assistant", "system", "\n", " ", "+", "-", "=", "?", ".", ",", ":", "{", "}", "\\"]
     words += [str(d) for d in range(10)] + [f"\\boxed{{{n}}}" for n in range(max_answer + 1)]
     words += [word for word in words_of([DEFAULT_SYSTEM, *texts]) if word not in words]
+    words += [token for token in dict.fromkeys(added_tokens) if token not in words]
     specials = SPECIAL_TOKENS + VISION_TOKENS
     vocab = {token: i for i, token in enumerate(specials + words + ["<unk>"])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -128,12 +131,13 @@ def build_vision_model(out_dir: str | Path, tokenizer: PreTrainedTokenizerFast, 
 
 def build_vision_quickstart_model(out_dir: str | Path, texts: Iterable[str] = (), seed: int = 0,
                                   min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
-                                  family: str = "qwen2_5_vl", tie_word_embeddings: bool = True) -> Path:
-    """Tokenizer (spelling `texts`), image processor, chat template and model in one Hugging Face directory;
-    returns it."""
+                                  family: str = "qwen2_5_vl", tie_word_embeddings: bool = True,
+                                  added_tokens: Iterable[str] = ()) -> Path:
+    """Tokenizer (spelling `texts`, `added_tokens` whole), image processor, chat template and model in one Hugging
+    Face directory; returns it."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_vision_tokenizer(out_dir, texts)
+    tokenizer = build_vision_tokenizer(out_dir, texts, added_tokens=added_tokens)
     build_image_processor(out_dir, min_pixels, max_pixels)
     build_vision_model(out_dir, tokenizer, seed=seed, family=family, tie_word_embeddings=tie_word_embeddings)
     (out_dir / "rl360_quickstart.json").write_text(json.dumps({"seed": seed, "vision": True}) + "\n")

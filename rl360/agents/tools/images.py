@@ -8,6 +8,7 @@ import math
 PATCH = 14  # Qwen2-VL / Qwen2.5-VL vision patch side
 MERGE = 2  # patches merged per side into one image token
 FACTOR = PATCH * MERGE  # 28: an image's sides are multiples of this
+IMAGE_PAD = "<|image_pad|>"  # Qwen-VL's image token: one per merged patch of an image in the text
 
 
 def smart_resize(height: int, width: int, min_pixels: int, max_pixels: int, factor: int = FACTOR) -> tuple[int, int]:
@@ -61,4 +62,4 @@ def qwen_vl_placeholder(data: bytes, min_pixels: int, max_pixels: int) -> str:
     merged patch, vision end."""
     width, height = image_size(data)
     count = image_tokens(height, width, min_pixels, max_pixels)
-    return "<|vision_start|>" + "<|image_pad|>" * count + "<|vision_end|>"
+    return "<|vision_start|>" + IMAGE_PAD * count + "<|vision_end|>"

@@ -1,0 +1,59 @@
+"""The zoom quickstart's task holds its premise: the model's processor sees the same grey image whatever the mark's
+colour, the `image_zoom_in` crop of the mark's box shows the colour, and the whole call and the tool's reply text
+are one token each of the task's tokenizer."""
+
+import io
+
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+from transformers import AutoTokenizer
+
+from rl360.agents import AgentSettings
+from rl360.agents.build import agent_from_config
+from rl360.agents.parsers import parse_hermes
+from rl360.agents.tools import TrajectoryState
+from rl360.config import load_config
+from rl360.data.images import VisionProcessor
+from rl360.quickstart.prepare import _script, prepare_quickstart
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    root = tmp_path_factory.mktemp("zoom_task")
+    cfg = load_config("configs/quickstart_zoom.yaml", [f"model.path={root / 'model'}",
+                                                      f"data.train_files=[{root / 'data' / 'train.parquet'}]"])
+    prepare_quickstart(cfg, "zoom")
+    return cfg, _script("synthetic_zoom")
+
+
+def test_the_call_and_the_reply_are_one_token_each(task):
+    cfg, zoom = task
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    assert len(tokenizer.encode(zoom.CALL, add_special_tokens=False)) == 1
+    assert len(tokenizer.encode(zoom.REPLY, add_special_tokens=False)) == 1
+    assert tokenizer.unk_token_id not in tokenizer.encode(zoom.QUESTION + "tool", add_special_tokens=False)
+    [call] = parse_hermes(zoom.CALL).calls
+    assert call.name == "image_zoom_in" and call.arguments == {"bbox_2d": zoom.BBOX} and not call.error
+    agent = agent_from_config(cfg)  # the config's agent bounds fit the model's processor
+    assert agent.settings == AgentSettings(max_turns=2, max_response_length=cfg.rollout.max_response_length,
+                                           min_pixels=784, max_pixels=12544, stop_after_call=True, batch_turns=True)
+
+
+def test_only_the_crop_shows_the_colour(task):
+    cfg, zoom = task
+    processor = VisionProcessor.from_pretrained(cfg.model.path)
+    rows = pq.read_table(cfg.data.train_files[0]).to_pylist()
+    assert sorted({row["reward_model"]["ground_truth"] for row in rows}) == ["1", "2", "3", "4"]
+    images = {answer: zoom.draw_image(answer) for answer in (1, 2, 3, 4)}
+    seen = {answer: processor.pixel_inputs([data])["pixel_values"] for answer, data in images.items()}
+    # what the model sees of the whole image: the same for every colour, up to the resize's rounding
+    assert max((seen[answer] - seen[1]).abs().max().item() for answer in seen) < 0.05
+    tool = agent_from_config(cfg).tools["image_zoom_in"]
+    crops = {}
+    for answer, data in images.items():
+        reply = tool.zoom({"bbox_2d": zoom.BBOX}, TrajectoryState(images=[data]))
+        assert reply.text == zoom.REPLY and not reply.error
+        assert Image.open(io.BytesIO(reply.images[0])).size == (zoom.MARK, zoom.MARK)
+        crops[answer] = processor.pixel_inputs(list(reply.images))["pixel_values"]
+    assert min((crops[a] - crops[b]).abs().max().item() for a in crops for b in crops if a < b) > 1.0
