@@ -67,8 +67,8 @@ def resume_changes(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list
         if key in REFUSED:
             refused.append(f"{change} ({REFUSED[key]})")
         elif key == "algorithm.adv_estimator" and _has_critic(old[key]) != _has_critic(value):
-            refused.append(f"{change} (the checkpoint {'holds' if _has_critic(old[key]) else 'has no'} a critic; "
-                           f"this run {'needs' if _has_critic(value) else 'has no'} one)")
+            refused.append(f"{change} (the checkpoint {'holds a' if _has_critic(old[key]) else 'has no'} critic; "
+                           f"this run {'needs one' if _has_critic(value) else 'has none'})")
         else:
             allowed.append(change)
     return refused, allowed
