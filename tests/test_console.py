@@ -150,6 +150,11 @@ def test_run_log_copies_stdout_and_stderr_without_colour_codes_and_appends(tmp_p
     assert path.read_text() == "(PolicyWorker pid=1) hello\noops\nresumed\n"
     shown = capsys.readouterr()
     assert shown.out == "\x1b[36m(PolicyWorker pid=1)\x1b[0m hello\nresumed\n" and shown.err == "oops\n"
+    with pytest.raises(ConfigError), RunLog(path):
+        raise ConfigError("data row 3: no prompt")
+    ending = path.read_text().removeprefix("(PolicyWorker pid=1) hello\noops\nresumed\n")
+    assert ending.startswith("Traceback") and ending.endswith("rl360.config.ConfigError: data row 3: no prompt\n")
+    assert capsys.readouterr() == ("", "")  # the console shows it as the command line reports it
 
 
 def test_known_notices_are_filtered_here_and_in_processes_started_later(monkeypatch):

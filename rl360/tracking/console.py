@@ -7,7 +7,8 @@
   in every process (`PYTHONWARNINGS`, inherited by Ray's workers) and the driver prints one line instead.
   (So is a deprecation megatron raises about its own default, which no setting of ours changes.)
 - `RunLog`: everything the driver prints (its own lines and the worker lines Ray forwards) is also appended to
-  `train.log`, a resumed run's after the earlier run's.
+  `train.log`, a resumed run's after the earlier run's; a run stopped by an exception ends its log with the
+  exception's traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import re
 import sys
 import threading
+import traceback
 import warnings
 from pathlib import Path
 from typing import TextIO
@@ -67,23 +69,28 @@ def format_duration(seconds: float) -> str:
 
 class RunLog:
     """While open, what this process writes to stdout and stderr also goes, without colour codes, to `path`
-    (appended). A context manager; it restores the streams it replaced."""
+    (appended), and an exception that ends it, with its traceback, to `path` only. A context manager; it
+    restores the streams it replaced."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._file: TextIO | None = None
         self._saved: tuple[TextIO, TextIO] | None = None
+        self._lock = threading.Lock()
 
     def __enter__(self) -> RunLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
-        lock = threading.Lock()  # Ray forwards worker lines from a thread of its own
+        self._lock = threading.Lock()  # Ray forwards worker lines from a thread of its own
         self._saved = (sys.stdout, sys.stderr)
-        sys.stdout = _Tee(sys.stdout, self._file, lock)
-        sys.stderr = _Tee(sys.stderr, self._file, lock)
+        sys.stdout = _Tee(sys.stdout, self._file, self._lock)
+        sys.stderr = _Tee(sys.stderr, self._file, self._lock)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None and self._file is not None:  # why the run stopped, in full, in the log (the console
+            with self._lock:  # shows it as the command line reports it)
+                self._file.write("".join(traceback.format_exception(exc_type, exc, tb)))
         if self._saved is not None:
             sys.stdout, sys.stderr = self._saved
             self._saved = None
