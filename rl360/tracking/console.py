@@ -50,13 +50,12 @@ def plain_when_piped(stream: TextIO | None = None) -> None:
 
 
 def dependency_note() -> str | None:
-    """The one line that replaces the filtered notices, when they apply (neither Transformer Engine nor Apex)."""
+    """The one line that replaces the filtered notices, when they apply (Transformer Engine or Apex missing)."""
     missing = [name for name, module in (("Transformer Engine", "transformer_engine"), ("Apex", "apex"))
                if importlib.util.find_spec(module) is None]
     if not missing:
         return None
-    return (f"note: {' and '.join(missing)} not installed: megatron uses its torch implementations (fine on CPU; "
-            "on GPUs install them for speed)")
+    return f"note: {' and '.join(missing)} not installed: megatron uses its torch implementations instead"
 
 
 def format_duration(seconds: float) -> str:
