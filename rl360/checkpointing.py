@@ -15,7 +15,9 @@ Which run owns the directory (`open_checkpoints`, at start):
 - a run that resumes continues the run that wrote `latest`: it removes what that run left after `latest`
   (`.partial` directories, later steps), so nothing half-written stays behind;
 - a run that starts over (`trainer.resume=false`, or no complete checkpoint) never changes another run's
-  checkpoints: a non-empty directory is renamed whole to `checkpoints.old-<date>-<time>` (printed).
+  checkpoints: a non-empty directory is renamed whole to `checkpoints.old-<date>-<time>` (printed), and
+  the rest of the earlier run (`RUN_FILES`: its metrics, saved config, log, exported model) is renamed the same
+  way (`set_previous_run_aside`, printed).
 Pruning (`keep`) only removes complete checkpoints older than the one just written.
 """
 
@@ -32,6 +34,8 @@ from typing import Any
 LATEST = "latest"
 PARTIAL = ".partial"
 _STEP_DIR = re.compile(r"step_(\d{6,})")
+# what a run leaves in its output directory beside checkpoints/: a run that starts over moves them aside
+RUN_FILES = ("metrics.jsonl", "config.yaml", "train.log", "hf", "wandb_run_id")
 
 
 @dataclass(frozen=True)
@@ -70,11 +74,19 @@ def open_checkpoints(root: Path, resume: bool) -> Path | None:
             shutil.rmtree(leftover)
         return latest
     if root.is_dir() and any(root.iterdir()):
-        aside = _free_name(root.with_name(f"{root.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"))
-        root.rename(aside)
-        why = "trainer.resume=false" if not resume else f"no complete checkpoint ({LATEST}) to resume from"
-        print(f"starting over ({why}): moved {root} aside to {aside}", flush=True)
+        aside = _set_aside(root)
+        print(f"starting over ({_why_over(resume)}): moved {root} aside to {aside}", flush=True)
     return None
+
+
+def set_previous_run_aside(output_dir: Path, resume: bool) -> list[str]:
+    """A run that starts over in `output_dir`: rename what an earlier run left there (`RUN_FILES`) to
+    `NAME.old-<date>-<time>`; a line saying what moved where, or none when nothing did."""
+    moved = [(path, _set_aside(path)) for path in (output_dir / name for name in RUN_FILES) if path.exists()]
+    if not moved:
+        return []
+    return [f"starting over ({_why_over(resume)}): moved the previous run's "
+            + ", ".join(f"{path.name} to {aside.name}" for path, aside in moved) + f" (in {output_dir})"]
 
 
 def save_checkpoint(root: Path, step: int, models: dict[str, Any], trainer_state: dict, keep: int,
@@ -121,6 +133,17 @@ def write_convert_info(ckpt_dir: Path, info: ConvertInfo) -> None:
     bridge = Bridge.from_hf_pretrained(info.model_path)  # as the policy ranks build theirs
     write_checkpoint_info(ckpt_dir, bridge, info.tensor_parallel, info.pipeline_parallel, info.dtype,
                           model_state_key="model")  # the policy saves {"model": ..., "optimizer": ...}
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename `path` to `NAME.old-<date>-<time>` (or the first free `...-2`, `...-3`); the new path."""
+    aside = _free_name(path.with_name(f"{path.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"))
+    path.rename(aside)
+    return aside
+
+
+def _why_over(resume: bool) -> str:
+    return "trainer.resume=false" if not resume else f"no complete checkpoint ({LATEST}) to resume from"
 
 
 def _step_of(path: Path) -> int:

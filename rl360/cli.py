@@ -51,8 +51,25 @@ def _quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    """The installed package's version (its metadata), else the source tree's `rl360.__version__`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import rl360
+
+    try:
+        return version("rl360")
+    except PackageNotFoundError:
+        return rl360.__version__
+
+
 def main(argv: list[str] | None = None) -> int:
+    from rl360.tracking.console import plain_when_piped, quiet_known_warnings
+
+    quiet_known_warnings()  # before megatron is imported, here and in every process started from here
+    plain_when_piped()
     parser = argparse.ArgumentParser(prog="rl360", description="RL post-training for language models")
+    parser.add_argument("--version", action="version", version=f"rl360 {_version()}")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of a user error too (also: RL360_DEBUG=1)")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -5,11 +5,18 @@ value (`ConfigError`), a data file or row (`DataError`), a data_source no reward
 directory, a command-line argument. `rl360` prints such an error as `rl360: KIND: MESSAGE` (KIND: config error,
 data error or error) on stderr and exits with status 2, without a traceback; `--debug` (or RL360_DEBUG=1) shows
 the traceback as well. Any other exception is a bug in rl360 (or a library) and keeps its traceback.
+
+A user error raised inside a Ray worker (a data row met mid-run, a reward's config) reaches the driver wrapped:
+as a `RayTaskError` whose `cause` is the error (a method), or as a `RayActorError` whose message ends in the
+error's `module.Class: message` line (an actor's `__init__`), possibly chained under the error of the code that
+called it. `run_command` reports the user error inside the same way as one raised in the driver.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -37,11 +44,6 @@ def run_command(run: Callable[[Any], int], args: Any, prog: str = "rl360", debug
     reported the same way; other exceptions propagate with their tracebacks."""
     try:
         return run(args)
-    except UserError as err:
-        if debug_enabled(debug):
-            traceback.print_exc()
-        print(f"{prog}: {err.label}: {err}", file=sys.stderr, flush=True)
-        return USAGE_EXIT
     except SystemExit as err:
         if not isinstance(err.code, str):
             raise
@@ -49,3 +51,58 @@ def run_command(run: Callable[[Any], int], args: Any, prog: str = "rl360", debug
             traceback.print_exc()
         print(f"{prog}: error: {err.code}", file=sys.stderr, flush=True)
         return USAGE_EXIT
+    except Exception as err:
+        user_error = user_error_in(err)
+        if user_error is None:
+            raise
+        if debug_enabled(debug):
+            traceback.print_exc()
+        print(f"{prog}: {user_error.label}: {user_error}", file=sys.stderr, flush=True)
+        return USAGE_EXIT
+
+
+def user_error_in(err: BaseException) -> UserError | None:
+    """The `UserError` that `err` is or wraps (a Ray task's or actor's error, an exception's cause or context,
+    outermost first); None when there is none."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [err]
+    while pending:
+        current = pending.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        cause = getattr(current, "cause", None)  # ray.exceptions.RayTaskError: the worker's exception
+        if isinstance(cause, BaseException):
+            pending.append(cause)
+        elif isinstance(current, UserError):
+            return current
+        if _is_ray_actor_error(current) and getattr(current, "actor_init_failed", False):
+            found = _user_error_from_message(str(current))
+            if found is not None:
+                return found
+        pending += [current.__cause__, current.__context__]
+    return None
+
+
+# the last line of a Python traceback: `package.module.ErrorClass: message`
+_EXCEPTION_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)+)([A-Za-z_]\w*): (.+)$")
+
+
+def _user_error_from_message(text: str) -> UserError | None:
+    """An actor whose `__init__` raised reports only text (Ray keeps no exception object): its last exception
+    line, rebuilt as that UserError class when the class is one."""
+    for line in reversed(text.splitlines()):
+        match = _EXCEPTION_LINE.match(line.strip())
+        if match is None:
+            continue
+        try:
+            cls = getattr(importlib.import_module(match.group(1)[:-1]), match.group(2))
+        except (ImportError, AttributeError):
+            return None
+        return cls(match.group(3)) if isinstance(cls, type) and issubclass(cls, UserError) else None
+    return None
+
+
+def _is_ray_actor_error(err: BaseException) -> bool:
+    ray_exceptions = sys.modules.get("ray.exceptions")  # Ray's errors exist only where Ray was imported
+    return ray_exceptions is not None and isinstance(err, ray_exceptions.RayActorError)

@@ -20,7 +20,14 @@ from rl360.agents.group import agent_group
 from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.kl_control import KLController
 from rl360.algos.losses import kl_penalty
-from rl360.checkpointing import ConvertInfo, load_checkpoint, open_checkpoints, save_checkpoint
+from rl360.checkpointing import (
+    ConvertInfo,
+    latest_checkpoint,
+    load_checkpoint,
+    open_checkpoints,
+    save_checkpoint,
+    set_previous_run_aside,
+)
 from rl360.cluster import WorkerGroup, start_ray
 from rl360.cluster.placement import make_placement
 from rl360.config import ConfigError, RunConfig, to_dict
@@ -31,12 +38,21 @@ from rl360.rewards import register_reward_path
 from rl360.rewards.check import check_reward_data, judge_configured
 from rl360.rewards.pool import open_reward_pool
 from rl360.rollout.sampler import RolloutSampler
+from rl360.run_config import check_resume, save_run_config
+from rl360.tracking.console import LOG_FILE, RunLog, dependency_note, plain_when_piped, quiet_known_warnings
 from rl360.tracking.tracker import Tracker
 
 
 def train(cfg: RunConfig) -> Path:
     """Run `cfg.trainer.total_steps` RL steps; returns the output directory."""
+    started = time.monotonic()
+    quiet_known_warnings()  # megatron's Transformer Engine / Apex notices: one line below instead, every process
+    plain_when_piped()  # no colour codes in Ray's worker prefixes when stdout is not a terminal
     check_model_dir(cfg.model.path)  # a missing directory, weights or tokenizer: said now, before any loading
+    out = Path(cfg.output_dir)
+    # resuming: the saved config.yaml and this config compared now, changes a checkpoint cannot take refused
+    latest = latest_checkpoint(out / "checkpoints") if cfg.trainer.resume else None
+    resume_notes = check_resume(out, cfg, latest) if latest is not None else []
     for prefix, path in cfg.reward.custom.items():
         register_reward_path(prefix, path)
     # every row now, before Ray starts: rows that would stop the run when reached (data.on_bad_row=error) or be
@@ -44,8 +60,18 @@ def train(cfg: RunConfig) -> Path:
     agent = agent_from_config(cfg)  # an unknown tool or parser: said now
     routes = check_reward_data(cfg.data.train_files, judge_configured(cfg.reward.judge),
                                on_bad_row=cfg.data.on_bad_row)
-    out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # starting over: an earlier run's metrics, config, log and model are moved aside (its checkpoints below)
+    notes = resume_notes if latest is not None else set_previous_run_aside(out, cfg.trainer.resume)
+    save_run_config(out, cfg)
+    with RunLog(out / LOG_FILE):  # what the console shows from here on, appended to train.log
+        for line in [*notes, *filter(None, [dependency_note()])]:
+            print(line, flush=True)
+        return _run(cfg, out, agent, routes, started)
+
+
+def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
+    """The run itself, once its config and data have been checked and its output directory is its own."""
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     # reward workers with only the environment they need; a line says what isolation untrusted code gets, and
     # the run refuses to start when the data runs code that the sandbox here cannot isolate
@@ -112,7 +138,8 @@ def train(cfg: RunConfig) -> Path:
             print(f"resumed from {resumed} at step {first_step}", flush=True)
         run_config = {**to_dict(cfg), "resolved": {"model.attention": attention, "placement": placement.describe()}}
         tracker = Tracker(out, run_config, cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
-                          cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None)
+                          cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None,
+                          total_steps=cfg.trainer.total_steps, started=started)
         ahead = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0
         generating: dict[int, concurrent.futures.Future] = {}
         for step in range(first_step, cfg.trainer.total_steps + 1):

@@ -27,7 +27,7 @@ PHASES = {
     "update": re.compile(r"ray::PolicyWorker\.update\b"),
     "checkpoint": re.compile(r"ray::(Policy|Critic)Worker\.save_checkpoint\b"),
 }
-_STEP_LINE = re.compile(r"step\s+(\d+)\s")
+_STEP_LINE = re.compile(r"step\s+(\d+)[/\s]")  # `step 3/12  ...` (or `step 3  ...`)
 POLL_S = 0.002
 
 

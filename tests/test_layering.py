@@ -19,7 +19,8 @@ FLOORS = [
     # model directory checks
     ["config"],  # the typed run config (validates against the algos' registries)
     ["data", "cluster", "weight_sync"],  # prompts from parquet, Ray placement, weights into engines
-    ["rewards", "actor", "engine", "checkpointing", "quickstart"],  # scoring, the policy, the engines themselves
+    ["rewards", "actor", "engine", "checkpointing", "run_config", "quickstart"],  # scoring, the policy, the engines
+    # themselves, checkpoints and the config saved with a run
     ["rollout", "serve", "convert", "plan", "agents"],  # the engine fleet and the training sampler; services;
     # tools; the multi-turn agent loop and its tools (engine-agnostic: it never imports rollout)
     ["trainer", "launch"],  # the RL loop

@@ -13,7 +13,11 @@ busy.
 """
 
 import json
+import os
 import random
+import re
+import shutil
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +29,7 @@ from safetensors.torch import load_file
 
 from rl360.checkpointing import latest_checkpoint
 from rl360.quickstart.assets import build_quickstart_model
+from rl360.tracking.console import dependency_note
 from tests.killing import PHASES, Kill, TrainingProcess
 from tests.test_train_e2e import _row
 
@@ -41,6 +46,7 @@ KILL_SEED = 13
 MAX_DELAY_S = {"rollout": 0.02, "update": 0.05, "checkpoint": 0.05}  # each lasts ~0.05-1 s here
 RUN_TIMEOUT_S = 600
 TIMINGS = ("timing/", "weight_sync/seconds")  # the metrics that measure time, the only ones a kill may change
+PREVIOUS_RUN_FILES = ("metrics.jsonl", "config.yaml", "train.log")
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +80,14 @@ def _finish(runs: dict[str, TrainingProcess]) -> None:
 
 
 def _another_runs_checkpoints(root: Path) -> dict[str, bytes | None]:
-    """The state the issue reported: another run's step_000009, step_000010 and `latest` (file contents)."""
+    """Another run's step_000009, step_000010 and `latest` (file contents), and beside them its metrics, saved
+    config, log and exported model."""
+    out = root.parent
+    out.mkdir(parents=True)
+    for name in PREVIOUS_RUN_FILES:
+        (out / name).write_text(f"the previous run's {name}\n")
+    (out / "hf").mkdir()
+    (out / "hf" / "model.safetensors").write_bytes(b"the previous run's weights")
     for step in (9, 10):
         (root / f"step_{step:06d}" / "policy").mkdir(parents=True)
         (root / f"step_{step:06d}" / "policy" / "weights").write_bytes(bytes([step]) * 64)
@@ -134,13 +147,81 @@ def test_a_fresh_run_moves_another_runs_checkpoints_aside(unbroken):
     assert latest_checkpoint(checkpoints) == checkpoints / f"step_{TOTAL_STEPS:06d}"
     assert [r["step"] for r in _records(run.out)] == list(range(1, TOTAL_STEPS + 1))
     assert not list(unbroken["ppo"].out.glob("checkpoints.old-*"))  # nothing there to move
+    for name in PREVIOUS_RUN_FILES:  # the rest of the previous run: moved aside too, and said so
+        (aside,) = run.out.glob(f"{name}.old-*")
+        assert aside.read_text() == f"the previous run's {name}\n"
+        assert f"{name} to {aside.name}" in run.output
+    (aside,) = run.out.glob("hf.old-*")
+    assert (aside / "model.safetensors").read_bytes() == b"the previous run's weights"
+    assert "starting over (trainer.resume=false): moved the previous run's metrics.jsonl" in run.output
+    assert (run.out / "config.yaml").read_text().startswith(f"output_dir: {run.out}\n")  # this run's own
+
+
+def test_a_piped_run_shows_k_of_n_and_eta_without_colour_codes_or_repeated_notices(unbroken):
+    """The run's output (a pipe): plain text, a step line with k/N, elapsed and ETA per step, megatron's
+    Transformer Engine / Apex notice replaced by one line; train.log holds what the console showed."""
+    for run in unbroken.values():
+        assert "\x1b[" not in run.output
+        steps = [line for line in run.output.splitlines() if line.startswith("step ")]
+        assert [line[:len("step 12/12")] for line in steps] == [f"step {k:>2}/{TOTAL_STEPS}" for k in range(1, 13)]
+        assert all(re.fullmatch(r"step +\d+/12  elapsed \d+:\d\d  eta \d+:\d\d  reward=.*", line) for line in steps)
+        assert re.match(r"step 12/12  elapsed \d+:\d\d  eta 0:00  ", steps[-1])
+        assert "not installed" not in run.output.replace(dependency_note() or "", "")
+        assert run.output.count("megatron uses its torch implementations") == (dependency_note() is not None)
+        log = (run.out / "train.log").read_text()
+        assert "\x1b[" not in log
+        lines = run.output.splitlines()
+        last_step = max(i for i, line in enumerate(lines) if line.startswith("step "))
+        shown = [line for line in lines[:last_step + 1] if line.startswith(("step ", "placement:", "("))]
+        assert any(line.startswith(("(HFEngine", "(PolicyWorker")) for line in shown)  # forwarded by Ray
+        assert all(line in log.splitlines() for line in shown)
+
+
+def _copy_of(run: Unbroken, tmp_path: Path) -> Path:
+    """The run's checkpoints, saved config, metrics and log in a directory of their own, to resume there."""
+    out = tmp_path / "run"
+    out.mkdir()
+    shutil.copytree(run.out / "checkpoints", out / "checkpoints")
+    for name in PREVIOUS_RUN_FILES:
+        shutil.copy(run.out / name, out / name)
+    return out
+
+
+def _cli(command: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=str(REPO), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                          env={key: value for key, value in os.environ.items() if key != "RL360_DEBUG"})
+
+
+def test_resuming_with_another_dtype_is_refused_naming_it(unbroken, assets, tmp_path):
+    out = _copy_of(unbroken["grpo"], tmp_path)
+    done = _cli(_command(assets, out, "grpo", f"trainer.total_steps={TOTAL_STEPS + 1}", "model.dtype=bfloat16"))
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert len(lines) <= 5 and "Traceback" not in done.stderr, lines
+    assert lines[-1].startswith(f"rl360: config error: cannot resume {out / 'checkpoints' / 'step_000012'} with "
+                                "this config: model.dtype float32 -> bfloat16 (")
+    assert not (out / "hf").exists()  # refused before anything ran
+
+
+def test_resuming_with_another_lr_prints_the_change_and_appends_to_train_log(unbroken, assets, tmp_path):
+    out = _copy_of(unbroken["grpo"], tmp_path)
+    before = (out / "train.log").read_text()
+    done = _cli(_command(assets, out, "grpo", f"trainer.total_steps={TOTAL_STEPS + 1}", "actor.lr=1e-4",
+                         "trainer.save_every=0"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    changes = [line for line in done.stdout.splitlines() if line.startswith("resume:")]
+    assert changes == ["resume: actor.lr 0.0005 -> 0.0001"]  # total_steps, save_every: not reported
+    assert f"resumed from {out / 'checkpoints' / 'step_000012'} at step 13" in done.stdout
+    assert [r["step"] for r in _records(out)] == list(range(1, TOTAL_STEPS + 2))
+    log = (out / "train.log").read_text()
+    assert log.startswith(before) and "resume: actor.lr 0.0005 -> 0.0001" in log[len(before):]
+    assert "step 13/13" in log[len(before):]
 
 
 def test_trainer_checkpoints_convert_to_the_runs_own_hf_export(unbroken, tmp_path):
     """`rl360 convert megatron-to-hf` on the trainer's last checkpoint (its checkpoints directory, as a user
     would pass it) gives the weights the run exported at the end, bit for bit. (PPO's policy checkpoint is
     written by the same code; its critic is no language model.)"""
-    import subprocess
 
     run = unbroken["grpo"]
     convert = subprocess.run([sys.executable, "-m", "rl360.cli", "convert", "megatron-to-hf", "--ckpt",

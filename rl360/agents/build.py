@@ -73,8 +73,11 @@ def _check_pixel_bounds(cfg: RunConfig) -> None:
 
     if not os.path.isdir(cfg.model.path) or not is_vision_model(cfg.model.path):
         return
-    processor = VisionProcessor.from_pretrained(cfg.model.path, min_pixels=cfg.model.min_pixels or None,
-                                                max_pixels=cfg.model.max_pixels or None)
+    try:
+        processor = VisionProcessor.from_pretrained(cfg.model.path, min_pixels=cfg.model.min_pixels or None,
+                                                    max_pixels=cfg.model.max_pixels or None)
+    except OSError:  # no image processor in the directory: the model directory's own check says so
+        return
     agent = cfg.agent
     if agent.min_pixels < processor.min_pixels or agent.max_pixels > processor.max_pixels:
         raise ConfigError(f"agent.min_pixels={agent.min_pixels}, agent.max_pixels={agent.max_pixels}: a tool's images "

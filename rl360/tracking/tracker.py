@@ -1,4 +1,7 @@
-"""Metrics to the console, to `<output_dir>/metrics.jsonl` (one JSON object per step) and to wandb."""
+"""Metrics to the console, to `<output_dir>/metrics.jsonl` (one JSON object per step) and to wandb.
+
+A console line: `step 12/100  elapsed 1:05  eta 7:10  reward=...`: elapsed since the run started, the estimate
+from this process's steps after its first (whose time includes start-up), or from the first's own time alone."""
 
 from __future__ import annotations
 
@@ -6,9 +9,12 @@ import json
 import math
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any, TextIO
+
+from rl360.tracking.console import format_duration
 
 CONSOLE_KEYS = {  # metric -> its label on the console line
     "reward/mean": "reward", "response_length/mean": "resp_len", "actor/pg_loss": "pg_loss",
@@ -20,7 +26,10 @@ CONSOLE_KEYS = {  # metric -> its label on the console line
 class Tracker:
     def __init__(self, output_dir: str | Path, config: dict[str, Any], use_wandb: bool = False,
                  project: str = "rl360", run_name: str = "", log_every: int = 1,
-                 console: TextIO = sys.stdout, resume_after_step: int | None = None):
+                 console: TextIO | None = None, resume_after_step: int | None = None,
+                 total_steps: int | None = None, started: float | None = None):
+        """`console`: where step lines go (None: sys.stdout at each line); `started`: time.monotonic() when the
+        run started (None: now)."""
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = []
@@ -30,6 +39,10 @@ class Tracker:
         self._file = self.path.open("w")
         self._file.write("".join(line + "\n" for line in kept))
         self._console = console
+        self.total_steps = total_steps
+        self._started = time.monotonic() if started is None else started
+        self._step_ends: list[tuple[int, float]] = []  # (step, time.monotonic()) of this process's steps
+        self._first_step_s = 0.0
         self.log_every = log_every
         self._wandb = None
         if use_wandb:
@@ -47,9 +60,29 @@ class Tracker:
         self._file.flush()
         if self._wandb is not None and step >= self._wandb.step:  # a resumed online run has its earlier steps
             self._wandb.log(record, step=step)
-        if step % self.log_every == 0:
+        now = time.monotonic()
+        if not self._step_ends:
+            self._first_step_s = float(record.get("timing/step_s") or now - self._started)
+        self._step_ends.append((step, now))
+        if step % self.log_every == 0 or step == self.total_steps:
             shown = "  ".join(f"{label}={_fmt(record[key])}" for key, label in CONSOLE_KEYS.items() if key in record)
-            print(f"step {step:>4}  {shown}", file=self._console, flush=True)
+            print(f"{self._progress(step, now)}  {shown}", file=self._console or sys.stdout, flush=True)
+
+    def _progress(self, step: int, now: float) -> str:
+        """`step k/N  elapsed E  eta T` (`step k` with no total)."""
+        if not self.total_steps:
+            return f"step {step:>4}  elapsed {format_duration(now - self._started)}"
+        width = len(str(self.total_steps))
+        text = f"step {step:>{width}}/{self.total_steps}  elapsed {format_duration(now - self._started)}"
+        return f"{text}  eta {format_duration(self.seconds_per_step() * max(0, self.total_steps - step))}"
+
+    def seconds_per_step(self) -> float:
+        """Mean time of this process's steps after its first; the first's own (its `timing/step_s`) while it is
+        the only one."""
+        (first_step, first_end), (last_step, last_end) = self._step_ends[0], self._step_ends[-1]
+        if last_step > first_step:
+            return (last_end - first_end) / (last_step - first_step)
+        return self._first_step_s
 
     def close(self) -> None:
         self._file.close()
