@@ -5,9 +5,9 @@
 Counted for the fullest policy rank (the pipeline stage holding the most; tensor-parallel slices as megatron
 makes them, the vocabulary padded as the bridge pads it; a mixture of experts' routed experts 1/EP on each rank)
 from the model's `config.json` alone (without a local checkpoint, the shape of the released model that
-`model.path` names, e.g. `Qwen/Qwen2.5-7B-Instruct`: `rl360.model_shapes`). A Qwen-VL model's vision tower is counted whole on the first stage (it is
-replicated there); its activations are not (a few thousand image tokens against the language model's tens of
-thousands of sequence tokens).
+`model.path` names, e.g. `Qwen/Qwen2.5-7B-Instruct`: `rl360.model_shapes`). A Qwen-VL model's vision tower is
+counted whole on the first stage (it is replicated there); its activations are not (a few thousand image tokens
+against the language model's tens of thousands of sequence tokens).
 
 - weights: parameters x `model.dtype` bytes; gradients: megatron's fp32 gradient buffer (4 bytes a parameter);
   optimizer: Adam's two fp32 moments, plus the fp32 main copy of bf16 weights (megatron's mixed precision),

@@ -189,6 +189,6 @@ def test_missing_environment_variable_names_key_and_variable(monkeypatch):
     monkeypatch.delenv("RL360_DATA_DIR")  # every unset one in the same line
     with pytest.raises(ConfigError, match=r"^configs/templates/qwen2\.5-7b-1node\.yaml: environment variables not "
                                           r"set: model\.path reads RL360_MODEL_PATH, data\.train_files reads "
-                                          r"RL360_DATA_DIR: export RL360_MODEL_PATH=\.\.\. RL360_DATA_DIR=\.\.\. or pass "
-                                          r"model\.path=\.\.\. data\.train_files=\.\.\. on the command line$"):
+                                          r"RL360_DATA_DIR: export RL360_MODEL_PATH=\.\.\. RL360_DATA_DIR=\.\.\. "
+                                          r"or pass model\.path=\.\.\. data\.train_files=\.\.\. on the command line$"):
         load_config("configs/templates/qwen2.5-7b-1node.yaml")
