@@ -20,8 +20,9 @@ FLOORS = [
     ["config"],  # the typed run config (validates against the algos' registries)
     ["data", "cluster", "weight_sync"],  # prompts from parquet, Ray placement, weights into engines
     ["rewards", "actor", "engine", "checkpointing", "quickstart"],  # scoring, the policy, the engines themselves
-    ["rollout", "serve", "convert", "plan", "agents"],  # the engine fleet and the training sampler; services;
-    # tools; the multi-turn agent loop and its tools (engine-agnostic: it never imports rollout)
+    ["rollout", "serve", "convert", "plan", "agents", "config_docs"],  # the engine fleet and the training sampler;
+    # services; tools (the config reference among them); the multi-turn agent loop and its tools (engine-agnostic:
+    # it never imports rollout)
     ["trainer", "launch"],  # the RL loop
     ["cli"],
 ]
