@@ -38,7 +38,10 @@ def train(cfg: RunConfig) -> Path:
     """Run `cfg.trainer.total_steps` RL steps; returns the output directory."""
     check_model_dir(cfg.model.path)  # a missing directory, weights or tokenizer: said now, before any loading
     for prefix, path in cfg.reward.custom.items():
-        register_reward_path(prefix, path)
+        try:
+            register_reward_path(prefix, path)
+        except (ImportError, AttributeError, ValueError) as err:  # a typo in the reference, or its module's own
+            raise ConfigError(f"reward.custom.{prefix}={path!r}: {err}") from None
     # every row now, before Ray starts: rows that would stop the run when reached (data.on_bad_row=error) or be
     # skipped, an unknown data_source or reward_metric, a judge-scored row without reward.judge
     agent = agent_from_config(cfg)  # an unknown tool or parser: said now
