@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -398,9 +399,31 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         where = f"override {item!r}"
         layers.append(_layer(_checked(lambda item=item: OmegaConf.from_dotlist([item]), where), where))
     merged = _checked(lambda: OmegaConf.merge(*layers), str(path or "overrides"))
+    unset = _unset_environment(OmegaConf.to_container(merged, resolve=False))
+    if len(unset) > 1:  # all of them in one line (one alone: the resolver's error below names it)
+        reads = ", ".join(f"{key} reads {var}" for key, var in unset)
+        raise ConfigError(f"{path or 'overrides'}: environment variables not set: {reads}: export "
+                          f"{' '.join(f'{var}=...' for _, var in unset)} or pass "
+                          f"{' '.join(f'{key}=...' for key, _ in unset)} on the command line")
     cfg: RunConfig = _checked(lambda: OmegaConf.to_object(merged), str(path or "overrides"))
     validate(cfg)
     return cfg
+
+
+_ENV_WITHOUT_DEFAULT = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _unset_environment(node: Any, key: str = "") -> list[tuple[str, str]]:
+    """(key, variable) for each `${oc.env:VAR}` without a default in the unresolved config `node` whose
+    variable is not set (a list item's key is its list's)."""
+    if isinstance(node, dict):
+        return [found for name, value in node.items()
+                for found in _unset_environment(value, f"{key}.{name}" if key else str(name))]
+    if isinstance(node, list):
+        return [found for value in node for found in _unset_environment(value, key)]
+    if isinstance(node, str):
+        return [(key, var) for var in _ENV_WITHOUT_DEFAULT.findall(node) if var not in os.environ]
+    return []
 
 
 def _checked(build, where: str):
@@ -610,7 +633,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("algorithm.partial_filter=true computes group advantages from the scores alone, before any "
                           "log-prob or value: use a group estimator (grpo, rloo, ...) and algorithm.kl_in_reward_coef=0")
     if not cfg.model.path:
-        raise ConfigError("model.path is empty: give a Hugging Face model directory")
+        raise ConfigError("model.path is empty: give a Hugging Face model directory (model.path=DIR); a config "
+                          "that sets no model is a preset, to follow a base config: rl360 train BASE.yaml PRESET.yaml")
     if not cfg.data.train_files:
         raise ConfigError("data.train_files is empty: give at least one parquet file, directory or glob")
     if (cfg.actor.ppo_mini_batch_size * cfg.rollout.n) % cfg.actor.parallel.data:

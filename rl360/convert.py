@@ -118,11 +118,21 @@ def check_layout(config_file: str | Path, tp: int, pp: int) -> None:
                                 f"({name} in {config_file}); {flag} can be {', '.join(fits)}")
 
 
+def check_new_output(out: str | Path) -> None:
+    """`UserError` when `--out` is a file or a directory with something in it (a conversion writes a new one)."""
+    out = Path(out)
+    if out.is_file():
+        raise UserError(f"--out {out} is a file; give a directory to create")
+    if out.is_dir() and any(out.iterdir()):
+        raise UserError(f"--out {out} already exists and is not empty; give a new directory (or remove that one)")
+
+
 def _hf_to_megatron(args: argparse.Namespace) -> int:
     from rl360.cluster.launch import run_ranks
 
     check_model_dir(args.hf, "--hf", tokenizer=False)
     check_layout(Path(args.hf) / "config.json", args.tp, args.pp)
+    check_new_output(args.out)
     dtype = hf_dtype(args.hf) if args.dtype == "auto" else args.dtype
     run_ranks("rl360.convert:hf_to_megatron_rank", args.tp * args.pp,
               [args.hf, args.out, str(args.tp), str(args.pp), dtype])
@@ -137,6 +147,7 @@ def _megatron_to_hf(args: argparse.Namespace) -> int:
     from megatron_bridge.checkpoint import HF_SUBDIR
 
     check_layout(ckpt / HF_SUBDIR / "config.json", args.tp, args.pp)
+    check_new_output(args.out)
     run_ranks("rl360.convert:megatron_to_hf_rank", args.tp * args.pp, [str(ckpt), args.out, str(args.tp),
                                                                         str(args.pp)])
     print(f"wrote Hugging Face checkpoint of {ckpt} to {args.out}")

@@ -4,9 +4,10 @@
 
 Counted for the fullest policy rank (the pipeline stage holding the most; tensor-parallel slices as megatron
 makes them, the vocabulary padded as the bridge pads it; a mixture of experts' routed experts 1/EP on each rank)
-from the model's `config.json` alone. A Qwen-VL model's vision tower is counted whole on the first stage (it is
-replicated there); its activations are not (a few thousand image tokens against the language model's tens of
-thousands of sequence tokens).
+from the model's `config.json` alone (without a local checkpoint, the shape of the released model that
+`model.path` names, e.g. `Qwen/Qwen2.5-7B-Instruct`: `rl360.model_shapes`). A Qwen-VL model's vision tower is
+counted whole on the first stage (it is replicated there); its activations are not (a few thousand image tokens
+against the language model's tens of thousands of sequence tokens).
 
 - weights: parameters x `model.dtype` bytes; gradients: megatron's fp32 gradient buffer (4 bytes a parameter);
   optimizer: Adam's two fp32 moments, plus the fp32 main copy of bf16 weights (megatron's mixed precision),
@@ -53,6 +54,7 @@ from megatron_bridge.config_map import head_dim, num_experts, num_query_groups, 
 from megatron_bridge.vision import is_vision_language, language_config, vision_parameter_count
 from rl360.actor.batch import interleaved_micro_batches, interleaving_group
 from rl360.config import context_length
+from rl360.model_shapes import RELEASED, released_config, released_name
 
 GIB = 1024 ** 3
 RESERVED_GIB = 2.0  # CUDA context, NCCL buffers, fragmentation
@@ -160,12 +162,7 @@ def rank_parameter_split(hf: dict[str, Any], tensor: int = 1, pipeline: int = 1,
 
 
 def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
-    from rl360.config import ConfigError
-
-    config_file = Path(cfg.model.path) / "config.json"
-    if not config_file.is_file():
-        raise ConfigError(f"model.path={cfg.model.path}: no config.json there to plan from")
-    hf = hf_file = json.loads(config_file.read_text())
+    hf = hf_file = model_config(cfg.model.path)
     parallel, actor, rollout = cfg.actor.parallel, cfg.actor, cfg.rollout
     tp, pp, ep = parallel.tensor, parallel.pipeline, parallel.expert
     dtype = DTYPE_BYTES[cfg.model.dtype]
@@ -201,6 +198,23 @@ def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
     elif rollout.engine == "sglang":
         engine_lines = engine_report(cfg, hf, gpu_memory_gb)
     return Plan(terms, gpu_memory_gb, engine_lines)
+
+
+def model_config(path: str) -> dict[str, Any]:
+    """The config.json of the model directory `path`, else the released shape `path` names (a hub id such as
+    "Qwen/Qwen2.5-7B-Instruct": `rl360.model_shapes`); `ConfigError` saying what to give otherwise."""
+    from rl360.config import ConfigError
+
+    config_file = Path(path) / "config.json"
+    if config_file.is_file():
+        return json.loads(config_file.read_text())
+    known = released_config(path)
+    if known is not None:
+        return known
+    where = "no config.json there" if Path(path).is_dir() else "no such directory"
+    build = " (rl360 quickstart builds it)" if "quickstart_assets" in str(path) else ""
+    raise ConfigError(f"model.path={path}: {where} to plan from{build}; give a model directory with config.json or "
+                      f"a released model's name ({', '.join(RELEASED)})")
 
 
 def activation_bytes(cfg: Any, hf: dict[str, Any]) -> float:
@@ -287,6 +301,9 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{cfg.model.path}: policy TP {parallel.tensor}{context} x PP {parallel.pipeline} x DP {parallel.data}"
           f"{experts} = {ranks} GPU(s) ({nodes} node(s) of {args.gpus_per_node}), dtype {cfg.model.dtype}")
     print(placement.describe())
+    if not (Path(cfg.model.path) / "config.json").is_file() and released_name(cfg.model.path):
+        print(f"no local checkpoint at {cfg.model.path}: planned with the released {released_name(cfg.model.path)}'s "
+              "shape")
     turns = (f"; an agent's response holds up to {cfg.agent.max_turns} turns, tool replies and tool images "
              f"({', '.join(cfg.agent.tools) or 'no tools'})") if cfg.agent.loop else ""
     print(f"context per sample: {context_length(cfg):,} tokens (prompt {cfg.data.max_prompt_length:,} + response "

@@ -54,7 +54,10 @@ def train(cfg: RunConfig) -> Path:
     latest = latest_checkpoint(out / "checkpoints") if cfg.trainer.resume else None
     resume_notes = check_resume(out, cfg, latest) if latest is not None else []
     for prefix, path in cfg.reward.custom.items():
-        register_reward_path(prefix, path)
+        try:
+            register_reward_path(prefix, path)
+        except (ImportError, AttributeError, ValueError) as err:  # a typo in the reference, or its module's own
+            raise ConfigError(f"reward.custom.{prefix}={path!r}: {err}") from None
     # every row now, before Ray starts: rows that would stop the run when reached (data.on_bad_row=error) or be
     # skipped, an unknown data_source or reward_metric, a judge-scored row without reward.judge
     agent = agent_from_config(cfg)  # an unknown tool or parser: said now

@@ -2,8 +2,9 @@
 
     python -m tests.serve_layer_app [service options: --port, --api-key-env, --max-in-flight, ...]
 
-Routes: `POST /work {"seconds": number >= 0, "tag": str}` sleeps that long (cancellable) and answers
-`{"tag": ...}`; `POST /stream {"events": int, "interval_s": number}` answers server-sent events
+Routes: `POST /work {"seconds": number >= 0, "tag": str, "hold": bool}` sleeps that long (cancellable) and
+answers `{"tag": ...}`; with `"hold": true` it first waits until the process gets SIGUSR1, which releases every
+request held so far; `POST /stream {"events": int, "interval_s": number}` answers server-sent events
 `{"i": 0}`, `{"i": 1}`, ... then `[DONE]`. `rl360_test_work_started_total` counts /work handlers that
 started and `rl360_test_work_cancelled_total` those cancelled before finishing.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
+from contextlib import asynccontextmanager
 
 from fastapi import Request
 
@@ -45,16 +48,32 @@ def build(limits: ServiceLimits, api_key: str | None) -> ServiceGuard:
     registry = MetricsRegistry()
     started = registry.counter("rl360_test_work_started_total", "Work handlers started.")
     cancelled = registry.counter("rl360_test_work_cancelled_total", "Work handlers cancelled before the end.")
-    app = service_app()
+    gates: list[asyncio.Event] = []  # the gate held requests wait on; SIGUSR1 opens it and starts a new one
+
+    def release() -> None:
+        gates.pop().set()
+        gates.append(asyncio.Event())
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        gates.append(asyncio.Event())
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, release)
+        yield
+
+    app = service_app(lifespan=lifespan)
 
     async def work(request: Request) -> dict:
-        data = json_object(await request.body(), {"seconds", "tag"})
+        data = json_object(await request.body(), {"seconds", "tag", "hold"})
         seconds = _number(data, "seconds", 0.0)
-        tag = data.get("tag", "")
+        tag, hold = data.get("tag", ""), data.get("hold", False)
         if not isinstance(tag, str):
             raise ServiceError(400, f"'tag' must be a string, got {type(tag).__name__}", "tag")
+        if not isinstance(hold, bool):
+            raise ServiceError(400, f"'hold' must be true or false, got {hold!r}", "hold")
         started.inc()
         try:
+            if hold:
+                await gates[-1].wait()
             await asyncio.sleep(seconds)
         except asyncio.CancelledError:
             cancelled.inc()

@@ -77,8 +77,9 @@ def test_template_without_its_environment_names_the_variable():
     done = _cli("plan", "configs/templates/qwen2.5-7b-1node.yaml",
                 unset=("RL360_DEBUG", "RL360_MODEL_PATH", "RL360_DATA_DIR"))
     assert _last_line(done) == (
-        "rl360: config error: configs/templates/qwen2.5-7b-1node.yaml: model.path reads environment variable "
-        "RL360_MODEL_PATH, which is not set: export RL360_MODEL_PATH=... or pass model.path=... on the command line")
+        "rl360: config error: configs/templates/qwen2.5-7b-1node.yaml: environment variables not set: model.path "
+        "reads RL360_MODEL_PATH, data.train_files reads RL360_DATA_DIR: export RL360_MODEL_PATH=... "
+        "RL360_DATA_DIR=... or pass model.path=... data.train_files=... on the command line")
 
 
 def test_bad_rows_deep_in_the_file_stop_train_before_ray(tmp_path):

@@ -181,8 +181,14 @@ def test_yaml_syntax_error_is_file_line_column(tmp_path):
 
 def test_missing_environment_variable_names_key_and_variable(monkeypatch):
     monkeypatch.delenv("RL360_MODEL_PATH", raising=False)
-    monkeypatch.delenv("RL360_DATA_DIR", raising=False)
+    monkeypatch.setenv("RL360_DATA_DIR", "data")
     with pytest.raises(ConfigError, match=r"^configs/templates/qwen2\.5-7b-1node\.yaml: model\.path reads "
                                           r"environment variable RL360_MODEL_PATH, which is not set: export "
                                           r"RL360_MODEL_PATH=\.\.\. or pass model\.path=\.\.\. on the command line$"):
+        load_config("configs/templates/qwen2.5-7b-1node.yaml")
+    monkeypatch.delenv("RL360_DATA_DIR")  # every unset one in the same line
+    with pytest.raises(ConfigError, match=r"^configs/templates/qwen2\.5-7b-1node\.yaml: environment variables not "
+                                          r"set: model\.path reads RL360_MODEL_PATH, data\.train_files reads "
+                                          r"RL360_DATA_DIR: export RL360_MODEL_PATH=\.\.\. RL360_DATA_DIR=\.\.\. "
+                                          r"or pass model\.path=\.\.\. data\.train_files=\.\.\. on the command line$"):
         load_config("configs/templates/qwen2.5-7b-1node.yaml")

@@ -151,3 +151,28 @@ def test_unreadable_image_is_a_bad_row(tmp_path, capsys):
     assert code == 0 and "images: 1 of 1 valid rows have images" in out
     assert f"unreadable image): 1 ({path}: 1 row (1)); the first: " in out
     assert "broken.parquet row 1: key 'images'[0]: not a readable" in out
+
+
+def test_the_columnar_row_check_finds_what_the_row_check_finds(tmp_path):
+    """`scan_bad_rows` hands only suspect rows to validate_row; every kind of bad row is still found, at its
+    index, with validate_row's message, across row groups."""
+    from rl360.data.inspect import scan_bad_rows
+
+    def row(i, **change):
+        base = {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{i}+1"}],
+                "reward_model": {"style": "rule", "ground_truth": str(i + 1)}}
+        return {**base, **change}
+
+    bad = {3: dict(prompt=[]), 8: dict(prompt=None), 11: dict(prompt=[{"role": "user", "content": None}]),
+           12: dict(prompt=[{"role": "user", "content": "a"}, {"role": None, "content": "b"}]),
+           17: dict(data_source=""), 18: dict(data_source=None), 25: dict(reward_model=None),
+           29: dict(reward_model={"style": "rule", "ground_truth": None})}
+    rows = [row(i, **bad.get(i, {})) for i in range(30)]
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=7)
+    found, total = scan_bad_rows(str(path), keep=10)
+    assert total == 30 and found.count == len(bad) and found.rows[str(path)] == sorted(bad)
+    assert found.first == f"{path} row 3: key 'prompt' must be a non-empty list of {{role, content}} messages, got []"
+    clean = tmp_path / "clean.parquet"
+    pq.write_table(pa.Table.from_pylist([row(i) for i in range(30)]), clean, row_group_size=7)
+    assert scan_bad_rows(str(clean))[0].count == 0

@@ -15,14 +15,15 @@ ROOT = Path(__file__).resolve().parents[1] / "rl360"
 FLOORS = [
     ["core", "imports", "network", "errors"],  # shared types (prompts, samples, sampling params), the engine API's
     # client, the user-error base
-    ["algos", "tracking", "service", "model_dir"],  # pure torch algorithms, metric sinks, the HTTP service layer,
-    # model directory checks
+    ["algos", "tracking", "service", "model_dir", "model_shapes"],  # pure torch algorithms, metric sinks, the HTTP
+    # service layer, model directory checks, released models' shapes
     ["config"],  # the typed run config (validates against the algos' registries)
     ["data", "cluster", "weight_sync"],  # prompts from parquet, Ray placement, weights into engines
     ["rewards", "actor", "engine", "checkpointing", "run_config", "quickstart"],  # scoring, the policy, the engines
     # themselves, checkpoints and the config saved with a run
-    ["rollout", "serve", "convert", "plan", "agents"],  # the engine fleet and the training sampler; services;
-    # tools; the multi-turn agent loop and its tools (engine-agnostic: it never imports rollout)
+    ["rollout", "serve", "convert", "plan", "agents", "config_docs"],  # the engine fleet and the training sampler;
+    # services; tools (the config reference among them); the multi-turn agent loop and its tools (engine-agnostic:
+    # it never imports rollout)
     ["trainer", "launch"],  # the RL loop
     ["cli"],
 ]

@@ -10,6 +10,7 @@ import torch
 from rl360.actor.policy import PolicyWorker
 from rl360.cli import main
 from rl360.config import load_config
+from rl360.model_shapes import released_config, released_name
 from rl360.plan import GIB, RESERVED_GIB, plan, rank_parameters
 from tests.helpers import make_tiny_model
 
@@ -164,3 +165,73 @@ def test_virtual_pipeline_stages_keep_more_activations_on_the_first_stage(tmp_pa
         return next(t.bytes for t in plan(cfg).terms if t.name.startswith("activations")) - logits
 
     assert activations("actor.parallel.virtual_pipeline=2") == pytest.approx(activations() * 11 / 8)
+
+
+# ----- every shipped config plans, or says in one line what it needs --------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml"))
+TEMPLATE_MODELS = {"qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct", "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct",
+                   "deepvision": "Qwen/Qwen2.5-VL-7B-Instruct"}
+
+
+@pytest.mark.parametrize("config", SHIPPED)
+def test_plan_answers_on_every_shipped_config(config, tmp_path, monkeypatch, capsys):
+    for name in ("RL360_MODEL_PATH", "RL360_DATA_DIR", "RL360_OUTPUT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)  # the quickstart's relative model directories are not built here
+    code = main(["plan", str(REPO / config)])
+    captured = capsys.readouterr()
+    if code in (0, 1):
+        assert captured.out.strip().endswith(("fits", "does not fit")) or "does not fit" in captured.out, captured.out
+        return
+    assert code == 2, (code, captured)
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    line = lines[0]
+    if "oc.env" in (REPO / config).read_text():  # a template: names every variable it needs
+        assert "environment variables not set: model.path reads RL360_MODEL_PATH" in line, line
+        assert "RL360_DATA_DIR" in line, line
+    elif "quickstart" in config:  # its model is built by `rl360 quickstart`
+        assert "no such directory to plan from (rl360 quickstart builds it)" in line, line
+    else:  # a preset: says so
+        assert "model.path is empty" in line and "preset, to follow a base config" in line, line
+
+
+@pytest.mark.parametrize("config", [c for c in SHIPPED if "oc.env" in (REPO / c).read_text()])
+def test_templates_plan_from_a_released_models_name_without_a_checkpoint(config, tmp_path, monkeypatch, capsys):
+    model = next(hub for key, hub in TEMPLATE_MODELS.items() if key in config)
+    monkeypatch.setenv("RL360_MODEL_PATH", model)
+    monkeypatch.setenv("RL360_DATA_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    code = main(["plan", str(REPO / config)])
+    out = capsys.readouterr().out
+    assert code == 0 and out.strip().endswith("fits"), out  # the shipped layouts fit an 80 GB GPU
+    assert f"no local checkpoint at {model}: planned with the released {model.split('/')[1][:-len('-Instruct')]}'s" \
+           in out, out
+
+
+@pytest.mark.parametrize("name, published", [  # parameter counts on the model cards / the released safetensors
+    ("Qwen2.5-0.5B", 494_032_768), ("Qwen2.5-1.5B-Instruct", 1_543_714_304), ("Qwen2.5-3B", 3_085_938_688),
+    ("Qwen/Qwen2.5-7B-Instruct", 7_615_616_512), ("Qwen2.5-14B", 14_770_033_664),
+    ("Qwen2.5-32B", 32_763_876_352), ("Qwen2.5-72B-Instruct", 72_706_203_648),
+    ("Qwen/Qwen2.5-VL-7B-Instruct", 8_292_166_656), ("Qwen3-30B-A3B", 30_532_122_624),
+])
+def test_released_shapes_by_name_count_the_published_parameters(name, published):
+    assert rank_parameters(released_config(name)) == published
+
+
+@pytest.mark.parametrize("name, billions, unit", [  # as rounded on the model cards (to `unit` billion)
+    ("Qwen3-0.6B", 0.6, 0.1), ("Qwen3-1.7B", 1.7, 0.1), ("Qwen3-4B", 4.0, 0.1), ("Qwen3-8B", 8.2, 0.1),
+    ("Qwen3-14B", 14.8, 0.1), ("Qwen3-32B", 32.8, 0.1), ("Qwen3-235B-A22B", 235, 1),
+    ("Qwen2.5-VL-3B-Instruct", 3.75, 0.01), ("Qwen2.5-VL-72B", 73.4, 0.1),
+])
+def test_released_shapes_by_name_round_to_the_model_cards(name, billions, unit):
+    assert rank_parameters(released_config(name)) / 1e9 == pytest.approx(billions, abs=unit / 2)
+
+
+def test_released_names_match_whole_name_parts_only():
+    assert released_name("/ckpt/Qwen2.5-7B") == "Qwen2.5-7B"
+    assert released_name("qwen3-30b-a3b-base") == "Qwen3-30B-A3B"
+    assert released_name("Qwen/Qwen2.5-VL-72B-Instruct") == "Qwen2.5-VL-72B"
+    assert all(released_name(name) is None for name in ("Qwen2.5-7Bx", "my-model", "Qwen3-1", "Qwen2.5-7"))

@@ -41,6 +41,7 @@ ROUTES = {
     "simulation__barc": simulation.arcagi_score, "logic__arcagi1": simulation.arcagi_score,
     "logic__arcagi2": simulation.arcagi_score, "logic__barc": simulation.arcagi_score,
     "table__multihier": table.table_score, "stem__supergpqa": stem.stem_score,
+    "ordering_puzzle_dataset": logic.ordering_score,  # Reasoning360's puzzle generator, before its logic__ prefix
 }
 
 

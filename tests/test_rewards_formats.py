@@ -190,6 +190,19 @@ def test_cruxeval_input_assertion_may_use_any_input_with_the_output():
     assert _score("simulation__cruxeval", _block("assert f('abab', 1) == 'abab'"), FUNCTIONAL, generic) == 1.0
 
 
+def test_cruxeval_a_bare_assertion_without_a_fence_scores_as_reasoning360_scores_it():
+    # Reasoning360 runs the reply after </think> (all of it without one) after the function's code, fenced
+    # or not: a bare assert line passes when right, fails when wrong, and prose around it does not run
+    for response in ("assert f('ab', 2) == 'abab'", "<think>s * n</think>\nassert f('ab', 2) == 'abab'\n"):
+        result = compute_score("simulation__cruxeval-o", response, FUNCTIONAL, _crux_extra("o"))
+        assert result == {"score": 1.0, "pred": "assert f('ab', 2) == 'abab'"}, response
+    assert _score("simulation__cruxeval-i", "<think>x</think>assert f('abab', 1) == 'abab'", FUNCTIONAL,
+                  _crux_extra("i")) == 1.0
+    for response in ("assert f('ab', 2) == 'ab'", "<think>s * n</think>\nassert f('ab', 3) == 'abab'",
+                     "The completed assertion:\nassert f('ab', 2) == 'abab'", "assert True"):
+        assert _score("simulation__cruxeval-o", response, FUNCTIONAL, _crux_extra("o")) == 0.0, response
+
+
 @pytest.mark.parametrize("task, response, failure", [
     ("o", "The answer is 'abab'.", "no fenced block"),  # no assert block
     ("o", "<think>```python\nassert f('ab', 2) == 'abab'\n```</think>done", "no fenced block"),  # only in thinking

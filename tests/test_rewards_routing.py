@@ -78,6 +78,9 @@ CASES = [
     ("stem__gpqa_diamond", "C", "Therefore \\boxed{C}", "Therefore \\boxed{B}", None, 1.0),
     ("stem__gpqa_diamond_no_box", "C", "Reasoning...\nAnswer: C", "Reasoning...\nAnswer: D", None, 1.0),
     ("stem__supergpqa", "D", "The answer is \\boxed{D}.", "The answer is \\boxed{A}.", None, 1.0),
+    ("ordering_puzzle_dataset", np.array(["hawk", "crow", "owl"], dtype=object),
+     "<think>hawk first</think><answer>['Hawk', 'crow', 'owl']</answer>", "<answer>['crow', 'hawk', 'owl']</answer>",
+     None, 1.0),
 ] + [
     (name, "\\frac{3}{4}", "The answer is $\\frac{3}{4}$.", "The answer is $\\frac{4}{3}$.", None, 1.0)
     for name in ("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc",

@@ -2,11 +2,15 @@
 listen elsewhere without one), 400s naming the field, 413 on a 400 MB upload, a burst, slow-loris senders,
 and SIGTERM during a burst. The SandboxFusion API itself is covered by tests/test_remote_sandbox.py."""
 
+import fcntl
+import itertools
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from urllib.parse import urlsplit
 
 import httpx
@@ -107,16 +111,51 @@ def test_a_400_mb_upload_gets_413_without_being_read(sandbox):
     assert memory.peak_rss - memory.start_rss < 48 << 20, (memory.start_rss, memory.peak_rss)  # 16 MiB read at most
 
 
+def _answered(url: str) -> dict[int, float]:
+    """The service's own count of /run_code requests answered 200 and 429."""
+    return {status: metric_total(url, "rl360_http_requests_total", AUTH, route="/run_code", status=str(status))
+            for status in (200, 429)}
+
+
+@pytest.mark.timeout(120)
+def test_exactly_max_in_flight_runs_are_admitted_and_the_rest_get_429(sandbox):
+    url, _ = sandbox  # 8 in flight, 2 workers
+    # the runs wait for a shared lock on a file this test holds exclusively: two hold the workers, six wait
+    # for one, and the other four are answered 429 while all eight are in flight. The file lies outside /tmp
+    # (private to each run) and is world-readable (runs may use a uid of their own)
+    holder = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(__file__)), prefix=".hold-")
+    try:
+        os.chmod(holder, 0o755)
+        lock_path = os.path.join(holder, "lock")
+        with open(lock_path, "w") as lock:
+            os.chmod(lock_path, 0o644)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            code = f"import fcntl; fcntl.flock(open({lock_path!r}), fcntl.LOCK_SH); print('ran')"
+            with ThreadPoolExecutor(12) as threads:
+                replies = [threads.submit(_run, url, code, run_timeout=50) for _ in range(12)]
+                rejected = list(itertools.islice(as_completed(replies, timeout=60), 4))
+                assert [r.result().status_code for r in rejected] == [429] * 4
+                assert all(r.result().headers["retry-after"] for r in rejected)
+                assert metric_total(url, "rl360_http_requests_in_flight", AUTH) == 8
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                admitted = [r.result() for r in replies if r not in rejected]
+        assert [(r.status_code, r.json()["run_result"]["stdout"]) for r in admitted] == [(200, "ran\n")] * 8
+        assert metric_total(url, "rl360_http_requests_in_flight", AUTH) == 0
+    finally:
+        shutil.rmtree(holder)
+
+
 @pytest.mark.timeout(120)
 def test_a_burst_is_answered_200_or_429_with_retry_after_in_bounded_memory(sandbox):
     url, proc = sandbox
+    before = _answered(url)
     memory = MemorySampler(proc.pid).start()
     report = burst(f"{url}/run_code", requests=300, clients=32, headers=AUTH, request_timeout_s=60,
                    time_limit_s=90, body=lambda i: json.dumps({"code": f"print({i})", "language": "python"}).encode())
     memory.stop()
     assert report.sent == 300 and report.answered == 300 and not report.failures, report.summary()
-    assert set(report.statuses) <= {200, 429} and report.statuses[200] >= 8, report.summary()
-    assert report.missing_retry_after == 0
+    assert set(report.statuses) <= {200, 429} and report.missing_retry_after == 0, report.summary()
+    assert _answered(url) == {status: before[status] + report.statuses[status] for status in (200, 429)}
     assert memory.peak_rss - memory.start_rss < 64 << 20, (memory.start_rss, memory.peak_rss)
     assert metric_total(url, "rl360_http_requests_in_flight", AUTH) == 0
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rl360.data.images import VisionProcessor, header_size, is_vision_model, row_images
 from rl360.data.render import PromptRenderer
@@ -71,9 +72,12 @@ class BadRows:
 
 
 def scan_bad_rows(paths: str | list[str], keep: int = 5) -> tuple[BadRows, int]:
-    """Every row of the files checked with `validate_row` (as the prompt stream checks each row it reads), read
-    row group by row group with only the columns it looks at: the bad rows (`keep` indices per file) and the
-    number of rows."""
+    """Every row of the files checked as `validate_row` checks it (as the prompt stream checks each row it
+    reads), read row group by row group with only the columns it looks at: the bad rows (`keep` indices per
+    file) and the number of rows.
+
+    Columnar: pyarrow compute finds the rows that certainly pass (`_suspect_rows`); only the others are turned
+    into Python values and given to `validate_row`, whose message names the row."""
     bad, total = BadRows(keep=keep), 0
     for path in expand_paths(paths):
         handle = open_parquet(path)
@@ -81,16 +85,53 @@ def scan_bad_rows(paths: str | list[str], keep: int = 5) -> tuple[BadRows, int]:
             columns = [name for name in _CHECKED_COLUMNS if name in handle.schema_arrow.names]
             index = 0  # within the file, as the stream's errors count
             for group in range(handle.num_row_groups):
-                for row in _read_rows(handle, path, group, columns):
+                table = _read_table(handle, path, group, columns)
+                suspects = _suspect_rows(table)
+                rows = table.take(pa.array(suspects, pa.int64())).to_pylist() if suspects else []
+                for offset, row in zip(suspects, rows):
                     try:
-                        validate_row(row, path, index)
+                        validate_row(row, path, index + offset)
                     except DataError as err:
-                        bad.add(path, index, err)
-                    index += 1
+                        bad.add(path, index + offset, err)
+                index += table.num_rows
             total += index
         finally:
             handle.close()
     return bad, total
+
+
+def _suspect_rows(table: pa.Table) -> list[int]:
+    """Indices of the rows of `table` that `validate_row` might refuse: every row unless each column it reads
+    has the usual type (prompt a list of structs with string role and content, data_source a string,
+    reward_model a struct with ground_truth); then the rows where a value is null or empty, or with images."""
+    n = table.num_rows
+    names = table.column_names
+    if not {"prompt", "data_source", "reward_model"} <= set(names):
+        return list(range(n))
+    prompt, source, reward = (table.column(name).combine_chunks()
+                              for name in ("prompt", "data_source", "reward_model"))
+    message = prompt.type.value_type if pa.types.is_list(prompt.type) or pa.types.is_large_list(prompt.type) else None
+    usual = message is not None and pa.types.is_struct(message) \
+        and all(message.get_field_index(key) >= 0 and pa.types.is_string(message.field(key).type)
+                for key in ("role", "content")) \
+        and pa.types.is_string(source.type) \
+        and pa.types.is_struct(reward.type) and reward.type.get_field_index("ground_truth") >= 0
+    if not usual:
+        return list(range(n))
+    ok = pc.and_(pc.is_valid(prompt), pc.greater(pc.fill_null(pc.list_value_length(prompt), 0), 0))
+    ok = pc.and_(ok, pc.and_(pc.is_valid(source), pc.greater(pc.fill_null(pc.utf8_length(source), 0), 0)))
+    truth = pc.struct_field(reward, "ground_truth")
+    ok = pc.and_(ok, pc.and_(pc.is_valid(reward), pc.is_valid(truth)))
+    if "images" in names:
+        ok = pc.and_(ok, pc.is_null(table.column("images").combine_chunks()))
+    messages = prompt.flatten()  # one per message, with the row each belongs to
+    message_ok = pc.and_(pc.is_valid(messages), pc.and_(pc.is_valid(pc.struct_field(messages, "role")),
+                                                        pc.is_valid(pc.struct_field(messages, "content"))))
+    if pc.all(message_ok).as_py() not in (True, None):
+        parents = pc.list_parent_indices(prompt)
+        bad_parents = pc.filter(parents, pc.invert(message_ok)).to_numpy()
+        ok = pc.and_(ok, pc.invert(pc.is_in(pa.array(range(n), pa.int64()), value_set=pa.array(bad_parents))))
+    return pc.indices_nonzero(pc.invert(ok)).to_pylist()
 
 
 @dataclass
@@ -147,8 +188,12 @@ def inspect_files(paths: str | list[str], tokenizer: Any = None, samples: int = 
 
 
 def _read_rows(handle: Any, path: str, group: int, columns: list[str]) -> list[dict[str, Any]]:
+    return _read_table(handle, path, group, columns).to_pylist()
+
+
+def _read_table(handle: Any, path: str, group: int, columns: list[str]) -> pa.Table:
     try:
-        return handle.read_row_group(group, columns=columns).to_pylist()
+        return handle.read_row_group(group, columns=columns)
     except (pa.ArrowException, OSError, ValueError) as err:
         raise DataError(f"{path}: row group {group} cannot be read ({type(err).__name__}: {err})") from None
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rl360.data.schema import DataError, extra_info_dict, validate_file_schema, validate_row
@@ -66,6 +67,12 @@ def open_parquet(path: str) -> pq.ParquetFile:
     try:
         handle = pq.ParquetFile(path)
     except _READ_ERRORS as err:
+        if str(path).lower().endswith((".jsonl", ".json", ".csv")):
+            kind = "csv" if str(path).lower().endswith(".csv") else "json"
+            lines = ", lines=True" if str(path).lower().endswith(".jsonl") else ""
+            raise DataError(f"{path}: rl360 reads parquet files, not {kind}: convert it first, e.g. python -c "
+                            f"\"import pandas as pd; pd.read_{kind}('{path}'{lines}).to_parquet('"
+                            f"{os.path.splitext(path)[0]}.parquet')\"") from None
         raise DataError(f"{path}: cannot be read as parquet ({type(err).__name__}: {err})") from None
     try:
         validate_file_schema(path, handle.schema_arrow)
@@ -108,18 +115,48 @@ def scan_reward_keys(paths: str | list[str], count: bool = False) -> dict[tuple[
             first_row = 0
             for group in range(handle.num_row_groups):
                 table = _read_group(handle, path, group, columns=columns)
-                sources = table.column("data_source").to_pylist()
-                metrics = [metric_of(extra) for extra in table.column("extra_info").to_pylist()] \
-                    if "extra_info" in table.column_names else [None] * len(sources)
-                for offset, key in enumerate(zip(sources, metrics)):
-                    if key[0] is not None:
-                        rows[key] += 1
-                        if key not in found:
-                            found[key] = (path, first_row + offset)
-                first_row += len(sources)
+                for (source, metric), offset, same in _reward_key_groups(table, metric_of):
+                    key = (source, metric)
+                    rows[key] += same
+                    if key not in found:
+                        found[key] = (path, first_row + offset)
+                first_row += table.num_rows
         finally:
             handle.close()
     return {key: (*where, rows[key]) for key, where in found.items()} if count else found
+
+
+def _reward_key_groups(table: pa.Table, metric_of: Callable[[Any], Any]) -> list[tuple[tuple[str, Any], int, int]]:
+    """((data_source, metric), first row, rows) of each pair in a row group with a data_source, in order of
+    first row. Columnar (pyarrow's group_by) where the metric is absent or a plain struct field; else each
+    row's extra_info through `metric_of`."""
+    sources = table.column("data_source").combine_chunks()
+    if "extra_info" in table.column_names:
+        extra = table.column("extra_info").combine_chunks()
+        metric = pc.struct_field(extra, "reward_metric") if pa.types.is_struct(extra.type) else None
+        plain = metric is not None and (pa.types.is_string(metric.type) or pa.types.is_integer(metric.type)
+                                        or pa.types.is_floating(metric.type) or pa.types.is_boolean(metric.type))
+        if not plain:
+            metrics = [metric_of(value) for value in extra.to_pylist()]
+            groups: dict[tuple[str, Any], list[int]] = {}
+            for offset, key in enumerate(zip(sources.to_pylist(), metrics)):
+                if key[0] is not None:
+                    groups.setdefault(key, [offset, 0])[1] += 1
+            return [(key, first, same) for key, (first, same) in groups.items()]
+    else:
+        metric = pa.nulls(len(sources), pa.string())
+    keyed = pa.table({"s": sources, "m": metric, "i": pa.array(range(len(sources)), pa.int64())})
+    summary = keyed.group_by(["s", "m"], use_threads=False).aggregate([("i", "min"), ("i", "count")])
+    merged: dict[tuple[str, Any], list[int]] = {}
+    for row in sorted(summary.to_pylist(), key=lambda r: r["i_min"]):
+        if row["s"] is None:
+            continue
+        key = (row["s"], _plain(row["m"]))  # a NaN metric joins the None ones
+        if key in merged:
+            merged[key][1] += row["i_count"]
+        else:
+            merged[key] = [row["i_min"], row["i_count"]]
+    return [(key, first, same) for key, (first, same) in merged.items()]
 
 
 def _reward_metric_reader(schema: pa.Schema) -> tuple[list[str], Callable[[Any], Any]]:

@@ -57,9 +57,10 @@ def parse_literal(text: str):
 
 def parse_truth(ground_truth, domain: str):
     """The ground truth as a value (JSON text, a Python literal, or already a value); `ValueError` naming the
-    domain and the value when it cannot be read (a bad dataset row, not a bad response)."""
+    domain and the value when it cannot be read (a bad dataset row, not a bad response). A numpy array (a
+    parquet list column as pandas reads it) comes back as a list."""
     if not isinstance(ground_truth, str):
-        return ground_truth
+        return ground_truth.tolist() if hasattr(ground_truth, "tolist") else ground_truth
     try:
         return parse_literal(ground_truth)
     except ValueError:

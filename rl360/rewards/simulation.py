@@ -19,7 +19,9 @@
   - Reasoning360's: truth `json.dumps({"functional": code})`; its prompts ask for the completed assertion
     in a ```python block, and `extra_info` holds `reference` (the output) and `original_prompt` (with
     `assert f(<input>) == ??` or `assert f(??) == <output>`). The answer is the last fenced block after
-    any </think> that holds an `assert` (```python, ```py or a bare ```; at most 20,000 characters),
+    any </think> that holds an `assert` (```python, ```py or a bare ```; at most 20,000 characters), or,
+    when no block holds one, the whole text after any </think> if it parses as Python by itself (a bare
+    `assert f(...) == ...` line; prose around it does not parse, as Reasoning360 runs that text too),
     which must hold exactly one top-level `assert f(args) == literal` (or `literal == f(args)`): a call of
     a function the truth's code defines, on Python literals, compared with a literal. Anything else scores
     0: no block, `assert True`, `assert f(x) == f(x)`, a call on names or expressions, an assert that is
@@ -96,7 +98,7 @@ def _codeio_truth(ground_truth, predict: str | None) -> tuple[str, object]:
 _CRUX_TRUTH = ("JSON {\"code\", \"input\", \"output\"}, or Reasoning360's {\"functional\": code} "
                "(+ extra_info reference)")
 _CRUX_ANSWER = ("a Python literal in the last <answer>, or (functional) one ```python assert f(literals) == literal "
-                "block, run in the sandbox")
+                "block (or that bare assert line), run in the sandbox")
 _DATASET_TASKS = {"cruxeval-o": "output", "cruxeval_o": "output", "cruxeval-i": "input", "cruxeval_i": "input"}
 
 
@@ -241,7 +243,8 @@ def _cruxeval_functional(solution_str: str, code, task: str, extra_info: dict) -
     assertion = last_assertion(solution_str, functions)
     if assertion is None:
         return {"score": 0.0, "pred": None,
-                "failure": "no fenced block with one assert f(literals) == literal for a function of the code"}
+                "failure": "no fenced block (nor a bare Python reply) with one assert f(literals) == literal for "
+                           "a function of the code"}
     pred = _assertion_text(assertion)
     arguments = (assertion.positional, assertion.keywords)
     if task == "output" and known_input is not None and not _same_arguments(arguments, known_input):
@@ -287,11 +290,27 @@ def _task_pins(extra_info: dict) -> tuple[str | None, str | None]:
 def last_assertion(response: str, functions: set[str]) -> Assertion | None:
     """The assertion of the last fenced block (after any </think>) that holds an `assert`, when that block
     holds exactly one top-level assert of the accepted form (see the module doc); parsed, never run."""
-    blocks = [block for block in python_blocks(strip_thinking(response)) if "assert" in block]
-    if not blocks or len(blocks[-1]) > MAX_ASSERTION_BLOCK_CHARS:
+    text = strip_thinking(response)
+    blocks = [block for block in python_blocks(text) if "assert" in block]
+    if not blocks:  # no fence: the whole text, when it is Python by itself (a bare `assert f(...) == ...`)
+        return _bare_assertion(text.strip(), functions)
+    if len(blocks[-1]) > MAX_ASSERTION_BLOCK_CHARS:
         return None
     asserts = _top_level_asserts(blocks[-1])
     return _literal_assertion(*asserts[0], functions) if len(asserts) == 1 else None
+
+
+def _bare_assertion(text: str, functions: set[str]) -> Assertion | None:
+    """The one top-level assert of `text` when the whole of it parses as Python (as Reasoning360 runs an
+    unfenced reply after the function's code, so prose around the assert fails there)."""
+    if "assert" not in text or len(text) > MAX_ASSERTION_BLOCK_CHARS:
+        return None
+    try:
+        tree = ast.parse(text)
+    except _LITERAL_ERRORS:
+        return None
+    asserts = [node for node in tree.body if isinstance(node, ast.Assert)]
+    return _literal_assertion(asserts[0], text, functions) if len(asserts) == 1 else None
 
 
 def python_blocks(text: str) -> list[str]:

@@ -65,13 +65,17 @@ def start_service(argv: list[str], env: dict[str, str] | None = None, timeout_s:
                        f"{proc.returncode}); output: {''.join(seen)[-2000:]!r}")
 
 
-def metric_total(url: str, name: str, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> float:
-    """The sum of every series of metric `name` (labels ignored) in the service's `/metrics` at `url`."""
+def metric_total(url: str, name: str, headers: dict[str, str] | None = None, timeout_s: float = 10.0,
+                 **labels: str) -> float:
+    """The sum of every series of metric `name` in the service's `/metrics` at `url` whose labels include
+    `labels` (none given: every series)."""
     import httpx
 
     text = httpx.get(f"{url}/metrics", headers=headers, timeout=timeout_s).text
+    wanted = [f'{key}="{value}"' for key, value in labels.items()]
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.split("{")[0].split(" ")[0] == name)
+               if line.split("{")[0].split(" ")[0] == name
+               and all(label in line.split("{", 1)[-1].rsplit("}", 1)[0] for label in wanted))
 
 
 def stop_service(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
