@@ -224,9 +224,9 @@ class DeepEyesRewardConfig:
     """DeepEyes' reward (rl360.rewards.agentic): accuracy_weight * judge accuracy + format_weight * (-1 on a
     format error) + tool_weight * (a tool was called and the answer is right)."""
 
-    accuracy_weight: float = 0.8
-    format_weight: float = 0.2
-    tool_weight: float = 1.2
+    accuracy_weight: float = 0.8  # times the judge's accuracy (1 right, 0 wrong)
+    format_weight: float = 0.2  # times the format term (0, or -1 on a format error)
+    tool_weight: float = 1.2  # the tool bonus: a tool was called and the answer is right
     max_answer_chars: int = 1000  # an answer this long or longer scores accuracy 0 and is a format error
 
 
