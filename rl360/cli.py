@@ -22,6 +22,8 @@ QUICKSTART_TASKS = {
     "vision-control": (CONFIGS / "quickstart_vision.yaml",
                        ["data.train_files=[outputs/quickstart_assets/vision_control_data/train.parquet]",
                         "output_dir=outputs/quickstart_vision_control"]),
+    "tools": (CONFIGS / "quickstart_tools.yaml", []),
+    "tools-control": (CONFIGS / "quickstart_tools.yaml", ["agent.loop=''", "output_dir=outputs/quickstart_tools_control"]),
 }
 
 
@@ -64,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     quick.add_argument("overrides", nargs="*", help="key=value overrides of the task's config")
     quick.add_argument("--task", choices=sorted(QUICKSTART_TASKS), default="arithmetic",
                        help="arithmetic (configs/quickstart.yaml); vision (configs/quickstart_vision.yaml: a tiny "
-                            "Qwen2.5-VL names an image's main colour); vision-control (the same, images blanked)")
+                            "Qwen2.5-VL names an image's main colour); vision-control (the same, images blanked); "
+                            "tools (configs/quickstart_tools.yaml: a tiny Qwen2 calls python for a*b%%7); "
+                            "tools-control (the same, tools off)")
     quick.add_argument("--config", default=None, help="config to use instead of the task's")
     quick.set_defaults(run=_quickstart)
 

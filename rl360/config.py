@@ -242,6 +242,7 @@ class AgentConfig:
     min_pixels: int = 3136  # an image a tool returns is resized to at least this area (Qwen-VL's rule)
     max_pixels: int = 1003520  # ... and at most this area
     python: str = ""  # interpreter the python tool runs ("": the sandbox's own; it needs PIL for image_clue_N)
+    tool_workers: int = 0  # worker processes running python tool calls at once, one sandbox each (0: the CPU count)
 
 
 @dataclass
@@ -340,7 +341,7 @@ NON_NEGATIVE = (
     "algorithm.gamma", "algorithm.lam",
     "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every", "rollout.max_engine_restarts",
     "actor.max_tokens_per_micro_batch", "actor.moe_aux_loss_coef", "cluster.gpu_memory_gb",
-    "agent.max_image_tokens",
+    "agent.max_image_tokens", "agent.tool_workers",
 )
 
 

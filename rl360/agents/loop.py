@@ -6,7 +6,9 @@
 `Sample`: tokens, the engine's log-probs, weight version); the loop:
 
 1. generates a turn from the prompt (then from the trajectory so far), at most the response tokens left;
-2. parses the turn's tool calls; none, or a turn cut by the length limit or aborted, ends the trajectory;
+2. parses the turn's tool calls; none, or a turn cut by the length limit or aborted, ends the trajectory (a turn
+   ends at the end of the reply or at a token that closes a tool call, `call_stop_ids`, as it does in
+   `agent_group`: the loop then adds the turn's closing itself);
 3. runs the calls: different tools concurrently, calls of one tool in the order written (they may share the
    trajectory's state, e.g. the python tool's cells); a failing, hanging or unknown call becomes an error reply;
 4. renders the replies with the tokenizer's chat template as `tool` messages and appends exactly the tokens the
@@ -105,12 +107,12 @@ class AgentSample(Sample):
 
 async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any, tools: dict[str, Tool],
                     parser: Parser, settings: AgentSettings, params: SamplingParams | None = None,
-                    seed: int = 0) -> AgentSample:
+                    seed: int = 0, tool_kwargs: dict[str, dict[str, Any]] | None = None) -> AgentSample:
     """One trajectory from `prompt` (already rendered with the chat template and its generation prompt); see
-    the module docstring."""
+    the module docstring. `tool_kwargs`: each tool's `create_kwargs` for this trajectory, by tool name."""
     params = params or SamplingParams()
     images = list(prompt_images(prompt) or ())
-    state = TrajectoryState(images=list(images), seed=seed)
+    state = TrajectoryState(images=list(images), seed=seed, kwargs=dict(tool_kwargs or {}))
     sample: Sample | None = None
     turns: list[TurnRecord] = []
     ended_by, dropped, context = "done", 0, prompt
@@ -235,3 +237,14 @@ def tool_tokens(tokenizer: Any, generated: str, messages: list[dict[str, str]]) 
     closing = base[base.rindex(_DUMMY_REPLY) + len(_DUMMY_REPLY):]
     done = next(k for k in range(len(closing), -1, -1) if generated.endswith(closing[:k]))
     return tokenizer.encode(closing[done:] + full[len(base):], add_special_tokens=False)
+
+
+def call_stop_ids(tokenizer: Any, parser: Parser) -> list[int]:
+    """The ids of the tokens whose text ends with the parser's call closing (`parser.call_end`, e.g. Hermes'
+    `</tool_call>`): a turn ends at a finished call, so the model's call is run as soon as it is written. Empty
+    for a parser without `call_end`."""
+    end = getattr(parser, "call_end", "")
+    if not end:
+        return []
+    return sorted(index for token, index in tokenizer.get_vocab().items()
+                  if end[-1] in token and tokenizer.convert_tokens_to_string([token]).endswith(end))

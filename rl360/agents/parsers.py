@@ -71,6 +71,9 @@ def parse_hermes(text: str) -> ParseResult:
     return ParseResult(tuple(calls), content)
 
 
+parse_hermes.call_end = "</tool_call>"  # a turn may end here (`rl360.agents.loop.call_stop_ids`)
+
+
 def _hermes_call(body: str, closed: bool, raw: str) -> ToolCall:
     try:
         data = json.loads(body)

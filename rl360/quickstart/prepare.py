@@ -1,7 +1,9 @@
 """Create a quickstart's model directory and parquet task where the config points, if absent.
 
 Tasks: `arithmetic` (a tiny Qwen2 learns single-digit addition), `vision` (a tiny Qwen2.5-VL learns which colour
-fills most of an image) and `vision-control` (the same with every image a plain grey square: nothing to learn)."""
+fills most of an image), `vision-control` (the same with every image a plain grey square: nothing to learn),
+`tools` (a tiny Qwen2 learns to call the python tool for `a*b%7` of 6-digit numbers and copy its answer) and
+`tools-control` (the same task with the agent loop off: only guessing)."""
 
 from __future__ import annotations
 
@@ -11,16 +13,22 @@ from pathlib import Path
 from rl360.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
-TASKS = ("arithmetic", "vision", "vision-control")
+TASKS = ("arithmetic", "vision", "vision-control", "tools", "tools-control")
 
 
 def prepare_quickstart(cfg: RunConfig, task: str = "arithmetic") -> None:
     if task not in TASKS:
         raise ValueError(f"quickstart task {task!r}: choose one of {TASKS}")
     model_dir = Path(cfg.model.path)
-    vision = task != "arithmetic"
+    vision = task.startswith("vision")
+    tools = task.startswith("tools")
     if not (model_dir / "config.json").exists():
-        if vision:
+        if tools:
+            from rl360.quickstart.tools_assets import build_tools_quickstart_model
+
+            build_tools_quickstart_model(model_dir, seed=cfg.seed)
+            print(f"built a random-weight tiny Qwen2 model and its tokenizer (one token per tool call) in {model_dir}")
+        elif vision:
             from rl360.quickstart.vision_assets import build_vision_quickstart_model
 
             build_vision_quickstart_model(model_dir, texts=[_script("synthetic_colours").QUESTION], seed=cfg.seed)
@@ -33,7 +41,9 @@ def prepare_quickstart(cfg: RunConfig, task: str = "arithmetic") -> None:
     data_files = [Path(f) for f in cfg.data.train_files]
     if not all(f.exists() for f in data_files):
         out_dir = str(data_files[0].parent)
-        if vision:
+        if tools:
+            _script("synthetic_tools").main(["--out", out_dir])
+        elif vision:
             _script("synthetic_colours").main(["--out", out_dir] + (["--blank"] if task == "vision-control" else []))
         else:
             _script("synthetic_arithmetic").main(["--out", out_dir])
