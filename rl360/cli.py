@@ -23,7 +23,8 @@ QUICKSTART_TASKS = {
                        ["data.train_files=[outputs/quickstart_assets/vision_control_data/train.parquet]",
                         "output_dir=outputs/quickstart_vision_control"]),
     "tools": (CONFIGS / "quickstart_tools.yaml", []),
-    "tools-control": (CONFIGS / "quickstart_tools.yaml", ["agent.loop=''", "output_dir=outputs/quickstart_tools_control"]),
+    "tools-control": (CONFIGS / "quickstart_tools.yaml",
+                      ["agent.loop=''", "output_dir=outputs/quickstart_tools_control"]),
 }
 
 

@@ -166,7 +166,8 @@ def test_python_binds_the_rows_variables_and_runs_calls_side_by_side_each_in_its
         return await asyncio.gather(*(tool.call({"code": code}, state) for state in states))
 
     replies = run(side_by_side())
-    assert [(reply.text, reply.error) for reply in replies] == [(f"{123456 * (654321 + i) % 7}\n", "") for i in range(3)]
+    expected = [(f"{123456 * (654321 + i) % 7}\n", "") for i in range(3)]
+    assert [(reply.text, reply.error) for reply in replies] == expected
     bad = TrajectoryState(kwargs={"python": {"variables": {"not a name": 1}}})
     assert "variables" in run(tool.call({"code": "print(1)"}, bad)).error
     tool.close()

@@ -12,8 +12,8 @@ The fleet is used through its `generate(prompts, params, seed, metrics)` alone, 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from rl360.agents.build import Agent

@@ -213,6 +213,7 @@ class RolloutSampler:
         kept: list[Scored] = []
         uniform: list[Scored] = []
         sampled: list[torch.Tensor] = []  # every score of the step, trained on or not
+        sampled_accuracy: list[torch.Tensor] = []
         gen_batches = filled = 0
         await asyncio.wrap_future(turn.previous)
         skipped_before = self.stream.skipped()
@@ -231,6 +232,7 @@ class RolloutSampler:
                                                        cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
                                                        timing, metrics)
                 sampled.append(scored.scores)
+                sampled_accuracy.append(scored.accuracy)
                 if algo.filter_groups:
                     metric = scored.accuracy if algo.filter_groups_metric == "acc" else scored.scores
                     varied = varied_groups(metric, cfg.rollout.n)
@@ -241,6 +243,8 @@ class RolloutSampler:
         finally:
             self._end_turn(turn, skipped_before, metrics)
         metrics.update({"reward/mean_sampled": torch.cat(sampled).mean().item(),
+                        # the reward functions' accuracy (`acc`, else the score) before any overlong penalty
+                        "reward/accuracy_sampled": torch.cat(sampled_accuracy).mean().item(),
                         "dynamic_sampling/gen_batches": gen_batches, "dynamic_sampling/filled_groups": filled})
         return Scored.concat(kept).first_groups(cfg.data.batch_size)
 
