@@ -24,6 +24,9 @@ QUICKSTART_TASKS = {
                         "output_dir=outputs/quickstart_vision_control"]),
     "zoom": (CONFIGS / "quickstart_zoom.yaml", []),
     "zoom-control": (CONFIGS / "quickstart_zoom.yaml", ["agent.loop=''", "output_dir=outputs/quickstart_zoom_control"]),
+    "tools": (CONFIGS / "quickstart_tools.yaml", []),
+    "tools-control": (CONFIGS / "quickstart_tools.yaml",
+                      ["agent.loop=''", "output_dir=outputs/quickstart_tools_control"]),
 }
 
 
@@ -83,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     quick.add_argument("overrides", nargs="*", help="key=value overrides of the task's config")
     quick.add_argument("--task", choices=sorted(QUICKSTART_TASKS), default="arithmetic",
                        help="arithmetic (configs/quickstart.yaml); vision (configs/quickstart_vision.yaml: a tiny "
-                            "Qwen2.5-VL names an image's main colour); vision-control (the same, images blanked); zoom "
-                            "(configs/quickstart_zoom.yaml: it reads a mark only a zoomed crop shows); zoom-control "
-                            "(the same, no tool)")
+                            "Qwen2.5-VL names an image's main colour); vision-control (the same, images blanked); "
+                            "tools (configs/quickstart_tools.yaml: a tiny Qwen2 calls python for a*b%%7); "
+                            "tools-control (the same, tools off); zoom (configs/quickstart_zoom.yaml: a tiny "
+                            "Qwen2.5-VL reads a mark only a zoomed crop shows); zoom-control (the same, no tool)")
     quick.add_argument("--config", default=None, help="config to use instead of the task's")
     quick.set_defaults(run=_quickstart)
 

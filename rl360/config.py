@@ -266,6 +266,7 @@ class AgentConfig:
     stop_after_call: bool = False
     # the trajectories' turns in step, each round one request (for an engine that decodes a batch at once: hf)
     batch_turns: bool = False
+    tool_workers: int = 0  # worker processes running python tool calls at once, one sandbox each (0: the CPU count)
 
 
 @dataclass
@@ -364,7 +365,7 @@ NON_NEGATIVE = (
     "algorithm.gamma", "algorithm.lam",
     "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every", "rollout.max_engine_restarts",
     "actor.max_tokens_per_micro_batch", "actor.moe_aux_loss_coef", "cluster.gpu_memory_gb",
-    "agent.max_image_tokens",
+    "agent.max_image_tokens", "agent.tool_workers",
 )
 
 

@@ -155,6 +155,43 @@ def test_python_keeps_state_per_trajectory_and_survives_crash_hang_and_flood():
     assert run(tool.call({"code": ""}, one)).error  # bad arguments: an error reply
 
 
+def test_python_binds_the_rows_variables_and_runs_calls_side_by_side_each_in_its_own_sandbox():
+    tool = get_tool("python", ToolSettings(timeout_s=30, memory_mb=320, workers=3))
+    states = [TrajectoryState(kwargs={"python": {"variables": {"a": 123456, "b": 654321 + i}}}) for i in range(3)]
+    # each cell holds 200 MB for a while: within its own cap, over it were the three counted together (as they
+    # were when concurrent calls shared one process's sandbox uid, whose sweep also killed the others' cells)
+    code = "import time\nblock = b'x' * (200 << 20)\ntime.sleep(1.5)\nprint(a * b % 7)"
+
+    async def side_by_side():
+        return await asyncio.gather(*(tool.call({"code": code}, state) for state in states))
+
+    replies = run(side_by_side())
+    expected = [(f"{123456 * (654321 + i) % 7}\n", "") for i in range(3)]
+    assert [(reply.text, reply.error) for reply in replies] == expected
+    bad = TrajectoryState(kwargs={"python": {"variables": {"not a name": 1}}})
+    assert "variables" in run(tool.call({"code": "print(1)"}, bad)).error
+    tool.close()
+
+
+def test_a_turn_ends_at_a_finished_call_and_the_tools_quickstart_call_is_one_token(tmp_path):
+    from rl360.agents.group import tool_kwargs
+    from rl360.agents.loop import call_end_ids, tool_tokens
+    from rl360.quickstart.assets import build_tokenizer
+    from rl360.quickstart.tools_assets import CALL, CHAT_TEMPLATE, WORDS
+
+    tokenizer = build_tokenizer(tmp_path, max_answer=6, words=WORDS, chat_template=CHAT_TEMPLATE)
+    assert call_end_ids(tokenizer, parse_hermes) == [tokenizer.convert_tokens_to_ids(CALL)]
+    with pytest.raises(ValueError, match="names no call_end"):  # a parser without `call_end`
+        call_end_ids(tokenizer, lambda text: parse_hermes(text))
+    assert [call.arguments for call in parse_hermes(CALL).calls] == [{"code": "print(a * b % 7)"}]
+    pending = tool_tokens(tokenizer, CALL, [{"role": "tool", "name": "python", "content": "5\n"}])
+    assert tokenizer.decode(pending) == ("<|im_end|>\n<|im_start|>user\n<tool_response>\n5\n\n</tool_response>"
+                                         "<|im_end|>\n<|im_start|>assistant\n")  # the turn's closing added
+    row = {"extra_info": {"tools_kwargs": {"python": {"create_kwargs": {"variables": {"a": 1}}}, "zoom": None}}}
+    assert tool_kwargs(row) == {"python": {"variables": {"a": 1}}}
+    assert tool_kwargs({"extra_info": None}) == {} and tool_kwargs({}) == {}
+
+
 def test_python_sees_the_images_and_returns_the_ones_it_shows(monkeypatch):
     # the sandbox's /usr/bin/python3 may lack PIL: run this interpreter, with the isolation it can have
     monkeypatch.setenv("RL360_SANDBOX_ISOLATION", "network,filesystem")

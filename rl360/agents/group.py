@@ -15,6 +15,7 @@ The fleet is used through its `generate(prompts, params, seed, metrics)` alone, 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -27,26 +28,29 @@ from rl360.core.trajectory import Sample
 
 
 def agent_group(agent: Agent, tokenizer: Any):
-    """A `generate_group(fleet, prompts, params, seed, metrics) -> list[list[Sample]]` running `agent`."""
+    """A `generate_group(fleet, prompts, params, seed, metrics, rows) -> list[list[Sample]]` running `agent`;
+    each prompt row's `extra_info.tools_kwargs.<tool>.create_kwargs` start its trajectories' tools."""
 
     async def generate_group(fleet: Any, prompts: list[Prompt], params: SamplingParams, seed: int,
-                             metrics: dict[str, float]) -> list[list[Sample]]:
+                             metrics: dict[str, float], rows: list[Mapping[str, Any]] | None = None
+                             ) -> list[list[Sample]]:
         async def turn(context: Prompt, turn_params: SamplingParams, turn_seed: int) -> Sample:
             return (await fleet.generate([context], replace(turn_params, n=1), turn_seed, metrics))[0][0]
 
         n = params.n
         batch = TurnBatch(fleet, len(prompts) * n, metrics) if agent.settings.batch_turns else None
+        kwargs = [tool_kwargs(row) for row in rows] if rows is not None else [{}] * len(prompts)
 
-        async def trajectory(index: int, prompt: Prompt):
+        async def trajectory(index: int, prompt: Prompt, prompt_kwargs: dict[str, dict[str, Any]]):
             generate = batch.caller(index) if batch is not None else turn
             try:
                 return await run_agent(generate, prompt, tokenizer, agent.tools, agent.parser, agent.settings,
-                                       params, seed + index)
+                                       params, seed + index, prompt_kwargs)
             finally:
                 if batch is not None:
                     batch.finished()
 
-        trajectories = await asyncio.gather(*(trajectory(i * n + j, prompt)
+        trajectories = await asyncio.gather(*(trajectory(i * n + j, prompt, kwargs[i])
                                               for i, prompt in enumerate(prompts) for j in range(n)))
         for name, value in agent_metrics(list(trajectories)).items():
             metrics[name] = value
@@ -108,3 +112,12 @@ def _cut(sample: Sample, budget: int) -> Sample:
     return replace(sample, response_ids=sample.response_ids[:budget], logprobs=sample.logprobs[:budget],
                    finish_reason="length",
                    token_versions=sample.token_versions[:budget] if sample.token_versions else None)
+
+
+def tool_kwargs(row: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A prompt row's `create_kwargs` by tool name, from verl's `extra_info.tools_kwargs.<tool>.create_kwargs`
+    ({} where absent)."""
+    extra = row.get("extra_info") or {}
+    tools = extra.get("tools_kwargs") or {} if isinstance(extra, Mapping) else {}
+    return {name: dict((entry or {}).get("create_kwargs") or {}) for name, entry in tools.items()
+            if isinstance(entry, Mapping)}

@@ -127,12 +127,12 @@ class AgentSample(Sample):
 
 async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any, tools: dict[str, Tool],
                     parser: Parser, settings: AgentSettings, params: SamplingParams | None = None,
-                    seed: int = 0) -> AgentSample:
+                    seed: int = 0, tool_kwargs: dict[str, dict[str, Any]] | None = None) -> AgentSample:
     """One trajectory from `prompt` (already rendered with the chat template and its generation prompt); see
-    the module docstring."""
+    the module docstring. `tool_kwargs`: each tool's `create_kwargs` for this trajectory, by tool name."""
     params = params or SamplingParams()
     images = list(prompt_images(prompt) or ())
-    state = TrajectoryState(images=list(images), seed=seed)
+    state = TrajectoryState(images=list(images), seed=seed, kwargs=dict(tool_kwargs or {}))
     sample: Sample | None = None
     turns: list[TurnRecord] = []
     ended_by, dropped, context = "done", 0, prompt

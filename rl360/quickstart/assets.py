@@ -25,8 +25,14 @@ CHAT_TEMPLATE = (
 PIECE_PATTERN = r"\\boxed\{[0-9]+\}|[0-9]|[A-Za-z]+|\s|."
 
 
-def build_tokenizer(out_dir: str | Path, max_answer: int = 18) -> PreTrainedTokenizerFast:
-    words = ["user", "assistant", "system", "\n", " ", "+", "-", "=", "?", ".", "{", "}", "\\"]
+ARITHMETIC_WORDS = ["user", "assistant", "system", "\n", " ", "+", "-", "=", "?", ".", "{", "}", "\\"]
+
+
+def build_tokenizer(out_dir: str | Path, max_answer: int = 18, words: list[str] | None = None,
+                    chat_template: str = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
+    """The word-level tokenizer: the special tokens, `words` (the arithmetic task's by default; any string, each
+    one token), the digits and `\\boxed{0}` ... `\\boxed{max_answer}`."""
+    words = list(ARITHMETIC_WORDS if words is None else words)
     words += [str(d) for d in range(10)] + [f"\\boxed{{{n}}}" for n in range(max_answer + 1)]
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + words + ["<unk>"])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -42,7 +48,7 @@ def build_tokenizer(out_dir: str | Path, max_answer: int = 18) -> PreTrainedToke
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token="<unk>",
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
     )
     tokenizer.save_pretrained(str(out_dir))
     return tokenizer

@@ -1,9 +1,10 @@
 """Create a quickstart's model directory and parquet task where the config points, if absent.
 
 Tasks: `arithmetic` (a tiny Qwen2 learns single-digit addition), `vision` (a tiny Qwen2.5-VL learns which colour
-fills most of an image), `vision-control` (the same with every image a plain grey square: nothing to learn), `zoom`
-(a tiny Qwen2.5-VL reads a mark legible only in the `image_zoom_in` tool's crop) and `zoom-control` (the same
-without the tool)."""
+fills most of an image), `vision-control` (the same with every image a plain grey square: nothing to learn),
+`tools` (a tiny Qwen2 learns to call the python tool for `a*b%7` of 6-digit numbers and copy its answer),
+`tools-control` (the same task with the agent loop off: only guessing), `zoom` (a tiny Qwen2.5-VL reads a mark
+legible only in the `image_zoom_in` tool's crop) and `zoom-control` (the same without the tool)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from pathlib import Path
 from rl360.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
-TASKS = ("arithmetic", "vision", "vision-control", "zoom", "zoom-control")
+TASKS = ("arithmetic", "vision", "vision-control", "tools", "tools-control", "zoom", "zoom-control")
 
 
 def prepare_quickstart(cfg: RunConfig, task: str = "arithmetic") -> None:
     if task not in TASKS:
         raise ValueError(f"quickstart task {task!r}: choose one of {TASKS}")
     model_dir = Path(cfg.model.path)
-    vision = task != "arithmetic"
-    zoom = task.startswith("zoom")
+    vision = task.startswith(("vision", "zoom"))
+    zoom, tools = task.startswith("zoom"), task.startswith("tools")
     if not (model_dir / "config.json").exists():
         if zoom:
             from rl360.quickstart.vision_assets import build_vision_quickstart_model
@@ -31,6 +32,11 @@ def prepare_quickstart(cfg: RunConfig, task: str = "arithmetic") -> None:
                                           added_tokens=[script.CALL, script.REPLY])
             print(f"built a random-weight tiny Qwen2.5-VL model (the zoom call one token), its tokenizer and image "
                   f"processor in {model_dir}")
+        elif tools:
+            from rl360.quickstart.tools_assets import build_tools_quickstart_model
+
+            build_tools_quickstart_model(model_dir, seed=cfg.seed)
+            print(f"built a random-weight tiny Qwen2 model and its tokenizer (one token per tool call) in {model_dir}")
         elif vision:
             from rl360.quickstart.vision_assets import build_vision_quickstart_model
 
@@ -46,6 +52,8 @@ def prepare_quickstart(cfg: RunConfig, task: str = "arithmetic") -> None:
         out_dir = str(data_files[0].parent)
         if zoom:
             _script("synthetic_zoom").main(["--out", out_dir])
+        elif tools:
+            _script("synthetic_tools").main(["--out", out_dir])
         elif vision:
             _script("synthetic_colours").main(["--out", out_dir] + (["--blank"] if task == "vision-control" else []))
         else:

@@ -14,7 +14,7 @@ data order does not depend on timing. The stream, the reward pool and the tokeni
 
 The engines are an `EngineFleet` (rl360/rollout/fleet.py: start, restarts, least-loaded dispatch, pause and
 continue, memory, weight sync). A prompt batch's samples come from one pluggable function,
-`generate_group(fleet, prompts, params, seed, metrics) -> list[list[Sample]]` (`params.n` samples per prompt,
+`generate_group(fleet, prompts, params, seed, metrics, rows) -> list[list[Sample]]` (`params.n` samples per prompt,
 sample j of prompt i seeded `seed + i * n + j`); the default is the fleet's dispatch, `fleet.generate`; an
 agent loop can take its place. Samples are scored once, after the whole batch has come back.
 
@@ -44,14 +44,16 @@ from rl360.core import Prompt, Sample, SamplingParams, TrajectorySummary
 from rl360.rewards import RewardItem, RewardPool
 from rl360.rollout.fleet import EngineFleet
 
-# a prompt batch's samples: (fleet, prompts, params, seed, the step's metrics) -> params.n samples per prompt
-GenerateGroup = Callable[[EngineFleet, list[Prompt], SamplingParams, int, dict[str, float]],
+# a prompt batch's samples: (fleet, prompts, params, seed, the step's metrics, the prompts' rows) -> params.n
+# samples per prompt
+GenerateGroup = Callable[[EngineFleet, list[Prompt], SamplingParams, int, dict[str, float], list[dict]],
                          Awaitable[list[list[Sample]]]]
 
 
 async def dispatch(fleet: EngineFleet, prompts: list[Prompt], params: SamplingParams, seed: int,
-                   metrics: dict[str, float]) -> list[list[Sample]]:
-    """The default `generate_group`: one turn per sample, on the fleet's least-loaded engines."""
+                   metrics: dict[str, float], rows: list[dict] | None = None) -> list[list[Sample]]:
+    """The default `generate_group`: one turn per sample, on the fleet's least-loaded engines (the prompts'
+    `rows` are not needed)."""
     return await fleet.generate(prompts, params, seed, metrics)
 
 
@@ -218,6 +220,7 @@ class RolloutSampler:
         kept: list[Scored] = []
         uniform: list[Scored] = []
         sampled: list[torch.Tensor] = []  # every score of the step, trained on or not
+        sampled_accuracy: list[torch.Tensor] = []
         gen_batches = filled = 0
         await asyncio.wrap_future(turn.previous)
         skipped_before = self.stream.skipped()
@@ -236,6 +239,7 @@ class RolloutSampler:
                                                        cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
                                                        timing, metrics)
                 sampled.append(scored.scores)
+                sampled_accuracy.append(scored.accuracy)
                 if algo.filter_groups:
                     metric = scored.accuracy if algo.filter_groups_metric == "acc" else scored.scores
                     varied = varied_groups(metric, cfg.rollout.n)
@@ -246,6 +250,8 @@ class RolloutSampler:
         finally:
             self._end_turn(turn, skipped_before, metrics)
         metrics.update({"reward/mean_sampled": torch.cat(sampled).mean().item(),
+                        # the reward functions' accuracy (`acc`, else the score) before any overlong penalty
+                        "reward/accuracy_sampled": torch.cat(sampled_accuracy).mean().item(),
                         "dynamic_sampling/gen_batches": gen_batches, "dynamic_sampling/filled_groups": filled})
         return Scored.concat(kept).first_groups(cfg.data.batch_size)
 
@@ -315,7 +321,7 @@ class RolloutSampler:
                                 max_new_tokens=rollout.max_response_length,
                                 stop_token_ids=sorted({self.tokenizer.eos_token_id} - {None}))
         groups = await self.generate_group(self.fleet, [self.renderer.prompt(row) for row in rows], params, seed,
-                                           metrics)
+                                           metrics, rows)
         _add(timing, "rollout", time.perf_counter() - started)
         samples = [sample for group in groups for sample in group]
         sample_rows = [row for row in rows for _ in range(n)]

@@ -31,17 +31,21 @@ class ToolSettings:
     min_pixels: int = 3136  # ... and at least this many (28 x 28 x 4)
     max_image_tokens: int = 8192  # image tokens tools may add to one trajectory
     python: str = ""  # interpreter of the python tool ("": the sandbox's own)
+    workers: int = 0  # processes running the python tool's calls, one sandbox each at a time (0: the CPU count)
 
 
 @dataclass
 class TrajectoryState:
     """What the tools keep for one trajectory: its images so far (the prompt's, then those tools returned),
-    the image tokens tools added, and each tool's own entries under its name in `store`."""
+    the image tokens tools added, each tool's own entries under its name in `store`, and each tool's
+    `create_kwargs` from the prompt row under its name in `kwargs` (verl's `extra_info.tools_kwargs.<tool>.
+    create_kwargs`: what a tool starts the trajectory with, e.g. the python tool's `variables`)."""
 
     images: list[bytes] = field(default_factory=list)
     image_tokens: int = 0
     seed: int = 0
     store: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

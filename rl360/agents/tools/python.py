@@ -14,9 +14,15 @@ and a request protocol the sandbox does not have; agent trajectories are a handf
 
 **Images in**: the trajectory's images (the prompt's, then those tools returned) are files `image_clue_0.png`,
 `image_clue_1.jpg`, ... in the working directory, and, where PIL imports, PIL images `image_clue_0`, ...
-(PyVision's names). **Images out**: PIL images `.show()`n, matplotlib figures left open, and image files the
+(PyVision's names). **Variables in**: the prompt row's `extra_info.tools_kwargs.python.create_kwargs.variables`
+(a JSON object) are bound as names before the first cell runs, e.g. `{"a": 123456, "b": 654321}` gives `a`
+and `b`. **Images out**: PIL images `.show()`n, matplotlib figures left open, and image files the
 cell writes into the working directory come back as images (resized by Qwen-VL's rule within max_pixels and
 charged to the trajectory's image-token budget; past it they are dropped, with an error).
+
+**Concurrency**: calls run in a pool of worker processes (`workers`, default the CPU count), one sandbox per
+worker at a time, since the sandbox's uid is per process: calls of many trajectories run side by side, each
+with its own uid, memory cap and sweep.
 
 **Output**: what the cell prints (stdout and stderr, traceback included) up to `max_output_chars`; more is
 cut and the call counts as an error. A call that raises, times out, runs out of memory or floods its pipe
@@ -29,7 +35,13 @@ import asyncio
 import base64
 import io
 import json
+import multiprocessing
+import os
 import secrets
+import signal
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from rl360.agents.tools.base import ToolReply, ToolSettings, TrajectoryState, register_tool
@@ -56,6 +68,7 @@ class Capture(io.TextIOBase):
 
 shown = []
 scope = {"__name__": "__main__", "__builtins__": __builtins__}
+scope.update(json.loads(__VARIABLES__))
 for i, (name, data) in enumerate(inputs):
     with open(name, "wb") as f:
         f.write(base64.b64decode(data))
@@ -125,11 +138,14 @@ _STORE = "python"  # TrajectoryState.store key: {"cells": [...], "seconds": [...
 _MAX_IMAGES = 8  # images one call may return
 
 
-def driver(cells: list[str], code: str, inputs: list[tuple[str, bytes]], limit: int, seed: int, mark: str) -> str:
-    """The script one call runs: `inputs` (file name, bytes) written out, `cells` replayed, `code` run."""
+def driver(cells: list[str], code: str, inputs: list[tuple[str, bytes]], limit: int, seed: int, mark: str,
+           variables: dict[str, Any] | None = None) -> str:
+    """The script one call runs: `variables` (JSON values) bound, `inputs` (file name, bytes) written out,
+    `cells` replayed, `code` run."""
     encoded = [(name, base64.b64encode(data).decode()) for name, data in inputs]
     values = {"__MARK__": repr(mark), "__LIMIT__": str(int(limit)), "__CELLS__": repr(json.dumps(cells)),
-              "__CODE__": repr(json.dumps(code)), "__INPUTS__": repr(json.dumps(encoded)), "__SEED__": str(seed)}
+              "__CODE__": repr(json.dumps(code)), "__INPUTS__": repr(json.dumps(encoded)), "__SEED__": str(seed),
+              "__VARIABLES__": repr(json.dumps(variables or {}))}
     script = _DRIVER
     for key, value in values.items():
         script = script.replace(key, value, 1)
@@ -155,6 +171,8 @@ class PythonTool:
 
     def __init__(self, settings: ToolSettings):
         self.settings = settings
+        self._pool: ProcessPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     async def call(self, arguments: dict[str, Any], state: TrajectoryState) -> ToolReply:
         code = arguments.get("code")
@@ -163,22 +181,31 @@ class PythonTool:
         return await asyncio.to_thread(self.run, code, state)
 
     def run(self, code: str, state: TrajectoryState) -> ToolReply:
-        from rl360.rewards.sandbox import IsolationError, SandboxLimits, run_command, sandbox_python
+        """Run `code` as the trajectory's next cell (in one of the tool's worker processes); the reply."""
+        from rl360.rewards.sandbox import SandboxLimits
 
         memory = state.store.setdefault(_STORE, {"cells": [], "seconds": []})
         mark = "\n@@rl360-python-" + secrets.token_hex(8) + "@@"
         inputs = [(f"image_clue_{i}{image_suffix(data)}", data) for i, data in enumerate(state.images)]
-        script = driver(memory["cells"], code, inputs, self.settings.max_output_chars, state.seed, mark)
+        variables = state.kwargs.get(self.name, {}).get("variables") or {}
+        if not isinstance(variables, dict) or not all(isinstance(key, str) and key.isidentifier() for key in variables):
+            return ToolReply(error="the row's tools_kwargs.python.create_kwargs.variables must map Python names to "
+                                   "values")
+        script = driver(memory["cells"], code, inputs, self.settings.max_output_chars, state.seed, mark, variables)
         timeout = self.settings.timeout_s + 1.5 * sum(memory["seconds"])
         limits = SandboxLimits(timeout_s=timeout, memory_bytes=self.settings.memory_mb << 20,
                                max_output_bytes=max(4 * self.settings.max_output_chars, 32 << 20))
+        pool = self._workers()
         try:
-            python = self.settings.python or sandbox_python()
-            if python is None:
-                return ToolReply(error="no Python interpreter runs inside the sandbox here")
-            result = run_command([python, "-I", "-B", "cell.py"], {"cell.py": script}, limits=limits)
-        except (IsolationError, OSError, ValueError) as error:
-            return ToolReply(error=f"the code was not run: {error}")
+            result = pool.submit(_run_cell, self.settings.python, script, limits, _sandbox_environ()).result()
+        except BrokenProcessPool:  # a worker died (killed from outside): the next call gets a new pool
+            with self._pool_lock:
+                if self._pool is pool:
+                    self._pool = None
+            pool.shutdown(wait=False, cancel_futures=True)
+            return ToolReply(error="the code was not run: the tool's worker process died; call again")
+        if isinstance(result, str):
+            return ToolReply(error=f"the code was not run: {result}")
         if result.timed_out:
             return ToolReply(_tail(result.stdout, self.settings.max_output_chars),
                              error=f"the code ran past the time limit of {self.settings.timeout_s:g} s and was "
@@ -210,6 +237,24 @@ class PythonTool:
             error = error or refused
         return ToolReply(text, tuple(images), error)
 
+    def _workers(self) -> ProcessPoolExecutor:
+        """The worker processes, started on first use: each runs one sandbox at a time, so concurrent calls
+        never share a sandbox uid (the sandbox gives each process one: two runs under it would share its memory
+        cap and the sweep of its processes at the end of either)."""
+        with self._pool_lock:
+            if self._pool is None:
+                workers = self.settings.workers or os.cpu_count() or 1
+                self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(),
+                                                 initializer=_worker_start)
+            return self._pool
+
+    def close(self) -> None:
+        """Stop the worker processes (a later call starts new ones)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
     def _images(self, encoded: list[str], state: TrajectoryState) -> tuple[list[bytes], str]:
         """The images a cell returned, resized and charged to the budget; why some were dropped ("" if none)."""
         from PIL import Image
@@ -235,6 +280,43 @@ class PythonTool:
                f"({self.settings.max_image_tokens} tokens) or the limit of {_MAX_IMAGES} images per call was reached"
                if dropped else "")
         return images, why
+
+
+def _mp_context() -> multiprocessing.context.BaseContext:
+    return multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
+                                       else "spawn")
+
+
+def _worker_start() -> None:
+    """In each worker: Ctrl-C is the parent's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _sandbox_environ() -> dict[str, str | None]:
+    """This process's sandbox settings (RL360_SANDBOX_ISOLATION, ..._REQUIRE_ISOLATION), for a worker to run with:
+    workers are forked from a server started earlier, with the environment of that time."""
+    from rl360.rewards.sandbox import ISOLATION_ENV, REQUIRE_ENV
+
+    return {name: os.environ.get(name) for name in (ISOLATION_ENV, REQUIRE_ENV)}
+
+
+def _run_cell(python: str, script: str, limits: Any, environ: dict[str, str | None]) -> Any:
+    """In a worker: run the driver `script` in the sandbox with the caller's sandbox settings `environ`; its
+    `SandboxResult`, or why it could not run."""
+    from rl360.rewards.sandbox import IsolationError, run_command, sandbox_python
+
+    for name, value in environ.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    try:
+        python = python or sandbox_python()
+        if python is None:
+            return "no Python interpreter runs inside the sandbox here"
+        return run_command([python, "-I", "-B", "cell.py"], {"cell.py": script}, limits=limits)
+    except (IsolationError, OSError, ValueError) as error:
+        return str(error)
 
 
 def _tail(text: str, limit: int) -> str:

@@ -1,0 +1,61 @@
+"""Write the tools quickstart task, `a*b%7` of two random 6-digit numbers, as parquet in the standard (verl) schema.
+
+Each prompt is one user message such as "123456*654321%7"; the ground truth is the residue ("3"), checked by the
+`math` reward (math-verify on the last \\boxed{} of the response). Neither number is a multiple of 7, so the
+answers 1..6 are equally likely (guessing scores 1/6). Each row starts the python tool with `a` and `b` bound
+(verl's per-tool `extra_info.tools_kwargs.python.create_kwargs`, here `{"variables": {"a": ..., "b": ...}}`).
+`data_source` is `math__synthetic_tools`.
+
+    python -m data_preprocess.synthetic_tools --out data/tools
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+from data_preprocess.synthetic_arithmetic import write_parquet
+
+DATA_SOURCE = "math__synthetic_tools"
+MODULUS = 7
+
+
+def make_rows(count: int, split: str, seed: int, modulus: int = MODULUS) -> list[dict]:
+    """`count` rows of two 6-digit numbers, neither a multiple of `modulus`, drawn with `seed`."""
+    rng = random.Random(seed)
+
+    def draw() -> int:
+        while (value := rng.randint(100_000, 999_999)) % modulus == 0:
+            pass
+        return value
+
+    rows = []
+    for index in range(count):
+        a, b = draw(), draw()
+        rows.append({
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": f"{a}*{b}%{modulus}"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(a * b % modulus)},
+            "extra_info": {"split": split, "index": index,
+                           "tools_kwargs": {"python": {"create_kwargs": {"variables": {"a": a, "b": b}}}}},
+        })
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="data/tools", help="output directory")
+    parser.add_argument("--train-rows", type=int, default=20_000, help="rows in train.parquet")
+    parser.add_argument("--test-rows", type=int, default=500, help="rows in test.parquet")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    write_parquet(make_rows(args.train_rows, "train", args.seed), out / "train.parquet")
+    write_parquet(make_rows(args.test_rows, "test", args.seed + 1), out / "test.parquet")
+    print(f"wrote {out / 'train.parquet'} and {out / 'test.parquet'}")
+
+
+if __name__ == "__main__":
+    main()
