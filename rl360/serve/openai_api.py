@@ -1,24 +1,42 @@
 """`rl360 serve model`: a Hugging Face checkpoint behind the OpenAI chat and completions API.
 
     rl360 serve model --model outputs/quickstart/hf --port 8000 [--served-model-name NAME] [--api-key-env VAR]
-                      [--dtype bfloat16] [--max-in-flight 64] [--request-timeout 600] [--shutdown-grace 30] ...
+                      [--dtype bfloat16] [--batch-window-ms 5] [--max-batch-rows 256] [--max-in-flight 64] ...
 
 Routes: `POST /v1/chat/completions` (messages rendered with the tokenizer's chat template),
 `POST /v1/completions` (a prompt string or a list of them), `GET /v1/models`, `GET /health`, `GET /metrics`.
 Sampling keys: `temperature` (0: greedy), `top_p`, `top_k`, `max_tokens` (or `max_completion_tokens`), `n`,
-`stop` (strings; the text is cut before the first one), `seed`. OpenAI keys this server cannot honour are
-accepted only at values that change nothing (`frequency_penalty: 0`, `logprobs: false`, `tools: []`, ...;
-`user` is ignored); any other key is an unknown field. Replies carry `choices` with `finish_reason` "stop"
-or "length" and `usage` token counts. A malformed request (bad JSON, wrong types, unknown fields, values out
-of range) gets HTTP 400 in OpenAI's error shape naming the key at fault (`error.param`); another model name
-gets 404; with `--api-key-env VAR` a request without `Authorization: Bearer $VAR` gets 401 (the key itself
-is never printed). Keys, limits, deadlines, shutdown and metrics come from the service layer
-(`rl360.service.app`); the metrics add `rl360_model_generations_total` and `rl360_model_tokens_total`.
+`stop` (strings; the text ends before the first one and its decoding stops there), `seed` (choice j of a prompt
+is sampled with seed + j, so a reply does not depend on the requests it is batched with).
 
-It samples with the rollout's HF engine (`rl360.engine.hf_engine`), one request at a time on one engine
-thread (admitted requests wait their turn; one cancelled before its turn never runs): this is the small
-local endpoint the LLM-judge client and the tests talk to, not a production server (streaming, batching of
-concurrent requests and log-probs in replies are not built).
+- `stream: true`: server-sent events as OpenAI sends them, `data: {chunk}` each and `data: [DONE]` last.
+  Chat: per choice a first chunk with `delta.role` "assistant", then `delta.content` pieces as tokens are
+  decoded, then a chunk with `delta: {}` and `finish_reason`; completions: `choices[].text` pieces, then
+  `text: ""` with `finish_reason`. Choices of `n > 1` (and of several prompts) interleave, told apart by
+  `index`. `stream_options: {"include_usage": true}` adds `usage: null` to every chunk and a last chunk with
+  the usage and `choices: []`. The pieces put together are the whole reply's text. A client that hangs up
+  ends its request: its choices stop decoding at the next step.
+- Log-probs: chat `logprobs: true` (+ `top_logprobs: k`, at most 20) gives `choices[].logprobs.content[]`
+  entries `{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}, ...]}`; completions `logprobs: k`
+  gives the legacy `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}` (the k most likely
+  and the sampled token; offsets within the completion text). Streamed chunks carry the log-probs of the
+  tokens whose text they carry. A log-prob is that of the distribution the token was drawn from: the model's
+  log-softmax of logits / temperature, before top-k/top-p (greedy: temperature 1); the closing
+  end-of-sequence token is not listed.
+
+Other OpenAI keys are accepted only at values that change nothing (`frequency_penalty: 0`, `tools: []`, ...;
+`user` is ignored); any other key is an unknown field. Replies carry `choices` with `finish_reason` "stop" or
+"length" and `usage` token counts. A malformed request (bad JSON, wrong types, unknown fields, values out of
+range) gets HTTP 400 in OpenAI's error shape naming the key at fault (`error.param`); another model name gets
+404; with `--api-key-env VAR` a request without `Authorization: Bearer $VAR` gets 401 (the key itself is
+never printed). Keys, limits, deadlines, shutdown and metrics come from the service layer (`rl360.service.app`).
+
+Concurrent requests are decoded together by the batcher of `rl360 serve rollout` (`rl360.engine.batching`):
+every choice queued within `--batch-window-ms` of the first (up to `--max-batch-rows`) joins one left-padded
+batch on the engine thread. Metrics add `rl360_model_generations_total` (by route),
+`rl360_model_tokens_total` (prompt, completion), `rl360_model_responses_total` (by finish reason; abort: the
+client left), and the batcher's `rl360_model_batches_total`, `rl360_model_batch_rows_total`,
+`rl360_model_requests_running` and `rl360_model_requests_queued`.
 """
 
 from __future__ import annotations
@@ -266,13 +284,18 @@ class ModelService:
 
     async def _answer(self, http_request: HTTPRequest, chat: bool) -> Response:
         request = parse_request(await http_request.body(), chat, self.served_name)
-        prompts = self._prompt_ids(request)
-        reply = Reply(self, request, prompts, http_request.url.path)
+        reply = Reply(self, request, self.prompt_ids(request), http_request.url.path)
         if request.stream:
             return event_stream(reply.chunks())
         return JSONResponse(await reply.whole())
 
-    def _prompt_ids(self, request: Request) -> list[list[int]]:
+    async def complete(self, request: Request, route: str = "") -> dict:
+        """The whole reply body for a parsed request."""
+        return await Reply(self, request, self.prompt_ids(request), route).whole()
+
+    def prompt_ids(self, request: Request) -> list[list[int]]:
+        """Each prompt's token ids (chat: rendered with the chat template); 400 when one does not fit the context
+        with `max_tokens`."""
         prompts = [self.renderer.render(p) if request.chat else self.tokenizer(p)["input_ids"]
                    for p in request.prompts]
         longest = max(len(ids) for ids in prompts)
