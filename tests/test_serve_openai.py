@@ -202,3 +202,62 @@ def _completion_tokens(base: str) -> float:
     text = httpx.get(f"{base}/metrics", headers=AUTH, timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("rl360_model_tokens_total{") and 'kind="completion"' in line)
+
+
+def _trained_tokenizer(kind: str):
+    """A small BPE tokenizer trained here: byte-level (GPT-2/Qwen style) or with word-start markers (SentencePiece
+    style)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE(unk_token=None if kind == "bytes" else "<unk>"))
+    if kind == "bytes":
+        core.pre_tokenizer, core.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        core.pre_tokenizer, core.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+        alphabet = []
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>", "<unk>"], initial_alphabet=alphabet)
+    core.train_from_iterator([TEXT] * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|end|>", unk_token="<unk>")
+
+
+TEXT = "Hello wörld, 你好 ✓ 3+4 = \\boxed{7}; the  end.\nNext line: naïve café 🙂 done"
+
+
+@pytest.mark.parametrize("kind", ["bytes", "metaspace"])
+def test_text_grown_token_by_token_is_the_whole_decoding(kind):
+    import random
+
+    from rl360.core import SamplingParams
+    from rl360.engine.generate_request import Row
+    from rl360.serve.openai_choices import ChoiceTracker
+
+    tokenizer = _trained_tokenizer(kind)
+    end = tokenizer.convert_tokens_to_ids("<|end|>")
+    rng = random.Random(0)
+    words = TEXT.split(" ")
+    sequences = [tokenizer(TEXT)["input_ids"] + [end]]  # and texts of the same characters in other orders:
+    sequences += [tokenizer(" ".join(rng.sample(words, len(words))))["input_ids"] for _ in range(20)]
+    sequences += [tokenizer("".join(rng.sample(TEXT, len(TEXT))))["input_ids"] for _ in range(20)]
+    if kind == "bytes":  # some tokens hold part of a multi-byte character
+        assert any("\ufffd" in tokenizer.decode([t]) for t in sequences[0])
+    for ids in sequences:
+        row = Row([1], SamplingParams(), 0, "r")
+        choice = ChoiceTracker(row, 0, tokenizer, [], {end})
+        pieces = []
+        for token in ids:  # the engine appends a token, the server looks
+            row.tokens.append(token)
+            pieces.append(choice.advance())
+        row.finish_reason = {"type": "length"}
+        pieces.append(choice.advance())
+        whole = tokenizer.decode(ids, skip_special_tokens=True)
+        assert choice.text == whole and "".join(p.text for p in pieces if p) == whole
+        assert choice.offsets[-1] == len(choice.text) and choice.offsets == sorted(choice.offsets)
+    stop = TEXT[20:26]  # a stop string across token boundaries: the text ends before it, decoding stops there
+    row = Row([1], SamplingParams(), 0, "r")
+    choice = ChoiceTracker(row, 0, tokenizer, [stop], {end})
+    for token in tokenizer(TEXT)["input_ids"]:
+        row.tokens.append(token)
+        choice.advance()
+    assert choice.text == TEXT[:20] and choice.finish_reason == "stop" and row.aborted is not None

@@ -1,10 +1,13 @@
 """One choice of an OpenAI reply followed as its tokens are decoded: its text (cut before the first stop string,
 which also ends the decoding), the tokens and log-probs that text covers, and the pieces a stream sends next.
 
-Every prefix of the tokens is decoded once (`tokenizer.decode(tokens[:k], skip_special_tokens=True)`), which
-gives each token's character offset in the text, finds a stop string as soon as it is complete, and keeps the
-streamed pieces equal to the whole reply: a stream sends text up to where it may still change (an incomplete
-UTF-8 character, or the start of a stop string) and each token's log-probs once its text is sent.
+The text grows token by token by incremental detokenization: each new token's text is the decoding of a short
+window of recent tokens (`skip_special_tokens`) past the decoding of the window without it, so a reply of n
+tokens costs O(n) decoding, a tokenizer's word-start markers decode as they do in the whole text, and a token
+that ends inside a UTF-8 character waits for the rest. This gives each token's character offset, finds a stop
+string as soon as it is complete, and makes the streamed pieces and the whole reply one text: a stream sends
+text up to where it may still change (the start of a stop string) and each token's log-probs once its text is
+sent.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class ChoiceTracker:
         self.text = ""  # the text of the tokens checked so far, cut before a stop string
         self.end: int | None = None  # tokens in the reply once it is finished
         self.stopped_by_string = False
+        self._prefix = self._read = 0  # the detokenization window: tokens[prefix:read] are already in `text`
         self.finish_reason: str | None = None
         self.sent_text = 0  # characters of `text` already handed out
         self.sent_tokens = 0  # tokens whose log-probs were handed out
@@ -51,14 +55,15 @@ class ChoiceTracker:
         engine_finish = self.row.finish_reason  # read before the tokens: once set, the tokens are all there
         tokens = self.row.tokens[:]
         for k in range(len(self.offsets), len(tokens) + 1):
-            text = self.tokenizer.decode(tokens[:k], skip_special_tokens=True)
-            self.offsets.append(len(text))
-            cut = min((text.find(s) for s in self.stop if s in text), default=-1)
-            if cut >= 0:  # a stop string: the reply ends before it; the engine stops decoding this row
-                self.text, self.end, self.finish_reason, self.stopped_by_string = text[:cut], k, "stop", True
+            before = len(self.text)
+            self._extend(tokens, k)
+            self.offsets.append(len(self.text))
+            found = [i for i in (self.text.find(s, max(0, before - len(s) + 1)) for s in self.stop) if i >= 0]
+            if found:  # a stop string: the reply ends before it; the engine stops decoding this row
+                self.text, self.end, self.stopped_by_string = self.text[:min(found)], k, True
+                self.finish_reason = "stop"
                 self.row.aborted = self.row.aborted or STOP_STRING_ABORT
                 return self._piece(len(self.text), k)
-            self.text = text
         if engine_finish is not None:
             kind = engine_finish["type"]
             self.end = len(tokens) - (1 if kind == "stop" and tokens and tokens[-1] in self.eos_ids else 0)
@@ -72,11 +77,18 @@ class ChoiceTracker:
             return None
         return self._piece(limit, covered)
 
+    def _extend(self, tokens: list[int], k: int) -> None:
+        """Add the text of token k - 1 (the window `tokens[prefix:k]` decoded, less `tokens[prefix:read]`)."""
+        decode = self.tokenizer.decode
+        known = decode(tokens[self._prefix:self._read], skip_special_tokens=True)
+        grown = decode(tokens[self._prefix:k], skip_special_tokens=True)
+        if len(grown) > len(known) and not grown.endswith("\ufffd"):
+            self.text += grown[len(known):]
+            self._prefix, self._read = self._read, k
+
     def _settled(self, text: str) -> int:
-        """How much of `text` can no longer change: not a trailing incomplete character, not the start of a stop
-        string."""
-        whole = len(text.rstrip("\ufffd"))
-        limit = whole
+        """How much of `text` can no longer change: all but an end that may begin a stop string."""
+        whole = limit = len(text)
         for stop in self.stop:
             for size in range(min(len(stop) - 1, whole), 0, -1):
                 if text[whole - size:whole] == stop[:size]:
