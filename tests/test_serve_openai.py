@@ -254,6 +254,13 @@ def test_text_grown_token_by_token_is_the_whole_decoding(kind):
         whole = tokenizer.decode(ids, skip_special_tokens=True)
         assert choice.text == whole and "".join(p.text for p in pieces if p) == whole
         assert choice.offsets[-1] == len(choice.text) and choice.offsets == sorted(choice.offsets)
+    if kind == "bytes":  # log-prob entries carry each token's own bytes, which put together are the text's
+        from rl360.serve.openai_choices import LogprobFormat
+
+        ids = tokenizer(TEXT)["input_ids"]
+        row = Row([1], SamplingParams(), 0, "r", tokens=ids, logprobs=[0.0] * len(ids))
+        entries = LogprobFormat(tokenizer).chat(row, range(len(ids)))
+        assert bytes(sum((e["bytes"] for e in entries), [])) == TEXT.encode()
     stop = TEXT[20:26]  # a stop string across token boundaries: the text ends before it, decoding stops there
     row = Row([1], SamplingParams(), 0, "r")
     choice = ChoiceTracker(row, 0, tokenizer, [stop], {end})

@@ -12,6 +12,7 @@ sent.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +114,16 @@ class LogprobFormat:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self._texts: dict[int, str] = {}
+        self._byte_of = _byte_level_alphabet(tokenizer)  # a byte-level BPE's character -> byte; None: not one
+
+    def token_bytes(self, token: int) -> list[int]:
+        """The token's UTF-8 bytes: a byte-level BPE token's own bytes (part of a character included), else its
+        text's."""
+        if self._byte_of is not None:
+            piece = self.tokenizer.convert_ids_to_tokens(token)
+            if piece and all(c in self._byte_of for c in piece):
+                return [self._byte_of[c] for c in piece]
+        return list(self.token_text(token).encode("utf-8"))
 
     def token_text(self, token: int) -> str:
         text = self._texts.get(token)
@@ -139,5 +150,15 @@ class LogprobFormat:
                 "text_offset": [base + offsets[i] for i in positions]}
 
     def _entry(self, token: int, logprob: float) -> dict:
-        text = self.token_text(token)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": self.token_text(token), "logprob": logprob, "bytes": self.token_bytes(token)}
+
+
+def _byte_level_alphabet(tokenizer: Any) -> dict[str, int] | None:
+    """Character -> byte of a tokenizer whose decoder is byte-level (GPT-2, Qwen, Llama 3); None otherwise."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or '"type":"ByteLevel"' not in json.dumps(json.loads(backend.to_str()).get("decoder"),
+                                                                  separators=(",", ":")):
+        return None
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {char: byte for byte, char in bytes_to_unicode().items()}
