@@ -335,9 +335,13 @@ class Reply:
         hung up, the request was cancelled) stops the decoding of its rows."""
         loop = asyncio.get_running_loop()
         changed = asyncio.Event()
+        signalled = threading.Event()  # a wake-up is on its way to the event loop: one per step, not one per row
+
         def wake(_row: Row) -> None:  # on the engine thread
-            with contextlib.suppress(RuntimeError):  # the event loop is closing
-                loop.call_soon_threadsafe(changed.set)
+            if not signalled.is_set():
+                signalled.set()
+                with contextlib.suppress(RuntimeError):  # the event loop is closing
+                    loop.call_soon_threadsafe(changed.set)
 
         for row in self.rows:
             row.on_token = wake
@@ -348,6 +352,7 @@ class Reply:
                 await asyncio.wait({decoding, waiter}, return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
                 changed.clear()
+                signalled.clear()  # before reading the rows: a token added from now on wakes the loop again
                 if decoding.done() and decoding.exception() is not None:
                     raise _generation_failed(decoding.exception())
                 for choice in self.choices:
@@ -372,14 +377,14 @@ class Reply:
         for choice in self.choices:
             positions = range(choice.end)
             if self.request.chat:
-                logprobs = {"content": fmt.chat(choice.row, positions), "refusal": None}
+                logprobs = {"content": fmt.chat(choice.row, positions), "refusal": None} if self.request.logprobs \
+                    else None
                 choices.append({"index": choice.index, "message": {"role": "assistant", "content": choice.text},
-                                "logprobs": logprobs if self.request.logprobs else None,
-                                "finish_reason": choice.finish_reason})
+                                "logprobs": logprobs, "finish_reason": choice.finish_reason})
             else:
-                logprobs = fmt.legacy(choice.row, positions, choice.offsets)
+                logprobs = fmt.legacy(choice.row, positions, choice.offsets) if self.request.logprobs else None
                 choices.append({"index": choice.index, "text": choice.text, "finish_reason": choice.finish_reason,
-                                "logprobs": logprobs if self.request.logprobs else None})
+                                "logprobs": logprobs})
         return {"id": self.id, "object": "chat.completion" if self.request.chat else "text_completion",
                 "created": self.created, "model": self.service.served_name, "choices": choices,
                 "usage": self._usage()}
