@@ -29,6 +29,7 @@ exist only here, as the baseline to measure against; run one with `serve_load.py
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing
 import os
@@ -203,7 +204,7 @@ class StdlibModelHandler(StdlibJSONHandler):
             request = parse_request(self.rfile.read(length), path.endswith("chat/completions"),
                                     self.server.served_name)
             with self.server.engine_lock:
-                body = self.server.model.complete(request)
+                body = asyncio.run(self.server.model.complete(request, path))
             self.reply(200, body)
         except RequestError as err:
             self.reply(err.status, err.body())

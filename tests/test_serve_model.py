@@ -90,7 +90,10 @@ def test_completions_take_a_list_of_prompts(served):
     ({"n": 0}, 400, "n"),
     ({"max_tokens": 1.5}, 400, "max_tokens"),
     ({"max_tokens": 10 ** 6}, 400, "max_tokens"),  # over the model's context length
-    ({"stream": True}, 400, "stream"),
+    ({"stream": "yes"}, 400, "stream"),
+    ({"top_logprobs": 2}, 400, "top_logprobs"),  # without logprobs: true
+    ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ({"stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream: true
     ({"stop": [""]}, 400, "stop"),
     ({"model": "gpt-4o"}, 404, "model"),
 ])
@@ -143,8 +146,8 @@ def crowded(served):
      "unknown field 'temprature'"),
     (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "temperature": "0"}', 400, "temperature",
      "must be a number"),
-    (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "logprobs": true}', 400, "logprobs",
-     "not supported"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "logprobs": 1}', 400, "logprobs",
+     "must be a boolean"),
     (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "presence_penalty": 0.5}', 400,
      "presence_penalty", "not supported"),
     (b'{"model": "tiny", "messages": "hi"}', 400, "messages", "non-empty list"),
@@ -198,8 +201,9 @@ def test_a_burst_is_answered_200_or_429_with_retry_after_in_bounded_memory(crowd
 @pytest.mark.timeout(180)
 def test_sigterm_during_generation_ends_requests_and_a_restart_answers(served):
     grace = 3.0
-    proc, url = _start_model(served[1], "--max-in-flight", "16", "--shutdown-grace", str(grace))
-    try:  # sixteen greedy 16 x 240-token generations, about half a second each, one at a time
+    proc, url = _start_model(served[1], "--max-in-flight", "16", "--shutdown-grace", str(grace), "--max-batch-rows",
+                             "16")
+    try:  # sixteen greedy 16 x 240-token generations, about half a second each, one batch each
         body = {"model": "tiny", "messages": [{"role": "user", "content": "3+4"}], "max_tokens": 240, "n": 16,
                 "temperature": 0}
         with ThreadPoolExecutor(16) as threads:

@@ -73,8 +73,12 @@ class BatchDecoder:
                     token = int(torch.multinomial(_filtered_probs(scaled, row.params), 1, generator=generators[i]))
                 else:
                     token = int(scaled.argmax(-1))
+                logp = torch.log_softmax(scaled[0], -1)
+                if row.top_logprobs > 0:
+                    values, ids = logp.topk(min(row.top_logprobs, logp.shape[-1]))
+                    row.top.append(list(zip(ids.tolist(), values.tolist())))
                 row.tokens.append(token)
-                row.logprobs.append(float(torch.log_softmax(scaled[0], -1)[token]))
+                row.logprobs.append(float(logp[token]))
                 next_tokens[i] = token
                 if token in stops[i]:
                     running[i] = False
@@ -82,6 +86,8 @@ class BatchDecoder:
                 elif len(row.tokens) >= row.params.max_new_tokens:
                     running[i] = False
                     self._finish(row, {"type": "length", "length": row.params.max_new_tokens})
+                elif row.on_token is not None:
+                    row.on_token(row)
             step += 1
             alive = torch.tensor(running, dtype=torch.long, device=device)
             step_inputs = {"input_ids": next_tokens.to(device)[:, None]}
@@ -91,6 +97,8 @@ class BatchDecoder:
     def _finish(self, row: Row, reason: dict) -> None:
         row.finish_reason = reason
         row.weight_version = self.version()
+        if row.on_token is not None:
+            row.on_token(row)
 
     @staticmethod
     def _input_logprobs(rows: list[Row], logits: torch.Tensor, width: int) -> None:
@@ -106,20 +114,21 @@ class BatchDecoder:
 class Batcher:
     """The queue of rows and the engine thread that takes them in batches."""
 
-    def __init__(self, decoder: BatchDecoder, window_s: float, max_rows: int, registry: MetricsRegistry):
+    def __init__(self, decoder: BatchDecoder, window_s: float, max_rows: int, registry: MetricsRegistry,
+                 prefix: str = "rl360_rollout"):
         self.decoder, self.window_s, self.max_rows = decoder, window_s, max_rows
-        self.batch_count = registry.counter("rl360_rollout_batches_total", "Batches the engine decoded.")
-        self.batch_rows = registry.counter("rl360_rollout_batch_rows_total", "Responses decoded in those batches.")
+        self.batch_count = registry.counter(f"{prefix}_batches_total", "Batches the engine decoded.")
+        self.batch_rows = registry.counter(f"{prefix}_batch_rows_total", "Responses decoded in those batches.")
         # SGLang's num_running_reqs / num_queue_reqs: what a load balancer, or a test killing an engine mid-request,
         # reads
-        self.running_gauge = registry.gauge("rl360_rollout_requests_running", "Responses being decoded now.")
-        self.queued_gauge = registry.gauge("rl360_rollout_requests_queued", "Responses waiting for the next batch.")
+        self.running_gauge = registry.gauge(f"{prefix}_requests_running", "Responses being decoded now.")
+        self.queued_gauge = registry.gauge(f"{prefix}_requests_queued", "Responses waiting for the next batch.")
         self.running_gauge.set(0)
         self.queued_gauge.set(0)
         self._queue: list[tuple[Row, asyncio.Future, asyncio.AbstractEventLoop]] = []
         self._lock = threading.Condition()
         self.running: list[Row] = []
-        threading.Thread(target=self._serve, name="rl360-rollout-engine", daemon=True).start()
+        threading.Thread(target=self._serve, name=f"{prefix}-engine", daemon=True).start()
 
     async def submit(self, rows: list[Row]) -> None:
         """Decode `rows` (filling in their results); cancelled: the rows are aborted at the next step."""

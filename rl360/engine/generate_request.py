@@ -59,6 +59,9 @@ class Row:
     input_logprobs: list[float | None] = field(default_factory=list)
     finish_reason: dict | None = None
     weight_version: str = ""
+    top_logprobs: int = 0  # alternatives to record per sampled token (`top`)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # per token: the k most likely (id, log-prob)
+    on_token: Callable[[Row], None] | None = None  # called on the engine thread after each token and at the finish
 
 
 @dataclass

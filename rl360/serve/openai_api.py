@@ -1,29 +1,50 @@
 """`rl360 serve model`: a Hugging Face checkpoint behind the OpenAI chat and completions API.
 
     rl360 serve model --model outputs/quickstart/hf --port 8000 [--served-model-name NAME] [--api-key-env VAR]
-                      [--dtype bfloat16] [--max-in-flight 64] [--request-timeout 600] [--shutdown-grace 30] ...
+                      [--dtype bfloat16] [--batch-window-ms 5] [--max-batch-rows 256] [--max-in-flight 64] ...
 
 Routes: `POST /v1/chat/completions` (messages rendered with the tokenizer's chat template),
 `POST /v1/completions` (a prompt string or a list of them), `GET /v1/models`, `GET /health`, `GET /metrics`.
 Sampling keys: `temperature` (0: greedy), `top_p`, `top_k`, `max_tokens` (or `max_completion_tokens`), `n`,
-`stop` (strings; the text is cut before the first one), `seed`. OpenAI keys this server cannot honour are
-accepted only at values that change nothing (`frequency_penalty: 0`, `logprobs: false`, `tools: []`, ...;
-`user` is ignored); any other key is an unknown field. Replies carry `choices` with `finish_reason` "stop"
-or "length" and `usage` token counts. A malformed request (bad JSON, wrong types, unknown fields, values out
-of range) gets HTTP 400 in OpenAI's error shape naming the key at fault (`error.param`); another model name
-gets 404; with `--api-key-env VAR` a request without `Authorization: Bearer $VAR` gets 401 (the key itself
-is never printed). Keys, limits, deadlines, shutdown and metrics come from the service layer
-(`rl360.service.app`); the metrics add `rl360_model_generations_total` and `rl360_model_tokens_total`.
+`stop` (strings; the text ends before the first one and its decoding stops there), `seed` (choice j of a prompt
+is sampled with seed + j, so a reply does not depend on the requests it is batched with).
 
-It samples with the rollout's HF engine (`rl360.engine.hf_engine`), one request at a time on one engine
-thread (admitted requests wait their turn; one cancelled before its turn never runs): this is the small
-local endpoint the LLM-judge client and the tests talk to, not a production server (streaming, batching of
-concurrent requests and log-probs in replies are not built).
+- `stream: true`: server-sent events as OpenAI sends them, `data: {chunk}` each and `data: [DONE]` last.
+  Chat: per choice a first chunk with `delta.role` "assistant", then `delta.content` pieces as tokens are
+  decoded, then a chunk with `delta: {}` and `finish_reason`; completions: `choices[].text` pieces, then
+  `text: ""` with `finish_reason`. Choices of `n > 1` (and of several prompts) interleave, told apart by
+  `index`. `stream_options: {"include_usage": true}` adds `usage: null` to every chunk and a last chunk with
+  the usage and `choices: []`. The pieces put together are the whole reply's text. A client that hangs up
+  ends its request: its choices stop decoding at the next step.
+- Log-probs: chat `logprobs: true` (+ `top_logprobs: k`, at most 20) gives `choices[].logprobs.content[]`
+  entries `{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}, ...]}`; completions `logprobs: k`
+  gives the legacy `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}` (the k most likely
+  and the sampled token; offsets within the completion text). Streamed chunks carry the log-probs of the
+  tokens whose text they carry. A log-prob is that of the distribution the token was drawn from: the model's
+  log-softmax of logits / temperature, before top-k/top-p (greedy: temperature 1); the closing
+  end-of-sequence token is not listed.
+
+Other OpenAI keys are accepted only at values that change nothing (`frequency_penalty: 0`, `tools: []`, ...;
+`user` is ignored); any other key is an unknown field. Replies carry `choices` with `finish_reason` "stop" or
+"length" and `usage` token counts. A malformed request (bad JSON, wrong types, unknown fields, values out of
+range) gets HTTP 400 in OpenAI's error shape naming the key at fault (`error.param`); another model name gets
+404; with `--api-key-env VAR` a request without `Authorization: Bearer $VAR` gets 401 (the key itself is
+never printed). Keys, limits, deadlines, shutdown and metrics come from the service layer (`rl360.service.app`).
+
+Concurrent requests are decoded together by the batcher of `rl360 serve rollout` (`rl360.engine.batching`):
+every choice queued within `--batch-window-ms` of the first (up to `--max-batch-rows`) joins one left-padded
+batch on the engine thread. Metrics add `rl360_model_generations_total` (by route),
+`rl360_model_tokens_total` (prompt, completion), `rl360_model_responses_total` (by finish reason; abort: the
+client left), and the batcher's `rl360_model_batches_total`, `rl360_model_batch_rows_total`,
+`rl360_model_requests_running` and `rl360_model_requests_queued`.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,16 +52,19 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
+from rl360.core import SamplingParams
+from rl360.engine.generate_request import Row
 from rl360.model_dir import check_model_dir
+from rl360.serve.openai_choices import ChoiceTracker, LogprobFormat, Piece
 from rl360.service.app import (
-    SerialWorker,
     ServiceError,
     ServiceGuard,
     ServiceLimits,
     add_service_arguments,
     api_key_from_env,
+    event_stream,
     json_object,
     limits_from_args,
     number_field,
@@ -52,12 +76,13 @@ from rl360.service.metrics import MetricsRegistry
 
 MAX_BODY_BYTES = 4 << 20
 MAX_N = 16
+MAX_TOP_LOGPROBS = 20
 DEFAULT_LIMITS = ServiceLimits(max_body_bytes=MAX_BODY_BYTES, max_in_flight=64, request_timeout_s=600.0,
                                read_timeout_s=30.0, shutdown_grace_s=30.0)
 # OpenAI keys accepted only at values that change nothing here (null is always fine)
 NEUTRAL_VALUES: dict[str, tuple] = {
-    "frequency_penalty": (0,), "presence_penalty": (0,), "logprobs": (False,), "top_logprobs": (0,),
-    "logit_bias": ({},), "response_format": ({"type": "text"},), "stream_options": (), "tools": ([],),
+    "frequency_penalty": (0,), "presence_penalty": (0,),
+    "logit_bias": ({},), "response_format": ({"type": "text"},), "tools": ([],),
     "tool_choice": ("none", "auto"), "echo": (False,), "best_of": (1,), "suffix": ("",),
 }
 _COMMON_FIELDS = {"model", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "n", "stop",
@@ -102,6 +127,10 @@ class Request:
     n: int = 1
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per token (completions: `logprobs`, chat: `top_logprobs`)
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
 
 
 def parse_request(body: bytes, chat: bool, served_name: str) -> Request:
@@ -116,8 +145,6 @@ def parse_request(body: bytes, chat: bool, served_name: str) -> Request:
     if model != served_name:
         raise RequestError(404, f"model {model!r} is not served here; this server serves {served_name!r}", "model",
                            "not_found_error")
-    if data.get("stream"):
-        raise RequestError(400, "'stream' is not supported by rl360 serve model", "stream")
     _check_neutral(data)
     if chat:
         prompts = [_messages(data.get("messages"))]
@@ -140,7 +167,41 @@ def parse_request(body: bytes, chat: bool, served_name: str) -> Request:
     if data.get("seed") is not None:
         request.seed = int(number_field(data, "seed", 0, -(1 << 63), (1 << 63) - 1, integer=True,
                                         error=RequestError))
+    _logprob_fields(data, request)
+    _stream_fields(data, request)
     return request
+
+
+def _logprob_fields(data: dict, request: Request) -> None:
+    if request.chat:
+        request.logprobs = _bool_field(data, "logprobs")
+        request.top_logprobs = int(number_field(data, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS, integer=True,
+                                                error=RequestError))
+        if request.top_logprobs and not request.logprobs:
+            raise RequestError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    elif data.get("logprobs") is not None:  # completions: the number of alternatives per token
+        request.logprobs = True
+        request.top_logprobs = int(number_field(data, "logprobs", 0, 0, MAX_TOP_LOGPROBS, integer=True,
+                                                error=RequestError))
+
+
+def _stream_fields(data: dict, request: Request) -> None:
+    request.stream = _bool_field(data, "stream")
+    options = data.get("stream_options")
+    if options is None:
+        return
+    if not request.stream:
+        raise RequestError(400, "'stream_options' is only allowed with 'stream': true", "stream_options")
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise RequestError(400, "'stream_options' must be an object with only 'include_usage'", "stream_options")
+    request.include_usage = _bool_field(options, "include_usage", "stream_options.include_usage")
+
+
+def _bool_field(data: dict, key: str, name: str | None = None) -> bool:
+    value = data.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise RequestError(400, f"'{name or key}' must be a boolean", name or key)
+    return bool(value)
 
 
 def _check_neutral(data: dict) -> None:
@@ -175,14 +236,16 @@ def _messages(messages: Any) -> list[dict]:
 
 
 class ModelService:
-    """The model, its engine thread and the routes; `guard` is what uvicorn runs."""
+    """The model, its batcher and the routes; `guard` is what uvicorn runs."""
 
     def __init__(self, model_path: str, served_name: str, limits: ServiceLimits = DEFAULT_LIMITS,
-                 api_key: str | None = None, dtype: str = "float32"):
+                 api_key: str | None = None, dtype: str = "float32", batch_window_s: float = 0.005,
+                 max_batch_rows: int = 256):
         import torch
         from transformers import AutoTokenizer
 
         from rl360.data import PromptRenderer
+        from rl360.engine.batching import BatchDecoder, Batcher
         from rl360.engine.hf_engine import HFEngine
 
         self.engine = HFEngine(model_path, dtype=getattr(torch, dtype))
@@ -190,77 +253,197 @@ class ModelService:
         self.renderer = PromptRenderer(self.tokenizer, max_prompt_length=1 << 30)
         self.context_length = int(getattr(self.engine.model.config, "max_position_embeddings", 0) or 0)
         self.served_name = served_name
-        self._engine_thread = SerialWorker("rl360-model-engine")
+        eos = getattr(self.engine.model.generation_config, "eos_token_id", None)
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        self.eos_ids = ({self.tokenizer.eos_token_id} | set(eos)) - {None}
         registry = MetricsRegistry()
+        decoder = BatchDecoder(self.engine, threading.Lock(), _ALWAYS, lambda: str(self.engine.version),
+                               sorted(self.eos_ids))
+        self.batcher = Batcher(decoder, batch_window_s, max_batch_rows, registry, prefix="rl360_model")
+        self.logprob_format = LogprobFormat(self.tokenizer)
         self.generations = registry.counter("rl360_model_generations_total", "Requests the engine answered, by "
                                             "route.", ["route"])
         self.tokens = registry.counter("rl360_model_tokens_total", "Tokens read and written, by kind.", ["kind"])
+        self.finished = registry.counter("rl360_model_responses_total", "Choices, by finish reason (abort: the "
+                                         "client left or the service stopped it).", ["reason"])
         app = service_app(openai_error)
         app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
         app.add_api_route("/v1/completions", self.completions, methods=["POST"])
         app.add_api_route("/v1/models", self.models, methods=["GET"])
         self.guard = ServiceGuard("model", app, limits, api_key, openai_error, registry)
 
-    async def chat_completions(self, request: HTTPRequest) -> JSONResponse:
+    async def chat_completions(self, request: HTTPRequest) -> Response:
         return await self._answer(request, chat=True)
 
-    async def completions(self, request: HTTPRequest) -> JSONResponse:
+    async def completions(self, request: HTTPRequest) -> Response:
         return await self._answer(request, chat=False)
 
     async def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.served_name, "object": "model", "created": 0,
                                             "owned_by": "rl360"}]}
 
-    async def _answer(self, http_request: HTTPRequest, chat: bool) -> JSONResponse:
+    async def _answer(self, http_request: HTTPRequest, chat: bool) -> Response:
         request = parse_request(await http_request.body(), chat, self.served_name)
-        try:
-            reply = await self._engine_thread.run(self.complete, request)
-        except RequestError:
-            raise
-        except Exception as err:  # the engine failed on this request: say so, keep serving
-            raise RequestError(500, f"generation failed: {type(err).__name__}: {err}", kind="server_error") from err
-        self.generations.inc(route=http_request.url.path)
-        self.tokens.inc(reply["usage"]["prompt_tokens"], kind="prompt")
-        self.tokens.inc(reply["usage"]["completion_tokens"], kind="completion")
-        return JSONResponse(reply)
+        reply = Reply(self, request, self.prompt_ids(request), http_request.url.path)
+        if request.stream:
+            return event_stream(reply.chunks())
+        return JSONResponse(await reply.whole())
 
-    def complete(self, request: Request) -> dict:
-        """The reply body for a parsed request (blocking: runs on the engine thread)."""
-        from rl360.core import SamplingParams
+    async def complete(self, request: Request, route: str = "") -> dict:
+        """The whole reply body for a parsed request."""
+        return await Reply(self, request, self.prompt_ids(request), route).whole()
 
-        prompt_ids = [self.renderer.render(p) if request.chat else self.tokenizer(p)["input_ids"]
-                      for p in request.prompts]
-        longest = max(len(ids) for ids in prompt_ids)
+    def prompt_ids(self, request: Request) -> list[list[int]]:
+        """Each prompt's token ids (chat: rendered with the chat template); 400 when one does not fit the context
+        with `max_tokens`."""
+        prompts = [self.renderer.render(p) if request.chat else self.tokenizer(p)["input_ids"]
+                   for p in request.prompts]
+        longest = max(len(ids) for ids in prompts)
         if self.context_length and longest + request.max_tokens > self.context_length:
             raise RequestError(400, f"prompt ({longest} tokens) + max_tokens ({request.max_tokens}) is over the "
                                     f"model's context length {self.context_length}", "max_tokens")
-        params = SamplingParams(n=request.n, temperature=request.temperature, top_p=request.top_p,
-                                top_k=request.top_k, max_new_tokens=request.max_tokens,
-                                stop_token_ids=sorted({self.tokenizer.eos_token_id} - {None}),
-                                seed=request.seed if request.seed is not None else time.time_ns() % (1 << 62))
-        groups = self.engine.generate(prompt_ids, params)
-        choices, completion_tokens = [], 0
-        for group in groups:
-            for sample in group:
-                text, reason = self._text(sample.response_ids, sample.finish_reason, request.stop)
-                index = len(choices)
-                choices.append({"index": index, "message": {"role": "assistant", "content": text},
-                                "finish_reason": reason} if request.chat else
-                               {"index": index, "text": text, "finish_reason": reason, "logprobs": None})
-                completion_tokens += len(sample.response_ids)
-        prompt_tokens = sum(len(ids) for ids in prompt_ids)
-        return {"id": f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex}",
-                "object": "chat.completion" if request.chat else "text_completion",
-                "created": int(time.time()), "model": self.served_name, "choices": choices,
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens}}
+        return prompts
 
-    def _text(self, response_ids: list[int], finish_reason: str, stop: list[str]) -> tuple[str, str]:
-        text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
-        cuts = [text.find(s) for s in stop if s in text]
-        if cuts:
-            return text[:min(cuts)], "stop"
-        return text, finish_reason
+    def rows(self, request: Request, prompts: list[list[int]]) -> list[Row]:
+        """One row per choice, in choice order (each prompt's `n` in turn); sample j of a prompt is seeded
+        `seed + j`."""
+        rid = uuid.uuid4().hex
+        params = SamplingParams(n=1, temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
+                                max_new_tokens=request.max_tokens)
+        return [Row(ids, params, None if request.seed is None else request.seed + j, rid, index=i,
+                    top_logprobs=request.top_logprobs if request.logprobs else 0)
+                for i, ids in enumerate(prompts) for j in range(request.n)]
+
+
+_ALWAYS = threading.Event()  # generation is never paused here
+_ALWAYS.set()
+
+
+class Reply:
+    """One request's choices decoded by the batcher, answered whole or as OpenAI's stream of chunks."""
+
+    def __init__(self, service: ModelService, request: Request, prompts: list[list[int]], route: str):
+        self.service, self.request, self.prompts, self.route = service, request, prompts, route
+        self.rows = service.rows(request, prompts)
+        self.choices = [ChoiceTracker(row, i, service.tokenizer, request.stop, service.eos_ids)
+                        for i, row in enumerate(self.rows)]
+        self.id = f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    async def pieces(self):
+        """(choice, piece) as the engine decodes, until every choice is finished; leaving early (the client
+        hung up, the request was cancelled) stops the decoding of its rows."""
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+        signalled = threading.Event()  # a wake-up is on its way to the event loop: one per step, not one per row
+
+        def wake(_row: Row) -> None:  # on the engine thread
+            if not signalled.is_set():
+                signalled.set()
+                with contextlib.suppress(RuntimeError):  # the event loop is closing
+                    loop.call_soon_threadsafe(changed.set)
+
+        for row in self.rows:
+            row.on_token = wake
+        decoding = asyncio.create_task(self.service.batcher.submit(self.rows))
+        try:
+            while True:
+                waiter = asyncio.create_task(changed.wait())
+                await asyncio.wait({decoding, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                changed.clear()
+                signalled.clear()  # before reading the rows: a token added from now on wakes the loop again
+                if decoding.done() and decoding.exception() is not None:
+                    raise _generation_failed(decoding.exception())
+                for choice in self.choices:
+                    piece = choice.advance()
+                    if piece is not None:
+                        yield choice, piece
+                if decoding.done():  # every row is finished (or aborted) once the batcher settles them
+                    break
+        finally:
+            for row in self.rows:
+                row.aborted = row.aborted or "request ended"
+            if not decoding.done():
+                decoding.cancel()
+            self._count()
+
+    async def whole(self) -> dict:
+        """The reply body once every choice is finished."""
+        async for _ in self.pieces():
+            pass
+        fmt = self.service.logprob_format
+        choices = []
+        for choice in self.choices:
+            positions = range(choice.end)
+            if self.request.chat:
+                logprobs = {"content": fmt.chat(choice.row, positions), "refusal": None} if self.request.logprobs \
+                    else None
+                choices.append({"index": choice.index, "message": {"role": "assistant", "content": choice.text},
+                                "logprobs": logprobs, "finish_reason": choice.finish_reason})
+            else:
+                logprobs = fmt.legacy(choice.row, positions, choice.offsets) if self.request.logprobs else None
+                choices.append({"index": choice.index, "text": choice.text, "finish_reason": choice.finish_reason,
+                                "logprobs": logprobs})
+        return {"id": self.id, "object": "chat.completion" if self.request.chat else "text_completion",
+                "created": self.created, "model": self.service.served_name, "choices": choices,
+                "usage": self._usage()}
+
+    async def chunks(self):
+        """OpenAI's stream: per choice a first chunk (chat: the role), then its text as it is decoded, then a
+        chunk with its finish reason; with `include_usage`, a last chunk with the usage and no choices."""
+        if self.request.chat:
+            for choice in self.choices:
+                yield self._chunk(choice.index, {"role": "assistant", "content": ""}, None, None)
+        async for choice, piece in self.pieces():
+            if piece.text or (self.request.logprobs and piece.tokens):
+                yield self._chunk(choice.index, piece.text, self._chunk_logprobs(choice, piece), None)
+            if piece.finish_reason is not None:
+                yield self._chunk(choice.index, {} if self.request.chat else "", None, piece.finish_reason)
+        if self.request.include_usage:
+            yield {**self._chunk(0, "", None, None), "choices": [], "usage": self._usage()}
+
+    def _chunk(self, index: int, content: Any, logprobs: Any, finish_reason: str | None) -> dict:
+        if self.request.chat:
+            delta = content if isinstance(content, dict) else {"content": content}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        else:
+            choice = {"index": index, "text": content, "logprobs": logprobs, "finish_reason": finish_reason}
+        chunk = {"id": self.id, "object": "chat.completion.chunk" if self.request.chat else "text_completion",
+                 "created": self.created, "model": self.service.served_name, "choices": [choice]}
+        if self.request.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _chunk_logprobs(self, choice: ChoiceTracker, piece: Piece) -> dict | None:
+        if not self.request.logprobs:
+            return None
+        fmt = self.service.logprob_format
+        if self.request.chat:
+            return {"content": fmt.chat(choice.row, piece.tokens), "refusal": None}
+        return fmt.legacy(choice.row, piece.tokens, choice.offsets)
+
+    def _usage(self) -> dict:
+        prompt_tokens = sum(len(self.prompts[row.index]) for row in self.rows[::self.request.n])
+        completion_tokens = sum(choice.completion_tokens for choice in self.choices)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}
+
+    def _count(self) -> None:
+        service = self.service
+        if all(choice.done and choice.finish_reason != "abort" for choice in self.choices):
+            service.generations.inc(route=self.route)
+        for choice in self.choices:
+            service.finished.inc(reason=choice.finish_reason if choice.done else "abort")
+        usage = self._usage()
+        service.tokens.inc(usage["prompt_tokens"], kind="prompt")
+        service.tokens.inc(usage["completion_tokens"], kind="completion")
+
+
+def _generation_failed(error: BaseException) -> ServiceError:
+    if isinstance(error, ServiceError):
+        return error
+    return RequestError(500, f"generation failed: {type(error).__name__}: {error}", kind="server_error")
 
 
 def serve_model(args: argparse.Namespace) -> int:
@@ -269,7 +452,10 @@ def serve_model(args: argparse.Namespace) -> int:
     require_key_off_loopback("model", args.host, api_key, "anyone who reaches it can use the model")
     check_model_dir(args.model, "--model")
     name = args.served_model_name or Path(args.model).name
-    service = ModelService(args.model, name, limits, api_key, args.dtype)
+    if args.batch_window_ms < 0 or args.max_batch_rows < 1:
+        raise SystemExit("rl360 serve model: --batch-window-ms must be >= 0 and --max-batch-rows >= 1")
+    service = ModelService(args.model, name, limits, api_key, args.dtype, args.batch_window_ms / 1000.0,
+                           args.max_batch_rows)
     return run_service(service.guard, args.host, args.port,
                        f"rl360 serving model {name!r} with the OpenAI API on {{url}}/v1"
                        f"{' (API key required)' if api_key else ''}", access_log=args.access_log)
@@ -281,5 +467,8 @@ def add_model_parser(services) -> None:
     model.add_argument("--served-model-name", default="", help="the name clients send as 'model' (default: "
                                                                "the directory's name)")
     model.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weights' dtype")
+    model.add_argument("--batch-window-ms", type=float, default=5.0,
+                       help="after a request arrives, wait this long for others to batch with it")
+    model.add_argument("--max-batch-rows", type=int, default=256, help="choices decoded together at most")
     add_service_arguments(model, port=8000, defaults=DEFAULT_LIMITS)
     model.set_defaults(run=serve_model)

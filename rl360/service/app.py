@@ -36,8 +36,8 @@ uvicorn's 64 KiB read-ahead of a body, after which it stops reading the socket) 
 `max_body_bytes` (bodies of admitted requests), on top of the service's own.
 
 Cancelling a handler cancels what it awaits: work still queued (a sandbox run waiting for a worker, a
-generation waiting for the engine thread) is dropped; work already running in another process or thread
-goes on until it ends or the process exits.
+generation waiting for its batch) is dropped; work already running in another process or thread goes on until
+it ends or the process exits (a model's batcher stops decoding the rows of a cancelled request).
 
 Error kinds counted: bad_request, unauthorized, not_found, method_not_allowed, read_timeout (408),
 body_too_large (413), overloaded (429), draining (503 while shutting down), shutdown_cancelled (503,
@@ -49,18 +49,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import hashlib
 import hmac
 import ipaddress
 import json
 import logging
 import os
-import queue
 import resource
 import socket
 import sys
-import threading
 import time
 from collections.abc import AsyncIterable, Callable, Collection, Mapping
 from contextlib import suppress
@@ -218,33 +215,6 @@ def event_stream(events: AsyncIterable[Any], done: str | None = "[DONE]") -> Str
 
     return StreamingResponse(body(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-class SerialWorker:
-    """Runs blocking calls one at a time on a daemon thread (a model's engine): `await worker.run(fn, *args)`.
-
-    A call whose awaiting request is cancelled before the call starts never runs. The thread is a daemon, so
-    a call still running does not keep the process alive after a shutdown's grace period.
-    """
-
-    def __init__(self, name: str):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name=name, daemon=True).start()
-
-    async def run(self, fn: Callable, *args: Any) -> Any:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.put((future, fn, args))
-        return await asyncio.wrap_future(future)
-
-    def _serve(self) -> None:
-        while True:
-            future, fn, args = self._queue.get()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as err:  # handed to the awaiting request
-                future.set_exception(err)
 
 
 class _BodyTooLarge(Exception):
