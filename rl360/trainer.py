@@ -142,7 +142,8 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
         run_config = {**to_dict(cfg), "resolved": {"model.attention": attention, "placement": placement.describe()}}
         tracker = Tracker(out, run_config, cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
                           cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None,
-                          total_steps=cfg.trainer.total_steps, started=started)
+                          total_steps=cfg.trainer.total_steps, started=started, use_swanlab=cfg.tracking.swanlab,
+                          use_tensorboard=cfg.tracking.tensorboard)
         ahead = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0
         generating: dict[int, concurrent.futures.Future] = {}
         for step in range(first_step, cfg.trainer.total_steps + 1):
