@@ -30,7 +30,8 @@ def _tensorboard(out) -> dict[tuple[str, int], float]:
 
 
 def _swanlab(out) -> list[dict[tuple[str, int], float]]:
-    """Each swanlab run file's scalars, read with swanlab's own record reader, in the order the runs started."""
+    """Each swanlab run file's scalars, read with swanlab's own record reader, in the order the runs started
+    (swanlab's own system metrics, `__swanlab__.*`, left out)."""
     from swanlab.proto.swanlab.record.v1.record_pb2 import Record
     from swanlab.sdk.internal.core_python.store import DataStoreReader
 
@@ -41,7 +42,7 @@ def _swanlab(out) -> list[dict[tuple[str, int], float]]:
         for raw in reader:
             record = Record()
             record.ParseFromString(raw)
-            if record.HasField("scalar"):
+            if record.HasField("scalar") and not record.scalar.key.startswith("__swanlab__"):
                 values[(record.scalar.key, record.scalar.step)] = record.scalar.value.number
         reader.close()
         runs.append(values)
