@@ -28,6 +28,7 @@ from megatron_bridge.layer_spec import ATTENTION_CHOICES
 from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.losses import AGG_MODES, KL_ESTIMATORS, ROLLOUT_IS_LEVELS, get_policy_loss
 from rl360.errors import UserError
+from rl360.tracking.backends import missing_package
 
 
 class ConfigError(UserError):
@@ -272,8 +273,11 @@ class AgentConfig:
 @dataclass
 class TrackingConfig:
     wandb: bool = False  # also log to Weights & Biases (WANDB_MODE=offline works without network)
-    project: str = "rl360"  # wandb project
-    run_name: str = ""  # wandb run name (default: the output_dir's name)
+    # also log to swanlab, offline: run files under <output_dir>/swanlab (`swanlab sync` uploads one)
+    swanlab: bool = False
+    tensorboard: bool = False  # also write TensorBoard event files to <output_dir>/tensorboard
+    project: str = "rl360"  # wandb / swanlab project
+    run_name: str = ""  # wandb / swanlab run name (default: the output_dir's name)
     log_every: int = 1  # print a console line every this many steps
 
 
@@ -288,6 +292,9 @@ class TrainerConfig:
     resume: bool = True  # continue from <output_dir>/checkpoints/latest when it exists
     # on GPUs: refuse to start a layout whose estimated memory (`rl360 plan`) exceeds the GPU's
     memory_check: bool = True
+    # write every this many steps' rollouts (prompt, response, score, engine vs trainer log-prob difference) to
+    # <output_dir>/rollouts/step_XXXXXX.jsonl (0: never)
+    dump_rollouts_every: int = 0
 
 
 @dataclass
@@ -359,6 +366,7 @@ NON_NEGATIVE = (
     "actor.clip_ratio_c", "actor.entropy_coeff", "actor.rollout_is_threshold_lower",
     "actor.rollout_is_veto_threshold",
     "algorithm.kl_coef", "reward.num_workers", "reward.max_memory_gb", "trainer.num_threads",
+    "trainer.dump_rollouts_every",
     "algorithm.max_num_gen_batches", "reward.overlong_buffer_len", "reward.overlong_penalty_factor",
     "algorithm.kl_in_reward_coef", "algorithm.kl_in_reward_target", "critic.lr", "critic.weight_decay",
     "critic.grad_clip", "critic.cliprange_value", "critic.warmup_steps", "critic.micro_batch_size",
@@ -624,6 +632,9 @@ def validate(cfg: RunConfig) -> None:
     for key in NON_NEGATIVE:
         if _get(cfg, key) is not None and _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)!r} must be >= 0")
+    for name in ("wandb", "swanlab", "tensorboard"):
+        if getattr(cfg.tracking, name) and (missing := missing_package(name)):
+            raise ConfigError(missing)
     endings = {"done", "max_turns", "budget", "length", "abort"}
     unknown = sorted(set(cfg.algorithm.partial_filter_keep) - endings)
     if unknown:

@@ -30,7 +30,8 @@ REFUSED = {
 }
 # prefixes of keys that never matter for resuming (a key equal to one, or below it)
 IGNORED = ("output_dir", "trainer.total_steps", "trainer.resume", "trainer.save_every", "trainer.keep_checkpoints",
-           "trainer.save_hf", "trainer.memory_check", "trainer.num_threads", "tracking", "cluster")
+           "trainer.save_hf", "trainer.memory_check", "trainer.num_threads", "trainer.dump_rollouts_every", "tracking",
+           "cluster")
 
 
 def save_run_config(output_dir: str | Path, cfg: RunConfig) -> Path:

@@ -40,6 +40,7 @@ from rl360.rewards.pool import open_reward_pool
 from rl360.rollout.sampler import RolloutSampler
 from rl360.run_config import check_resume, save_run_config
 from rl360.tracking.console import LOG_FILE, RunLog, dependency_note, plain_when_piped, quiet_known_warnings
+from rl360.tracking.rollout_dump import due, dump_rollouts
 from rl360.tracking.tracker import Tracker
 
 
@@ -142,7 +143,8 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
         run_config = {**to_dict(cfg), "resolved": {"model.attention": attention, "placement": placement.describe()}}
         tracker = Tracker(out, run_config, cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
                           cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None,
-                          total_steps=cfg.trainer.total_steps, started=started)
+                          total_steps=cfg.trainer.total_steps, started=started, use_swanlab=cfg.tracking.swanlab,
+                          use_tensorboard=cfg.tracking.tensorboard)
         ahead = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0
         generating: dict[int, concurrent.futures.Future] = {}
         for step in range(first_step, cfg.trainer.total_steps + 1):
@@ -172,6 +174,9 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
                     batch.ref_logprobs = torch.cat(policy.shard_call("compute_logprobs", batch, True))
                 if critic is not None:
                     batch.values = torch.cat(critic.shard_call("compute_values", batch))
+            if due(cfg.trainer.dump_rollouts_every, step):  # prompts, responses, scores, log-prob differences
+                dump_rollouts(out, step, scored.samples, scored.rows, scores, batch, tokenizer.decode,
+                              scored.train_mask)
             token_rewards = _token_level(scores, batch)
             if cfg.algorithm.kl_in_reward_coef > 0:  # KL penalty in the reward, per token
                 token_kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.algorithm.kl_estimator)

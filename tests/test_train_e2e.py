@@ -14,6 +14,7 @@ from rl360.config import load_config
 from rl360.quickstart.assets import build_quickstart_model
 from rl360.trainer import train
 from tests.algo_fixtures import CONSTANT_LOSS
+from tests.test_trackers import _swanlab, _tensorboard
 
 pytestmark = pytest.mark.slow  # whole training runs (`pytest -m "not slow"` leaves them out)
 
@@ -39,6 +40,7 @@ def run(tmp_path_factory):
         "data.batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2", "trainer.total_steps=3",
         "reward.timeout_s=1", "tracking.wandb=true", "reward.custom={test_hang: 'tests.reward_fixtures:never_returns'}",
         "algorithm.kl_in_reward_coef=0.01", "algorithm.kl_in_reward_target=0.1", "data.on_bad_row=skip",
+        "tracking.swanlab=true", "tracking.tensorboard=true", "trainer.dump_rollouts_every=2",
     ])
     try:
         out = train(cfg)
@@ -89,6 +91,26 @@ def test_hf_checkpoint_and_wandb_offline_run_are_written(run):
     tokenizer = AutoTokenizer.from_pretrained(out / "hf")
     assert model.config.vocab_size == len(tokenizer)
     assert list((out / "wandb").glob("offline-run-*"))
+
+
+def test_swanlab_and_tensorboard_hold_the_metrics_jsonl_values(run):
+    out, records = run
+    expected = {(key, r["step"]): value for r in records for key, value in r.items()
+                if key != "step" and isinstance(value, int | float)}
+    [swanlab] = _swanlab(out)
+    assert swanlab.keys() == expected.keys() and _tensorboard(out).keys() == expected.keys()
+    assert swanlab == pytest.approx(expected) and _tensorboard(out) == pytest.approx(expected)
+
+
+def test_every_second_steps_rollouts_are_dumped_with_their_text_and_logprob_differences(run):
+    out, records = run
+    assert [path.name for path in (out / "rollouts").iterdir()] == ["step_000002.jsonl"]
+    lines = [json.loads(line) for line in (out / "rollouts" / "step_000002.jsonl").read_text().splitlines()]
+    assert len(lines) == 16  # 4 prompts x 4 samples
+    assert sum(line["score"] for line in lines) / 16 == pytest.approx(records[1]["reward/mean"])
+    assert all("+" in line["prompt"] and line["data_source"] for line in lines)
+    assert all(line["response_length"] == len(line["logprob_diff"]) for line in lines)
+    assert max(line["logprob_diff_max"] for line in lines) == pytest.approx(records[1]["rollout/logprob_abs_diff_max"])
 
 
 def test_dapo_dynamic_sampling_run(tmp_path):

@@ -1,4 +1,5 @@
-"""Metrics to the console, to `<output_dir>/metrics.jsonl` (one JSON object per step) and to wandb.
+"""Metrics to the console, to `<output_dir>/metrics.jsonl` (one JSON object per step) and to the trackers asked
+for (wandb, swanlab, TensorBoard: rl360/tracking/backends.py).
 
 A console line: `step 12/100  elapsed 1:05  eta 7:10  reward=...`: elapsed since the run started, the estimate
 from this process's steps after its first (whose time includes start-up), or from the first's own time alone."""
@@ -7,13 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
+from rl360.tracking.backends import Backend, open_backend
 from rl360.tracking.console import format_duration
 
 CONSOLE_KEYS = {  # metric -> its label on the console line
@@ -27,9 +27,10 @@ class Tracker:
     def __init__(self, output_dir: str | Path, config: dict[str, Any], use_wandb: bool = False,
                  project: str = "rl360", run_name: str = "", log_every: int = 1,
                  console: TextIO | None = None, resume_after_step: int | None = None,
-                 total_steps: int | None = None, started: float | None = None):
+                 total_steps: int | None = None, started: float | None = None, use_swanlab: bool = False,
+                 use_tensorboard: bool = False):
         """`console`: where step lines go (None: sys.stdout at each line); `started`: time.monotonic() when the
-        run started (None: now)."""
+        run started (None: now); `resume_after_step`: the checkpoint's step a resumed run continues from."""
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = []
@@ -44,22 +45,21 @@ class Tracker:
         self._step_ends: list[tuple[int, float]] = []  # (step, time.monotonic()) of this process's steps
         self._first_step_s = 0.0
         self.log_every = log_every
-        self._wandb = None
-        if use_wandb:
-            import wandb  # imported only when asked for
-
-            self._wandb = wandb.init(
-                project=project, name=run_name or Path(output_dir).name, config=config,
-                dir=str(Path(output_dir)), mode=os.environ.get("WANDB_MODE"),
-                id=_wandb_run_id(Path(output_dir), resumed=resume_after_step is not None), resume="allow",
-            )
+        asked = {"wandb": use_wandb, "swanlab": use_swanlab, "tensorboard": use_tensorboard}
+        self._backends: list[Backend] = []
+        try:
+            for name in (name for name, wanted in asked.items() if wanted):
+                self._backends.append(open_backend(name, output_dir, config, project, run_name, resume_after_step))
+        except BaseException:
+            self.close()
+            raise
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        if self._wandb is not None and step >= self._wandb.step:  # a resumed online run has its earlier steps
-            self._wandb.log(record, step=step)
+        for backend in self._backends:
+            backend.log(step, record)
         now = time.monotonic()
         if not self._step_ends:
             self._first_step_s = float(record.get("timing/step_s") or now - self._started)
@@ -86,19 +86,9 @@ class Tracker:
 
     def close(self) -> None:
         self._file.close()
-        if self._wandb is not None:
-            self._wandb.finish()
-
-
-def _wandb_run_id(output_dir: Path, resumed: bool) -> str:
-    """The wandb run id of this output directory: a resumed run continues the same wandb run, a fresh
-    run (same directory, no resume) starts a new one. Kept in `<output_dir>/wandb_run_id`."""
-    path = output_dir / "wandb_run_id"
-    if resumed and path.exists():
-        return path.read_text().strip()
-    run_id = uuid.uuid4().hex[:16]
-    path.write_text(run_id + "\n")
-    return run_id
+        for backend in self._backends:
+            backend.close()
+        self._backends = []
 
 
 def _plain(value: Any) -> float | int | str | None:
