@@ -352,19 +352,30 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     single string given for a list key (`data.train_files=a.parquet`) is a one-element list. A YAML syntax
     error is one `file:line:column: problem` line; an unknown key names its close matches, and a verl key the
     rl360 key to use (`VERL_KEYS`)."""
-    schema = OmegaConf.structured(RunConfig)
-    layers = [schema]
+    cfg: RunConfig = load_structured(RunConfig, path, overrides, SCHEMA_KEYS)
+    validate(cfg)
+    return cfg
+
+
+def load_structured(schema: type, path: str | Path | None, overrides: list[str] | tuple[str, ...] = (),
+                    keys: dict[str, str] | None = None) -> Any:
+    """A YAML file and overrides merged onto the dataclass `schema` (any typed config: `RunConfig`, the eval
+    command's `EvalConfig`), with `load_config`'s rules and errors; `keys` is `schema_keys(schema)`. Returns the
+    dataclass, not yet validated."""
+    keys = schema_keys(schema) if keys is None else keys
+    layers = [OmegaConf.structured(schema)]
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        layers.append(_layer(_checked(lambda: OmegaConf.load(path), f"{path}"), f"{path}"))
+        layers.append(_layer(_checked(lambda: OmegaConf.load(path), f"{path}"), f"{path}", keys))
     for item in overrides:
         if item.endswith((".yaml", ".yml")) and "=" not in item:
             preset = Path(item)
             if not preset.is_file():
                 raise ConfigError(f"config file not found: {preset}")
-            layers.append(_layer(_checked(lambda preset=preset: OmegaConf.load(preset), f"{preset}"), f"{preset}"))
+            layers.append(_layer(_checked(lambda preset=preset: OmegaConf.load(preset), f"{preset}"), f"{preset}",
+                                 keys))
             continue
         if item.startswith("~"):
             raise ConfigError(f"override {item!r}: Hydra's ~key (delete a key) does not apply to rl360, whose keys "
@@ -373,11 +384,9 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
             raise ConfigError(f"override {item!r} is not of the form key=value")
         item = item.lstrip("+")  # Hydra's +key=value (add) and ++key=value (add or replace): every key exists here
         where = f"override {item!r}"
-        layers.append(_layer(_checked(lambda item=item: OmegaConf.from_dotlist([item]), where), where))
+        layers.append(_layer(_checked(lambda item=item: OmegaConf.from_dotlist([item]), where), where, keys))
     merged = _checked(lambda: OmegaConf.merge(*layers), str(path or "overrides"))
-    cfg: RunConfig = _checked(lambda: OmegaConf.to_object(merged), str(path or "overrides"))
-    validate(cfg)
-    return cfg
+    return _checked(lambda: OmegaConf.to_object(merged), str(path or "overrides"))
 
 
 def _checked(build, where: str):
@@ -407,7 +416,7 @@ def _checked(build, where: str):
         raise ConfigError(f"{where}: {str(err).splitlines()[0]}") from None
 
 
-def _schema_keys(node: Any = RunConfig, prefix: str = "") -> dict[str, str]:
+def schema_keys(node: Any = RunConfig, prefix: str = "") -> dict[str, str]:
     """Every key of the schema, dotted -> "section" (a nested config), "list" (a list value) or "value"."""
     keys: dict[str, str] = {}
     hints = typing.get_type_hints(node)
@@ -415,16 +424,16 @@ def _schema_keys(node: Any = RunConfig, prefix: str = "") -> dict[str, str]:
         key = f"{prefix}{item.name}"
         if dataclasses.is_dataclass(item.default_factory):
             keys[key] = "section"
-            keys.update(_schema_keys(item.default_factory, f"{key}."))
+            keys.update(schema_keys(item.default_factory, f"{key}."))
         else:
             keys[key] = "list" if typing.get_origin(hints[item.name]) is list else "value"
     return keys
 
 
-SCHEMA_KEYS = _schema_keys()
+SCHEMA_KEYS = schema_keys()
 
 
-def _layer(layer: Any, where: str) -> Any:
+def _layer(layer: Any, where: str, keys: dict[str, str] = SCHEMA_KEYS) -> Any:
     """One config layer (a YAML file or an override) checked against the schema before it is merged: an unknown
     key is a ConfigError naming it (`unknown_key_message`), and a string where the schema has a list becomes a
     one-element list."""
@@ -433,9 +442,9 @@ def _layer(layer: Any, where: str) -> Any:
     def walk(node: dict, prefix: str) -> None:
         for name in list(node):
             key = f"{prefix}{name}"
-            kind = SCHEMA_KEYS.get(key)
+            kind = keys.get(key)
             if kind is None:
-                raise ConfigError(f"{where}: {unknown_key_message(key, node[name])}")
+                raise ConfigError(f"{where}: {unknown_key_message(key, node[name], keys)}")
             if kind == "section" and isinstance(node[name], dict):
                 walk(node[name], f"{key}.")
             elif kind == "list" and isinstance(node[name], str):
@@ -515,10 +524,10 @@ VERL_KEYS: dict[str, str] = {
 }
 
 
-def unknown_key_message(key: str, value: Any = None) -> str:
+def unknown_key_message(key: str, value: Any = None, keys: dict[str, str] = SCHEMA_KEYS) -> str:
     """What to say about a key the schema lacks: verl's name for an rl360 key (`VERL_KEYS`), else the closest
-    known keys. `value` (the key's value in a YAML layer) lets a verl section given whole (`actor_rollout_ref:
-    {...}`) be looked up by its first leaf."""
+    known keys (of `keys`: another schema's, `schema_keys(EvalConfig)`). `value` (the key's value in a YAML layer)
+    lets a verl section given whole (`actor_rollout_ref: {...}`) be looked up by its first leaf."""
     if isinstance(value, dict) and value and not any(known.startswith(f"{key}.") for known in VERL_KEYS):
         value = None
     while isinstance(value, dict) and value and key not in VERL_KEYS:  # descend to a key the table knows
@@ -526,12 +535,12 @@ def unknown_key_message(key: str, value: Any = None) -> str:
         key, value = f"{key}.{name}", value[name]
     target = VERL_KEYS.get(key)
     if target is not None:
-        if target.split()[0] not in SCHEMA_KEYS:  # no rl360 key of that meaning: the sentence says why
+        if target.split()[0] not in keys:  # no rl360 key of that meaning: the sentence says why
             return f"unknown config key {key!r} (verl's): {target}"
         return f"unknown config key {key!r}: that is verl's name; did you mean rl360's {target}?"
     parent, _, leaf = key.rpartition(".")
-    candidates = [known for known in SCHEMA_KEYS if SCHEMA_KEYS[known] != "section"]
-    if SCHEMA_KEYS.get(parent) == "section":  # a known section: its keys close to the name
+    candidates = [known for known in keys if keys[known] != "section"]
+    if keys.get(parent) == "section":  # a known section: its keys close to the name
         siblings = [known.rpartition(".")[2] for known in candidates if known.rpartition(".")[0] == parent]
         close = [f"{parent}.{name}" for name in difflib.get_close_matches(leaf, siblings, n=3, cutoff=0.6)]
     else:

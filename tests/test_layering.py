@@ -22,6 +22,7 @@ FLOORS = [
     ["rewards", "actor", "engine", "checkpointing", "quickstart"],  # scoring, the policy, the engines themselves
     ["rollout", "serve", "convert", "plan", "agents"],  # the engine fleet and the training sampler; services;
     # tools; the multi-turn agent loop and its tools (engine-agnostic: it never imports rollout)
+    ["eval"],  # batch evaluation against endpoints or engine servers it starts (fleet engines, reward pool)
     ["trainer", "launch"],  # the RL loop
     ["cli"],
 ]
