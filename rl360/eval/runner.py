@@ -181,7 +181,7 @@ class Dispatcher:
         self.stats.total, self.stats.done_before = len(self.prompts) * self.n, len(done)
         started = time.monotonic()
         if pending:
-            await asyncio.gather(*(endpoint.prepare() for endpoint in self.endpoints))
+            await self._prepare()
         progress = asyncio.get_running_loop().create_task(self._progress(started, len(pending)))
         try:
             with open(self.out / RESULTS, "a", encoding="utf-8") as sink:
@@ -202,6 +202,18 @@ class Dispatcher:
         self.stats.seconds = time.monotonic() - started
         self._print_progress(started, len(pending) + self._finished, final=True)
         return self.stats
+
+    async def _prepare(self) -> None:
+        """Each endpoint's preparation; one that fails starts resting (it serves the model the others name)."""
+        answers = await asyncio.gather(*(endpoint.prepare() for endpoint in self.endpoints), return_exceptions=True)
+        failed = [(e, a) for e, a in zip(self.endpoints, answers) if isinstance(a, BaseException)]
+        if len(failed) == len(self.endpoints):
+            raise RuntimeError(f"no endpoint answered: {failed[0][1]}") from failed[0][1]
+        ready = next(e for e, a in zip(self.endpoints, answers) if not isinstance(a, BaseException))
+        for endpoint, error in failed:
+            print(f"eval: endpoint {endpoint.url} failed at the start ({error}); trying it again later", flush=True)
+            endpoint.served_model = getattr(ready, "served_model", "")
+            endpoint.failures, endpoint.down_until = 1, time.monotonic() + self.cfg.eval.backoff_s
 
     async def _round(self, pairs: list[tuple[int, int]], sink) -> tuple[list[tuple[int, int]], dict]:
         slots = asyncio.Semaphore(self.limit * len(self.endpoints))
