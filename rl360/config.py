@@ -460,7 +460,8 @@ def _layer(layer: Any, where: str, keys: dict[str, str] = SCHEMA_KEYS) -> Any:
 VERL_KEYS: dict[str, str] = {
     "data.train_batch_size": "data.batch_size",
     "data.max_response_length": "rollout.max_response_length",
-    "data.val_files": "rl360 runs no validation during training: score saved responses with `rl360 reward check`",
+    "data.val_files": "rl360 runs no validation during training: evaluate a checkpoint on held-out files with "
+                      "`rl360 eval` (docs/eval.md)",
     "data.filter_overlong_prompts": "rl360 always skips prompts over data.max_prompt_length, and counts them",
     "data.prompt_key": "rl360 reads the 'prompt' column of the verl schema",
     "actor_rollout_ref.model.path": "model.path",
@@ -520,7 +521,7 @@ VERL_KEYS: dict[str, str] = {
     "trainer.experiment_name": "tracking.run_name",
     "trainer.logger": "tracking.wandb (true to log to Weights & Biases too)",
     "trainer.n_gpus_per_node": "cluster.num_gpus",
-    "trainer.test_freq": "rl360 runs no validation during training",
+    "trainer.test_freq": "rl360 runs no validation during training: evaluate checkpoints with `rl360 eval`",
 }
 
 
