@@ -385,19 +385,30 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     single string given for a list key (`data.train_files=a.parquet`) is a one-element list. A YAML syntax
     error is one `file:line:column: problem` line; an unknown key names its close matches, and a verl key the
     rl360 key to use (`VERL_KEYS`)."""
-    schema = OmegaConf.structured(RunConfig)
-    layers = [schema]
+    cfg: RunConfig = load_structured(RunConfig, path, overrides, SCHEMA_KEYS)
+    validate(cfg)
+    return cfg
+
+
+def load_structured(schema: type, path: str | Path | None, overrides: list[str] | tuple[str, ...] = (),
+                    keys: dict[str, str] | None = None) -> Any:
+    """A YAML file and overrides merged onto the dataclass `schema` (any typed config: `RunConfig`, the eval
+    command's `EvalConfig`), with `load_config`'s rules and errors; `keys` is `schema_keys(schema)`. Returns the
+    dataclass, not yet validated."""
+    keys = schema_keys(schema) if keys is None else keys
+    layers = [OmegaConf.structured(schema)]
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        layers.append(_layer(_checked(lambda: OmegaConf.load(path), f"{path}"), f"{path}"))
+        layers.append(_layer(_checked(lambda: OmegaConf.load(path), f"{path}"), f"{path}", keys))
     for item in overrides:
         if item.endswith((".yaml", ".yml")) and "=" not in item:
             preset = Path(item)
             if not preset.is_file():
                 raise ConfigError(f"config file not found: {preset}")
-            layers.append(_layer(_checked(lambda preset=preset: OmegaConf.load(preset), f"{preset}"), f"{preset}"))
+            layers.append(_layer(_checked(lambda preset=preset: OmegaConf.load(preset), f"{preset}"), f"{preset}",
+                                 keys))
             continue
         if item.startswith("~"):
             raise ConfigError(f"override {item!r}: Hydra's ~key (delete a key) does not apply to rl360, whose keys "
@@ -406,7 +417,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
             raise ConfigError(f"override {item!r} is not of the form key=value")
         item = item.lstrip("+")  # Hydra's +key=value (add) and ++key=value (add or replace): every key exists here
         where = f"override {item!r}"
-        layers.append(_layer(_checked(lambda item=item: OmegaConf.from_dotlist([item]), where), where))
+        layers.append(_layer(_checked(lambda item=item: OmegaConf.from_dotlist([item]), where), where, keys))
     merged = _checked(lambda: OmegaConf.merge(*layers), str(path or "overrides"))
     unset = _unset_environment(OmegaConf.to_container(merged, resolve=False))
     if len(unset) > 1:  # all of them in one line (one alone: the resolver's error below names it)
@@ -414,9 +425,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         raise ConfigError(f"{path or 'overrides'}: environment variables not set: {reads}: export "
                           f"{' '.join(f'{var}=...' for _, var in unset)} or pass "
                           f"{' '.join(f'{key}=...' for key, _ in unset)} on the command line")
-    cfg: RunConfig = _checked(lambda: OmegaConf.to_object(merged), str(path or "overrides"))
-    validate(cfg)
-    return cfg
+    return _checked(lambda: OmegaConf.to_object(merged), str(path or "overrides"))
 
 
 _ENV_WITHOUT_DEFAULT = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -462,7 +471,7 @@ def _checked(build, where: str):
         raise ConfigError(f"{where}: {str(err).splitlines()[0]}") from None
 
 
-def _schema_keys(node: Any = RunConfig, prefix: str = "") -> dict[str, str]:
+def schema_keys(node: Any = RunConfig, prefix: str = "") -> dict[str, str]:
     """Every key of the schema, dotted -> "section" (a nested config), "list" (a list value) or "value"."""
     keys: dict[str, str] = {}
     hints = typing.get_type_hints(node)
@@ -470,16 +479,16 @@ def _schema_keys(node: Any = RunConfig, prefix: str = "") -> dict[str, str]:
         key = f"{prefix}{item.name}"
         if dataclasses.is_dataclass(item.default_factory):
             keys[key] = "section"
-            keys.update(_schema_keys(item.default_factory, f"{key}."))
+            keys.update(schema_keys(item.default_factory, f"{key}."))
         else:
             keys[key] = "list" if typing.get_origin(hints[item.name]) is list else "value"
     return keys
 
 
-SCHEMA_KEYS = _schema_keys()
+SCHEMA_KEYS = schema_keys()
 
 
-def _layer(layer: Any, where: str) -> Any:
+def _layer(layer: Any, where: str, keys: dict[str, str] = SCHEMA_KEYS) -> Any:
     """One config layer (a YAML file or an override) checked against the schema before it is merged: an unknown
     key is a ConfigError naming it (`unknown_key_message`), and a string where the schema has a list becomes a
     one-element list."""
@@ -488,9 +497,9 @@ def _layer(layer: Any, where: str) -> Any:
     def walk(node: dict, prefix: str) -> None:
         for name in list(node):
             key = f"{prefix}{name}"
-            kind = SCHEMA_KEYS.get(key)
+            kind = keys.get(key)
             if kind is None:
-                raise ConfigError(f"{where}: {unknown_key_message(key, node[name])}")
+                raise ConfigError(f"{where}: {unknown_key_message(key, node[name], keys)}")
             if kind == "section" and isinstance(node[name], dict):
                 walk(node[name], f"{key}.")
             elif kind == "list" and isinstance(node[name], str):
@@ -506,7 +515,8 @@ def _layer(layer: Any, where: str) -> Any:
 VERL_KEYS: dict[str, str] = {
     "data.train_batch_size": "data.batch_size",
     "data.max_response_length": "rollout.max_response_length",
-    "data.val_files": "rl360 runs no validation during training: score saved responses with `rl360 reward check`",
+    "data.val_files": "rl360 runs no validation during training: evaluate a checkpoint on held-out files with "
+                      "`rl360 eval` (docs/eval.md)",
     "data.filter_overlong_prompts": "rl360 always skips prompts over data.max_prompt_length, and counts them",
     "data.prompt_key": "rl360 reads the 'prompt' column of the verl schema",
     "actor_rollout_ref.model.path": "model.path",
@@ -566,14 +576,14 @@ VERL_KEYS: dict[str, str] = {
     "trainer.experiment_name": "tracking.run_name",
     "trainer.logger": "tracking.wandb (true to log to Weights & Biases too)",
     "trainer.n_gpus_per_node": "cluster.num_gpus",
-    "trainer.test_freq": "rl360 runs no validation during training",
+    "trainer.test_freq": "rl360 runs no validation during training: evaluate checkpoints with `rl360 eval`",
 }
 
 
-def unknown_key_message(key: str, value: Any = None) -> str:
+def unknown_key_message(key: str, value: Any = None, keys: dict[str, str] = SCHEMA_KEYS) -> str:
     """What to say about a key the schema lacks: verl's name for an rl360 key (`VERL_KEYS`), else the closest
-    known keys. `value` (the key's value in a YAML layer) lets a verl section given whole (`actor_rollout_ref:
-    {...}`) be looked up by its first leaf."""
+    known keys (of `keys`: another schema's, `schema_keys(EvalConfig)`). `value` (the key's value in a YAML layer)
+    lets a verl section given whole (`actor_rollout_ref: {...}`) be looked up by its first leaf."""
     if isinstance(value, dict) and value and not any(known.startswith(f"{key}.") for known in VERL_KEYS):
         value = None
     while isinstance(value, dict) and value and key not in VERL_KEYS:  # descend to a key the table knows
@@ -581,12 +591,12 @@ def unknown_key_message(key: str, value: Any = None) -> str:
         key, value = f"{key}.{name}", value[name]
     target = VERL_KEYS.get(key)
     if target is not None:
-        if target.split()[0] not in SCHEMA_KEYS:  # no rl360 key of that meaning: the sentence says why
+        if target.split()[0] not in keys:  # no rl360 key of that meaning: the sentence says why
             return f"unknown config key {key!r} (verl's): {target}"
         return f"unknown config key {key!r}: that is verl's name; did you mean rl360's {target}?"
     parent, _, leaf = key.rpartition(".")
-    candidates = [known for known in SCHEMA_KEYS if SCHEMA_KEYS[known] != "section"]
-    if SCHEMA_KEYS.get(parent) == "section":  # a known section: its keys close to the name
+    candidates = [known for known in keys if keys[known] != "section"]
+    if keys.get(parent) == "section":  # a known section: its keys close to the name
         siblings = [known.rpartition(".")[2] for known in candidates if known.rpartition(".")[0] == parent]
         close = [f"{parent}.{name}" for name in difflib.get_close_matches(leaf, siblings, n=3, cutoff=0.6)]
     else:

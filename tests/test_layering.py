@@ -24,6 +24,7 @@ FLOORS = [
     ["rollout", "serve", "convert", "plan", "agents", "config_docs"],  # the engine fleet and the training sampler;
     # services; tools (the config reference among them); the multi-turn agent loop and its tools (engine-agnostic:
     # it never imports rollout)
+    ["eval"],  # batch evaluation against endpoints or engine servers it starts (fleet engines, reward pool)
     ["trainer", "launch"],  # the RL loop
     ["cli"],
 ]
