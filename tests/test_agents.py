@@ -178,16 +178,18 @@ def test_a_turn_ends_at_a_finished_call_and_the_tools_quickstart_call_is_one_tok
     from rl360.agents.group import tool_kwargs
     from rl360.agents.loop import call_end_ids, tool_tokens
     from rl360.quickstart.assets import build_tokenizer
-    from rl360.quickstart.tools_assets import CALL, CHAT_TEMPLATE, WORDS
+    from rl360.quickstart.tools_assets import CALL, CHAT_TEMPLATE, CODE, WORDS
 
     tokenizer = build_tokenizer(tmp_path, max_answer=6, words=WORDS, chat_template=CHAT_TEMPLATE)
     assert call_end_ids(tokenizer, parse_hermes) == [tokenizer.convert_tokens_to_ids(CALL)]
     with pytest.raises(ValueError, match="names no call_end"):  # a parser without `call_end`
         call_end_ids(tokenizer, lambda text: parse_hermes(text))
-    assert [call.arguments for call in parse_hermes(CALL).calls] == [{"code": "print(a * b % 7)"}]
-    pending = tool_tokens(tokenizer, CALL, [{"role": "tool", "name": "python", "content": "5\n"}])
-    assert tokenizer.decode(pending) == ("<|im_end|>\n<|im_start|>user\n<tool_response>\n5\n\n</tool_response>"
-                                         "<|im_end|>\n<|im_start|>assistant\n")  # the turn's closing added
+    assert [call.arguments for call in parse_hermes(CALL).calls] == [{"code": CODE}]
+    assert "\\boxed" not in CALL  # the call's own text holds no answer for the reward to read
+    pending = tool_tokens(tokenizer, CALL, [{"role": "tool", "name": "python", "content": "\\boxed{5}\n"}])
+    assert tokenizer.convert_ids_to_tokens(pending) == [  # the turn's closing added; the reply one token
+        "<|im_end|>", "\n", "<|im_start|>", "tool", "\n", "\\boxed{5}", "<|im_end|>", "\n", "<|im_start|>", "assistant",
+        "\n"]
     row = {"extra_info": {"tools_kwargs": {"python": {"create_kwargs": {"variables": {"a": 1}}}, "zoom": None}}}
     assert tool_kwargs(row) == {"python": {"variables": {"a": 1}}}
     assert tool_kwargs({"extra_info": None}) == {} and tool_kwargs({}) == {}

@@ -47,6 +47,16 @@ def test_math_is_registered_for_the_math_prefix():
     assert get_reward_fn("math__deepscaler_preview") is math_reward.math_score
 
 
+def test_a_trajectory_is_scored_on_its_generated_turns_not_its_tool_replies():
+    call = '<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>'
+    response = call + "\\boxed{3}"  # the decoded response: the call, then the tool's reply (context, not the model's)
+    called_only = {"trajectory": {"turns": 2, "turn_texts": [call, ""]}}
+    assert compute_score("math__synthetic_tools", response, "3", called_only)["score"] == 0.0
+    assert compute_score("math__synthetic_tools", response, "3")["score"] == 1.0  # without a trajectory: all text
+    copied = {"trajectory": {"turns": 2, "turn_texts": [call, "\\boxed{3}"]}}
+    assert compute_score("math__synthetic_tools", response + "\\boxed{3}", "3", copied)["score"] == 1.0
+
+
 def test_pred_is_the_extracted_box_or_none():
     assert compute_score("math", "x \\boxed{\\frac{1}{2}} y", "0.5")["pred"] == "\\frac{1}{2}"
     assert compute_score("math", "no box", "1")["pred"] is None

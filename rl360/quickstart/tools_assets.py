@@ -2,10 +2,10 @@
 
 The task (data_preprocess/synthetic_tools.py) asks for `a*b%7` of two 6-digit numbers, which a 2-layer model
 cannot compute from its weights; the python tool can. The tokenizer is the arithmetic quickstart's word-level
-one over this task's text, with the whole Hermes call `CALL` (python code printing `a * b % 7`, the row's `a`
-and `b` bound in the tool's interpreter) as one token, and a chat template that renders `tool` messages as
-Qwen2.5's does: `<tool_response>` blocks inside a user turn. So a trajectory that pays is three generated
-tokens: `CALL` (the turn ends at a finished call), then, after the tool's reply, `\\boxed{d}` and `<|im_end|>`.
+one over this task's text, with the whole Hermes call `CALL` (python code printing the answer token `\\boxed{d}`
+for `a * b % 7`, the row's `a` and `b` bound in the tool's interpreter) as one token, and a ChatML chat template
+with a `tool` turn. So a trajectory that pays is three generated tokens: `CALL` (the turn ends at a finished
+call), then, after the tool's reply, a copy of the reply's `\\boxed{d}` and `<|im_end|>`.
 """
 
 from __future__ import annotations
@@ -16,19 +16,16 @@ from pathlib import Path
 from rl360.quickstart.assets import build_model, build_tokenizer
 
 MODULUS = 7
-CALL = ('<tool_call>\n{"name": "python", "arguments": {"code": "print(a * b % ' + str(MODULUS)
-        + ')"}}\n</tool_call>')
-WORDS = ["user", "assistant", "tool", "\n", " ", "*", "%", "<tool_response>", "</tool_response>", CALL]
-# Qwen2.5's layout: consecutive tool messages share one user turn, each in a <tool_response> block.
+# The tool prints the answer as the answer token itself (`\\boxed{3}`; chr(92) is the backslash, so the call's
+# own text holds no \\boxed{}): using the tool's reply is copying one token of the context.
+CODE = "print(chr(92) + 'boxed{%d}' % (a * b % " + str(MODULUS) + "))"
+CALL = "<tool_call>\n" + json.dumps({"name": "python", "arguments": {"code": CODE}}) + "\n</tool_call>"
+WORDS = ["user", "assistant", "tool", "\n", " ", "*", "%", CALL]
+# ChatML with a `tool` turn (as Hermes renders tool replies): the reply, trimmed, between the turn markers.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "{% if message['role'] == 'tool' %}"
-    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
-    "{{ '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
-    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}"
-    "{% else %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endif %}"
+    "{% set content = message['content'] | trim if message['role'] == 'tool' else message['content'] %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )

@@ -34,6 +34,7 @@ from typing import Any
 
 from rl360.rewards.judge import judge_answer
 from rl360.rewards.judge_templates import drop_reasoning, parse_correct_word, register_template
+from rl360.rewards.math import generated_turns
 from rl360.rewards.registry import register_reward
 
 ENV = "RL360_DEEPEYES_REWARD"  # the weights, as JSON, from `reward.deepeyes` (`deepeyes_env`)
@@ -107,15 +108,6 @@ register_template("pyvision", PYVISION_PROMPT, parse_judgement)
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
-
-
-def generated_turns(solution_str: str, extra_info: dict | None) -> list[str]:
-    """The texts the model generated, one per turn: the trajectory's when the reward pool gave it, else the
-    response as one turn."""
-    trajectory = (extra_info or {}).get("trajectory")
-    if isinstance(trajectory, dict) and trajectory.get("turn_texts"):
-        return [str(text) for text in trajectory["turn_texts"]]
-    return [solution_str]
 
 
 def used_tools(solution_str: str, extra_info: dict | None) -> bool:

@@ -142,11 +142,23 @@ def is_equiv(pred: str, ground_truth: str) -> bool:
 @register_reward("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", exact=True,
                  truth=_BOXED_TRUTH, answer="the last \\boxed{} after any </think>, compared by math-verify")
 @register_reward("math", truth=_BOXED_TRUTH,
-                 answer="the last \\boxed{} (or \\fbox{}) after any </think>, compared by math-verify; no box scores 0")
+                 answer="the last \\boxed{} (or \\fbox{}) after any </think> of the generated text (a multi-turn "
+                        "trajectory's turns, not its tool replies), compared by math-verify; no box scores 0")
 def math_score(solution_str: str, ground_truth: str, extra_info: dict | None = None) -> dict:
-    """1.0 when the last boxed answer after any </think> equals `ground_truth` (math-verify), else 0.0."""
-    pred = last_boxed(strip_thinking(solution_str))
+    """1.0 when the last boxed answer after any </think> of the generated text equals `ground_truth`
+    (math-verify), else 0.0."""
+    pred = last_boxed(strip_thinking("\n".join(generated_turns(solution_str, extra_info))))
     return {"score": _verified(pred, ground_truth), "pred": pred}
+
+
+def generated_turns(solution_str: str, extra_info: dict | None) -> list[str]:
+    """The texts the model generated, one per turn: the trajectory's when the reward pool gave it
+    (`extra_info["trajectory"]`, a `rl360.core.TrajectorySummary`: tool replies left out), else the response as
+    one turn."""
+    trajectory = (extra_info or {}).get("trajectory")
+    if isinstance(trajectory, dict) and trajectory.get("turn_texts"):
+        return [str(text) for text in trajectory["turn_texts"]]
+    return [solution_str]
 
 
 _STATED_ANSWER = ("the last \\boxed{} or a later \"Answer: X\" / \"the answer is X\" line after any </think>, "
