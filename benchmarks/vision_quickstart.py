@@ -1,12 +1,15 @@
-"""The vision quickstart against its text-only control, from one run of this script:
+"""A vision quickstart against its control, from one run of this script:
 
-    python benchmarks/vision_quickstart.py [--steps 60] [--reuse]
+    python benchmarks/vision_quickstart.py [--task vision|zoom] [--steps 60] [--reuse] [overrides ...]
 
 Runs `rl360 quickstart --task vision` (a tiny random Qwen2.5-VL names the colour filling most of an image) and
 `rl360 quickstart --task vision-control` (the same prompts and answers, every image a plain grey square) with the
 same seed and steps, each in its own process, and prints the mean reward of the first and last 5 steps side by
 side: the control can learn the answer format but not the answer (chance is 0.25), so the gap is what the image
-gives. Writes benchmarks/results/vision_quickstart_cpu.json.
+gives. `--task zoom` runs `rl360 quickstart --task zoom` (the colour of a mark only `image_zoom_in`'s crop shows)
+against `--task zoom-control` (no tool) the same way, and also prints the tool calls per sample of the first and
+last 5 steps. Further `key=value` arguments are config overrides for both runs. Writes
+benchmarks/results/TASK_quickstart_cpu.json.
 """
 
 from __future__ import annotations
@@ -19,43 +22,55 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TASKS = ("vision", "vision-control")
 
 
-def run_task(task: str, steps: int, reuse: bool) -> tuple[list[float], float]:
-    """The task's reward/mean per step and its mean step time in seconds."""
+def run_task(task: str, steps: int, reuse: bool, overrides: list[str]) -> tuple[list[dict], float]:
+    """The task's metrics records, one per step, and its mean step time in seconds."""
     out_dir = REPO / "outputs" / f"quickstart_{task.replace('-', '_')}"
     metrics = out_dir / "metrics.jsonl"
     if not (reuse and metrics.exists()):
         subprocess.run([sys.executable, "-m", "rl360.cli", "quickstart", "--task", task,
-                        f"trainer.total_steps={steps}", f"output_dir={out_dir}", "trainer.save_hf=false"],
+                        f"trainer.total_steps={steps}", f"output_dir={out_dir}", "trainer.save_hf=false", *overrides],
                        check=True, cwd=REPO)
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return [r["reward/mean"] for r in records], sum(r["timing/step_s"] for r in records) / len(records)
+    return records, sum(r["timing/step_s"] for r in records) / len(records)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=("vision", "zoom"), default="vision")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--reuse", action="store_true", help="read existing runs instead of training again")
-    parser.add_argument("--out", default=str(REPO / "benchmarks/results/vision_quickstart_cpu.json"))
+    parser.add_argument("--out", help="result file (default benchmarks/results/TASK_quickstart_cpu.json)")
+    parser.add_argument("overrides", nargs="*", help="config overrides (key=value) for both runs")
     args = parser.parse_args(argv)
-    runs = {task: run_task(task, args.steps, args.reuse) for task in TASKS}
-    print(f"{'task':<15} {'steps':>5} {'first 5':>8} {'last 5':>8}")
+    out = args.out or str(REPO / f"benchmarks/results/{args.task}_quickstart_cpu.json")
+    control = f"{args.task}-control"
+    runs = {task: run_task(task, args.steps, args.reuse, args.overrides) for task in (args.task, control)}
+    print(f"{'task':<15} {'steps':>5} {'first 5':>8} {'last 5':>8} {'calls first 5':>14} {'calls last 5':>13}")
     rows = {}
-    for task, (rewards, seconds) in runs.items():
+    for task, (records, seconds) in runs.items():
+        rewards = [r["reward/mean"] for r in records]
+        calls = [r.get("agent/tool_calls/mean", 0.0) for r in records]
         first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
         rows[task] = {"steps": len(rewards), "first5_reward": round(first, 4), "last5_reward": round(last, 4),
                       "mean_step_s": round(seconds, 2)}
-        print(f"{task:<15} {len(rewards):>5} {first:>8.3f} {last:>8.3f}")
-    ratio = rows["vision"]["last5_reward"] / max(rows["vision-control"]["last5_reward"], 1e-9)
-    print(f"last-5 reward, image over blanked control: {ratio:.2f}x (chance 0.25)")
-    result = {"command": "python benchmarks/vision_quickstart.py" + (f" --steps {args.steps}" if args.steps != 60
-                                                                     else ""),
-              "device": f"CPU ({platform.processor() or platform.machine()}), 2 threads", "runs": rows,
-              "last5_ratio_vision_over_control": round(ratio, 3)}
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+        if args.task == "zoom":
+            rows[task] |= {"first5_tool_calls": round(sum(calls[:5]) / 5, 4),
+                           "last5_tool_calls": round(sum(calls[-5:]) / 5, 4)}
+        print(f"{task:<15} {len(rewards):>5} {first:>8.3f} {last:>8.3f} {sum(calls[:5]) / 5:>14.3f} "
+              f"{sum(calls[-5:]) / 5:>13.3f}")
+    gap = rows[args.task]["last5_reward"] - rows[control]["last5_reward"]
+    ratio = rows[args.task]["last5_reward"] / max(rows[control]["last5_reward"], 1e-9)
+    print(f"last-5 reward, {args.task} over {control}: +{gap:.3f}, {ratio:.2f}x (chance 0.25)")
+    command = " ".join(["python benchmarks/vision_quickstart.py"] + (["--task", args.task] if args.task != "vision"
+                                                                     else [])
+                       + ([f"--steps {args.steps}"] if args.steps != 60 else []) + args.overrides)
+    result = {"command": command, "device": f"CPU ({platform.processor() or platform.machine()}), 2 threads",
+              "runs": rows, f"last5_gap_{args.task}_over_control": round(gap, 3),
+              f"last5_ratio_{args.task}_over_control": round(ratio, 3)}
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

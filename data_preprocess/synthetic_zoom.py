@@ -35,6 +35,9 @@ QUESTION = ("<image>What colour is the mark in the top left corner? Answer with 
 # tokenizer), and the tool's reply text to it
 CALL = "<tool_call>" + json.dumps({"name": "image_zoom_in", "arguments": {"bbox_2d": BBOX}}) + "</tool_call>"
 REPLY = f"Zoomed in on the region {BBOX}."
+# the quickstart model's probability of writing CALL first in its reply, set when it is built (an instruct model's
+# habit of calling its tools: it tells nothing about the answer)
+CALL_PRIOR = 0.5
 
 
 def draw_image(answer: int) -> bytes:

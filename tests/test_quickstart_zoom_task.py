@@ -57,3 +57,13 @@ def test_only_the_crop_shows_the_colour(task):
         assert Image.open(io.BytesIO(reply.images[0])).size == (zoom.MARK, zoom.MARK)
         crops[answer] = processor.pixel_inputs(list(reply.images))["pixel_values"]
     assert min((crops[a] - crops[b]).abs().max().item() for a in crops for b in crops if a < b) > 1.0
+
+
+def test_the_model_calls_first_in_about_half_its_replies_whatever_the_colour(task):
+    """The built model's prior to call the tool first, the same for every answer: it tells nothing about the colour."""
+    from rl360.quickstart.vision_assets import first_token_probability
+
+    cfg, zoom = task
+    probabilities = [first_token_probability(cfg.model.path, zoom.CALL, zoom.QUESTION, zoom.draw_image(answer))
+                     for answer in (1, 2, 3, 4)]
+    assert all(abs(p - zoom.CALL_PRIOR) < 0.02 for p in probabilities), probabilities

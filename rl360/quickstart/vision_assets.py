@@ -13,6 +13,7 @@ bounded to 28 x 28 ... 112 x 112 pixels of area, so a 56 x 56 image is 4 image t
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -142,3 +143,50 @@ def build_vision_quickstart_model(out_dir: str | Path, texts: Iterable[str] = ()
     build_vision_model(out_dir, tokenizer, seed=seed, family=family, tie_word_embeddings=tie_word_embeddings)
     (out_dir / "rl360_quickstart.json").write_text(json.dumps({"seed": seed, "vision": True}) + "\n")
     return out_dir
+
+
+
+def _first_position(model_dir: Path, question: str, image_png: bytes):
+    """The saved model and, at the first position of its reply to `question` (the user's text, `<image>` where the
+    image goes) about `image_png`, its logits and final hidden state."""
+    import io
+
+    import transformers
+    from PIL import Image
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    processor = transformers.Qwen2VLImageProcessor.from_pretrained(str(model_dir))
+    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(str(model_dir))
+    pixels = processor(images=[Image.open(io.BytesIO(image_png)).convert("RGB")], return_tensors="pt")
+    before, _, after = question.partition("<image>")
+    content = [{"type": "text", "text": before}, {"type": "image"}, {"type": "text", "text": after}]
+    text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                         add_generation_prompt=True)
+    pads = int(pixels["image_grid_thw"].prod()) // MERGE_SIZE**2
+    text = text.replace("<|image_pad|>", "<|image_pad|>" * pads)
+    ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model(input_ids=ids, pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"],
+                    output_hidden_states=True)
+    return model, tokenizer, out.logits[0, -1].double(), out.hidden_states[-1][0, -1]  # the last: after the norm
+
+
+def first_token_probability(model_dir: str | Path, token: str, question: str, image_png: bytes) -> float:
+    """The saved model's probability of writing `token` first in its reply to `question` about `image_png`."""
+    _, tokenizer, logits, _ = _first_position(Path(model_dir), question, image_png)
+    return logits.softmax(-1)[tokenizer.convert_tokens_to_ids(token)].item()
+
+
+def prime_first_token(model_dir: str | Path, token: str, question: str, image_png: bytes, probability: float) -> None:
+    """Raise the saved model's probability of writing `token` first in its reply to `question` about `image_png` to
+    `probability`, by adding the final hidden state's direction there to the token's (tied) embedding: a prior like
+    an instruct model's habit of calling its tools, which tells nothing about the answer."""
+    model, tokenizer, logits, hidden = _first_position(Path(model_dir), question, image_png)
+    if not model.config.tie_word_embeddings:
+        raise ValueError("prime_first_token: the model's input and output embeddings must be tied")
+    index = tokenizer.convert_tokens_to_ids(token)
+    others = torch.cat([logits[:index], logits[index + 1:]]).logsumexp(-1).item()
+    target = others + math.log(probability / (1 - probability))
+    with torch.no_grad():
+        model.get_input_embeddings().weight[index] += (target - logits[index].item()) * hidden / hidden.dot(hidden)
+    model.save_pretrained(str(model_dir))
