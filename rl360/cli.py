@@ -88,9 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     quick.add_argument("--task", choices=sorted(QUICKSTART_TASKS), default="arithmetic",
                        help="arithmetic (configs/quickstart.yaml); vision (configs/quickstart_vision.yaml: a tiny "
                             "Qwen2.5-VL names an image's main colour); vision-control (the same, images blanked); "
-                            "tools (configs/quickstart_tools.yaml: a tiny Qwen2 calls python for a*b%%7); "
+                            "tools (configs/quickstart_tools.yaml: a tiny Qwen2 may call python for a*b%%7; it does not yet "
+                            "learn to); "
                             "tools-control (the same, tools off); zoom (configs/quickstart_zoom.yaml: a tiny "
-                            "Qwen2.5-VL reads a mark only a zoomed crop shows); zoom-control (the same, no tool)")
+                            "Qwen2.5-VL may zoom to read a mark only a crop shows; it does not yet learn to); "
+                            "zoom-control (the same, no tool)")
     quick.add_argument("--config", default=None, help="config to use instead of the task's")
     quick.set_defaults(run=_quickstart)
 
