@@ -282,12 +282,26 @@ def add_plan_parser(commands) -> None:
     parser.set_defaults(run=_run)
 
 
+def _is_eval_config(path: str) -> bool:
+    """Whether the YAML file at `path` is an `rl360 eval` config: top-level `eval` and `sampling` sections."""
+    import yaml
+
+    try:
+        top = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # load_config says what is wrong with the file
+    return isinstance(top, dict) and "eval" in top and "sampling" in top
+
+
 def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from rl360.cluster.placement import gpus_asked, make_placement
-    from rl360.config import load_config
+    from rl360.config import ConfigError, load_config
 
+    if _is_eval_config(args.config):
+        raise ConfigError(f"{args.config} is an `rl360 eval` config (it has eval: and sampling: sections); rl360 plan "
+                          "plans training runs: give it a training config, e.g. configs/quickstart.yaml")
     cfg = load_config(args.config, args.overrides)
     parallel = cfg.actor.parallel
     ranks = parallel.ranks

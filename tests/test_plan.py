@@ -193,6 +193,8 @@ def test_plan_answers_on_every_shipped_config(config, tmp_path, monkeypatch, cap
     if "oc.env" in (REPO / config).read_text():  # a template: names every variable it needs
         assert "environment variables not set: model.path reads RL360_MODEL_PATH" in line, line
         assert "RL360_DATA_DIR" in line, line
+    elif config.startswith("configs/eval/"):  # an `rl360 eval` config: says so
+        assert "is an `rl360 eval` config" in line and "rl360 plan plans training runs" in line, line
     elif "quickstart" in config:  # its model is built by `rl360 quickstart`
         assert "no such directory to plan from (rl360 quickstart builds it)" in line, line
     else:  # a preset: says so
