@@ -1,6 +1,6 @@
 """A run killed at any point and started again ends exactly where an unbroken run ends: the same weights, bit
 for bit (every tensor of the HF export), and the same value of every logged metric (all but the timings) at
-every step, for GRPO and PPO, and for GRPO sampling a step ahead on an engine process. A fresh run never
+every step, for GRPO and PPO. A fresh run never
 touches another run's checkpoints, and the trainer's checkpoints convert to Hugging Face weights equal to the
 run's own export.
 
@@ -34,13 +34,8 @@ from tests.killing import PHASES, Kill, TrainingProcess
 from tests.test_train_e2e import _row
 
 REPO = Path(__file__).resolve().parent.parent
-# GRPO and PPO with the in-process engine; GRPO sampling a step ahead (async) on an engine process (`rl360 serve
-# rollout`), whose kills land while the engine draws the next step's rollouts beside the update
-ALGORITHMS = {"grpo": [], "ppo": ["configs/algorithms/ppo.yaml"],
-              "grpo-async-server": ["rollout.engine=server", "rollout.mode=async", "rollout.weight_sync=tensor"]}
-# the phases each run is killed in (an engine process's generate shows in no Ray title: rollouts are killed inside
-# the update they overlap)
-KILL_PHASES = {"grpo": tuple(PHASES), "ppo": tuple(PHASES), "grpo-async-server": ("update", "checkpoint")}
+ALGORITHMS = {"grpo": [], "ppo": ["configs/algorithms/ppo.yaml"]}
+KILL_PHASES = {"grpo": tuple(PHASES), "ppo": tuple(PHASES)}  # the phases each run is killed in
 TOTAL_STEPS, SAVE_EVERY = 12, 2
 KILL_SEED = 13
 MAX_DELAY_S = {"rollout": 0.02, "update": 0.05, "checkpoint": 0.05}  # each lasts ~0.05-1 s here
@@ -173,8 +168,7 @@ def test_a_piped_run_shows_k_of_n_and_eta_without_colour_codes_or_repeated_notic
         lines = run.output.splitlines()
         last_step = max(i for i, line in enumerate(lines) if line.startswith("step "))
         shown = [line for line in lines[:last_step + 1] if line.startswith(("step ", "placement:", "("))]
-        if "rollout.engine=server" not in ALGORITHMS[algorithm]:  # the in-process engine's lines, forwarded by Ray
-            assert any(line.startswith(("(HFEngine", "(PolicyWorker")) for line in shown)
+        assert any(line.startswith(("(HFEngine", "(PolicyWorker")) for line in shown), algorithm  # forwarded by Ray
         assert all(line in log.splitlines() for line in shown)
 
 
