@@ -29,7 +29,7 @@ from typing import Any
 
 from data_preprocess.agents.tools_prompt import tools_system_prompt
 from data_preprocess.common import Example, RecordError, require, run_script, user_prompt
-from data_preprocess.vision.deepeyes import bare_question
+from data_preprocess.vision.deepeyes import add_arguments, bare_question
 from data_preprocess.vision.images import input_dir, record_images, strip_placeholders, with_placeholders
 
 TOOLS = ["image_zoom_in"]
@@ -56,11 +56,6 @@ def convert(record: dict[str, Any], index: int, args: argparse.Namespace) -> Exa
     extra = {"question": strip_placeholders(bare_question(users[-1])), "subset": source}
     return Example(user_prompt(text, tools_system_prompt(INSTRUCTION, TOOLS)), answer, extra, images=images,
                    data_source=source)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--skip-sources", default="", type=lambda text: {s for s in text.split(",") if s},
-                        help="comma-separated DeepEyes data_source values to leave out, e.g. chart")
 
 
 def main(argv: list[str] | None = None) -> Path:
