@@ -29,6 +29,12 @@ def _tensorboard(out) -> dict[tuple[str, int], float]:
     return {(tag, event.step): event.value for tag in events.Tags()["scalars"] for event in events.Scalars(tag)}
 
 
+def _started(path) -> int:
+    """Orders swanlab's run directories as they were written: their names carry whole seconds and a random id,
+    so two runs within one second would otherwise sort by chance."""
+    return path.parent.stat().st_ctime_ns
+
+
 def _swanlab(out) -> list[dict[tuple[str, int], float]]:
     """Each swanlab run file's scalars, read with swanlab's own record reader, in the order the runs started
     (swanlab's own system metrics, `__swanlab__.*`, left out)."""
@@ -36,7 +42,7 @@ def _swanlab(out) -> list[dict[tuple[str, int], float]]:
     from swanlab.sdk.internal.core_python.store import DataStoreReader
 
     runs = []
-    for path in sorted((out / "swanlab").glob("run-*/run-*.swanlab")):
+    for path in sorted((out / "swanlab").glob("run-*/run-*.swanlab"), key=_started):
         reader, values = DataStoreReader(), {}
         reader.open(path)
         for raw in reader:
