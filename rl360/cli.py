@@ -3,7 +3,7 @@
 `rl360 convert hf-to-megatron|megatron-to-hf ...`, `rl360 serve sandbox [--port N] [--api-key-env VAR]`,
 `rl360 serve model --model DIR [--port N] [--api-key-env VAR]`,
 `rl360 serve rollout --model DIR [--port N] [--api-key-env VAR]` (the serve options: `rl360 serve SERVICE -h`),
-`rl360 eval CONFIG [key=value ...] [--model DIR]`.
+`rl360 eval CONFIG [key=value ...] [--model DIR]`, `rl360 view PATH [--port N] [--host H] [--api-key-env VAR]`.
 
 A mistake the user can fix (a config key, a data row, a model directory, a flag: `rl360.errors.UserError`) ends
 in one `rl360: error: ...` line and exit status 2; `rl360 --debug ...` or RL360_DEBUG=1 adds its traceback."""
@@ -125,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     from rl360.eval import add_eval_parser
 
     add_eval_parser(commands)
+
+    from rl360.view import add_view_parser
+
+    add_view_parser(commands)
 
     args = parser.parse_args(argv)
     from rl360.errors import run_command

@@ -25,7 +25,7 @@ FLOORS = [
     # services; tools (the config reference among them); the multi-turn agent loop and its tools (engine-agnostic:
     # it never imports rollout)
     ["eval"],  # batch evaluation against endpoints or engine servers it starts (fleet engines, reward pool)
-    ["trainer", "launch"],  # the RL loop
+    ["trainer", "launch", "view"],  # the RL loop; the browser viewer of runs, eval outputs and parquet files
     ["cli"],
 ]
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}

@@ -40,6 +40,7 @@ def test_each_kept_trajectory_is_a_line_with_its_text_score_and_logprob_differen
     first, agent = [json.loads(line) for line in path.read_text().splitlines()]
     assert first == {"index": 0, "data_source": "openai/gsm8k", "prompt": "t1 t2", "response": "t5 t6 t7",
                      "score": 1.0, "response_length": 3, "finish_reason": "stop", "weight_version": 3,
+                     "response_tokens": ["t5", "t6", "t7"],
                      "logprob_diff": [0.125, 0.25, 0.5], "logprob_diff_mean": pytest.approx(0.875 / 3),
                      "logprob_diff_max": 0.5}
     # the tool's tokens carry no difference (their engine log-prob is no sample's); the padding none at all

@@ -7,6 +7,9 @@ A service builds its routes on `service_app(error_format)`, wraps the app in a `
   route but `/health` needs `Authorization: Bearer <key>`. Anything else gets 401 before its body is read
   and before any handler runs. Keys are compared as SHA-256 digests with `hmac.compare_digest` (constant
   time; the length is not leaked either) and never printed, logged or put in a reply.
+  A service for browsers (`browser_login`) also lets a page in: `GET <any path>?key=<key>` answers 303 to the
+  same path without the key and sets a session cookie (`rl360_session`, HttpOnly, SameSite=Strict: an HMAC
+  of the key, not the key), which then stands for the header; a wrong key there gets 401.
 - **Limits.** At most `max_in_flight` requests are admitted at once; one more gets 429 with `Retry-After`
   at once (no queue without a bound). A body over `max_body_bytes` gets 413: at once when Content-Length
   says so, else as soon as the bytes read pass the limit; the connection is then closed, so the rest of a
@@ -59,6 +62,7 @@ import resource
 import socket
 import sys
 import time
+import urllib.parse
 from collections.abc import AsyncIterable, Callable, Collection, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, fields
@@ -77,6 +81,7 @@ from rl360.service.metrics import MetricsRegistry
 logger = logging.getLogger("rl360.serve")
 
 MIN_KEY_CHARS = 16
+SESSION_COOKIE = "rl360_session"
 _SMALL_BODY_BYTES = 64 << 10  # a rejected request with a body up to this stays on a kept-alive connection
 _STATUS_KINDS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
                  408: "read_timeout", 413: "body_too_large", 422: "bad_request", 429: "overloaded",
@@ -252,10 +257,13 @@ class ServiceGuard:
 
     def __init__(self, name: str, app: Any, limits: ServiceLimits, api_key: str | None = None,
                  error_format: ErrorFormat = detail_error, registry: MetricsRegistry | None = None,
-                 open_paths: Collection[str] = ("/health",)):
+                 open_paths: Collection[str] = ("/health",), browser_login: bool = False):
         self.name, self.app, self.limits, self.error_format = name, app, limits, error_format
         self.open_paths = frozenset(open_paths)
         self._key_digest = hashlib.sha256(api_key.encode()).digest() if api_key else None
+        self._session = None  # the cookie value standing for the key (browser_login)
+        if browser_login and self._key_digest is not None:
+            self._session = hmac.new(self._key_digest, b"rl360 browser session", hashlib.sha256).hexdigest()
         self.registry = registry or MetricsRegistry()
         self.requests = self.registry.counter("rl360_http_requests_total", "Requests answered, by route, method "
                                               "and status (none: the client left first).",
@@ -305,7 +313,13 @@ class ServiceGuard:
         if path == "/health" and method in ("GET", "HEAD"):
             await _send_json(reply, 503 if self.draining else 200, {"status": "draining" if self.draining else "ok"})
             return
-        if path not in self.open_paths and not self.authorized(headers.get(b"authorization")):
+        query = scope.get("query_string", b"")
+        if self._session is not None and method == "GET" and any(p.partition(b"=")[0] == b"key"
+                                                                 for p in query.split(b"&")):
+            await self._login(reply, path, query, headers)
+            return
+        if path not in self.open_paths and not (self.authorized(headers.get(b"authorization"))
+                                                or self._session_cookie(headers.get(b"cookie"))):
             await self._error(reply, ServiceError(401, "missing or wrong API key (send 'Authorization: Bearer "
                                                        "<key>')"), headers, [(b"www-authenticate", b"Bearer")])
             return
@@ -424,6 +438,29 @@ class ServiceGuard:
         if scheme.lower() != b"bearer":
             token = b""
         return hmac.compare_digest(hashlib.sha256(token.strip()).digest(), self._key_digest)
+
+    def _session_cookie(self, header: bytes | None) -> bool:
+        """Whether the Cookie header carries the browser session (`browser_login` only)."""
+        if self._session is None or not header:
+            return False
+        for part in header.split(b";"):
+            name, _, value = part.strip().partition(b"=")
+            if name == SESSION_COOKIE.encode() and hmac.compare_digest(value, self._session.encode()):
+                return True
+        return False
+
+    async def _login(self, reply: _Reply, path: str, query: bytes, headers: Mapping[bytes, bytes]) -> None:
+        """`?key=` from a browser: 303 to the same address without it, setting the session cookie."""
+        pairs = urllib.parse.parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+        given = next((value for name, value in pairs if name == "key"), None)
+        if given is None or not self.authorized(b"Bearer " + given.encode()):
+            await self._error(reply, ServiceError(401, "wrong key in ?key="), headers)
+            return
+        rest = urllib.parse.urlencode([(name, value) for name, value in pairs if name != "key"])
+        location = path + (f"?{rest}" if rest else "")
+        cookie = f"{SESSION_COOKIE}={self._session}; Path=/; HttpOnly; SameSite=Strict"
+        await _send(reply, 303, b"", "text/plain", [(b"location", location.encode()),
+                                                     (b"set-cookie", cookie.encode())])
 
     async def _error(self, reply: _Reply, error: ServiceError, headers: Mapping[bytes, bytes],
                      extra: list[tuple[bytes, bytes]] | None = None, close: bool = False) -> None:
@@ -635,11 +672,13 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
-def require_key_off_loopback(service: str, host: str, api_key: str | None, exposure: str) -> None:
+def require_key_off_loopback(service: str, host: str, api_key: str | None, exposure: str,
+                             command: str = "") -> None:
     """Refuse (`UserError`) to serve `service` on a non-loopback `host` without an API key; `exposure` says what
-    anyone who reaches it could then do. Every `rl360 serve` service makes this check before it starts."""
+    anyone who reaches it could then do. Every `rl360 serve` service (and `rl360 view`: `command`, the command
+    named in the message, default `serve <service>`) makes this check before it starts."""
     if api_key is None and not is_loopback(host):
-        raise UserError(f"serve {service}: refusing to listen on {host} without a key: {exposure}. Pass "
+        raise UserError(f"{command or f'serve {service}'}: refusing to listen on {host} without a key: {exposure}. Pass "
                         "--api-key-env VAR (clients send 'Authorization: Bearer <key>'), or listen on 127.0.0.1 "
                         "and tunnel to it.")
 

@@ -2,9 +2,10 @@
 object per trajectory trained on, in the batch's order:
 
     {"index": 0, "data_source": "openai/gsm8k", "prompt": "...", "response": "...", "score": 1.0,
-     "response_length": 57, "finish_reason": "stop", "weight_version": 11,
+     "response_length": 57, "finish_reason": "stop", "weight_version": 11, "response_tokens": ["The", " answer", ...],
      "logprob_diff": [0.0012, null, ...], "logprob_diff_mean": 0.0009, "logprob_diff_max": 0.0031}
 
+`response_tokens`: each response token's own text (decoded alone; `rl360 view` colours them by `logprob_diff`).
 `logprob_diff`: per response token, |trainer log-prob - engine log-prob| (`old_logprobs` vs `rollout_logprobs`);
 null on tokens not trained on (a tool's reply). A multi-turn trajectory adds `turns` (each span's text, whether
 the engine generated it, the weight version) and `trajectory` (turn and tool-call counts, how it ended). A re-run
@@ -51,7 +52,8 @@ def dump_rollouts(output_dir: str | Path, step: int, samples: Sequence[Sample], 
         record = {"index": position, "data_source": row.get("data_source", ""),
                   "prompt": decode(sample.prompt_ids), "response": decode(sample.response_ids),
                   "score": float(scores[position]), "response_length": len(sample.response_ids),
-                  "finish_reason": sample.finish_reason, "weight_version": sample.weight_version}
+                  "finish_reason": sample.finish_reason, "weight_version": sample.weight_version,
+                  "response_tokens": [decode([token]) for token in sample.response_ids]}
         if diff is not None:
             record.update(_logprob_diff(diff[position], mask[position], len(sample.response_ids)))
         if sample.turns is not None or hasattr(sample, "trace"):  # a multi-turn (agent) trajectory
