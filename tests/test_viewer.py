@@ -171,11 +171,13 @@ def test_rollouts_api_lists_every_trajectory_with_filters_detail_and_curve(serve
     assert _get(url, "/api/rows", step="2", outcome="wrong")[1]["total"] == 2
     assert [r["index"] for r in _get(url, "/api/rows", data_source="tools")[1]["rows"]] == [2, 5]
     filters = {f["name"]: f["options"] for f in _get(url, "/api/filters")[1]["filters"]}
-    assert filters == {"step": ["1", "2"], "data_source": ["math__a", "math__b", "tools"], "outcome": ["right", "wrong"]}
+    assert filters == {"step": ["1", "2"], "data_source": ["math__a", "math__b", "tools"],
+                       "outcome": ["right", "wrong"]}
     detail = _get(url, "/api/row", index=5)[1]
     assert detail["step"] == 2 and detail["fields"]["response_tokens"] == [" call", " [tool: 4]", " [tool: 4]", " ok",
                                                                            " done"]
-    assert detail["fields"]["logprob_diff"] == [pytest.approx(0.05), None, None, pytest.approx(0.02), pytest.approx(0.8)]
+    assert detail["fields"]["logprob_diff"] == [pytest.approx(0.05), None, None, pytest.approx(0.02),
+                                                pytest.approx(0.8)]
     assert [t["generated"] for t in detail["fields"]["turns"]] == [True, False, True]
     curve = _get(url, "/api/curve")[1]
     assert curve["steps"] == [1, 2, 3] and curve["series"]["reward/mean"] == [0.25, 0.5, 0.75]
@@ -255,7 +257,8 @@ def test_a_key_is_required_by_header_or_browser_cookie(keyed):
     assert httpx.get(keyed + "/?key=wrong-key-wrong-key", timeout=30).status_code == 401
     with httpx.Client(timeout=30) as browser:
         login = browser.get(keyed + "/", params={"key": KEY, "x": "1"})
-        assert login.status_code == 303 and login.headers["location"] == "/?x=1" and KEY not in login.headers["set-cookie"]
+        assert login.status_code == 303 and login.headers["location"] == "/?x=1"
+        assert KEY not in login.headers["set-cookie"]
         assert browser.get(keyed + "/api/rows", params={"limit": 3}).json()["total"] == ROWS  # the cookie stands in
     assert httpx.get(keyed + "/health", timeout=30).status_code == 200
 

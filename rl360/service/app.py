@@ -678,8 +678,8 @@ def require_key_off_loopback(service: str, host: str, api_key: str | None, expos
     anyone who reaches it could then do. Every `rl360 serve` service (and `rl360 view`: `command`, the command
     named in the message, default `serve <service>`) makes this check before it starts."""
     if api_key is None and not is_loopback(host):
-        raise UserError(f"{command or f'serve {service}'}: refusing to listen on {host} without a key: {exposure}. Pass "
-                        "--api-key-env VAR (clients send 'Authorization: Bearer <key>'), or listen on 127.0.0.1 "
+        raise UserError(f"{command or f'serve {service}'}: refusing to listen on {host} without a key: {exposure}. "
+                        "Pass --api-key-env VAR (clients send 'Authorization: Bearer <key>'), or listen on 127.0.0.1 "
                         "and tunnel to it.")
 
 

@@ -72,16 +72,16 @@ def _sample(result: dict, failure: dict | None, prompt: EvalPrompt | None, score
         outcome = "rescued" if failure.get("correct_after_judge") else "wrong"
     else:
         outcome = "right" if scored and not result.get("error") else "unscored"
-    return {"prompt": result["prompt"], "sample": result["sample"],
-            "data_source": prompt.data_source if prompt else failure.get("data_source", ""),
-            "outcome": outcome, "score": failure.get("score", 1.0 if outcome == "right" else None),
-            "finish_reason": result.get("finish_reason"), "tokens": result.get("tokens"),
+    return {"question": prompt.question() if prompt else failure.get("question"),
+            "response": result.get("response", ""), "answer": answer_for_judge(result.get("response") or ""),
             "ground_truth": prompt.ground_truth if prompt else failure.get("ground_truth"),
-            "answer": answer_for_judge(result.get("response") or ""),
-            "question": prompt.question() if prompt else failure.get("question"),
-            "messages": prompt.messages if prompt else None, "response": result.get("response", ""),
-            "seed": result.get("seed"), "request_error": result.get("error"),
-            "reward_error": failure.get("reward_error"), "reward_timed_out": failure.get("reward_timed_out"),
+            "outcome": outcome, "score": failure.get("score", 1.0 if outcome == "right" else None),
+            "prompt": result["prompt"], "sample": result["sample"],
+            "data_source": prompt.data_source if prompt else failure.get("data_source", ""),
+            "finish_reason": result.get("finish_reason"), "tokens": result.get("tokens"),
+            "messages": prompt.messages if prompt else None, "seed": result.get("seed"),
+            "request_error": result.get("error"), "reward_error": failure.get("reward_error"),
+            "reward_timed_out": failure.get("reward_timed_out"),
             "judge": failure.get("judge")}
 
 

@@ -1,6 +1,6 @@
 """Parquet files (one, or every `*.parquet` under a directory, in name order) as viewer rows, without reading
-them whole: row counts come from the files' metadata, a page reads only the row groups it spans (the last two
-read are kept), a row's detail only its own row group.
+them whole: row counts come from the files' metadata, a page reads only the row groups it spans (within a
+group's first 1,024 rows, only those; the last two read are kept), a row's detail only its own row group.
 
 The `data_source` filter reads only that column of each row group (once per value, then cached: the total of
 matches), and then only the row groups holding the page's matches; its options read the column once too."""
@@ -21,6 +21,7 @@ from rl360.view.values import jsonable, preview
 
 FILTER_COLUMN = "data_source"
 _KEPT_GROUPS = 2
+_FIRST_BATCH_ROWS = 1024  # a page within a row group's first rows decodes only these
 
 
 class ParquetSource:
@@ -77,17 +78,16 @@ class ParquetSource:
         rows, index = [], offset
         while index < min(offset + limit, self.total):
             position = bisect.bisect_right(self.starts, index) - 1
-            start = self.starts[position]
-            table = self._table(position)
-            take = min(offset + limit - index, table.num_rows - (index - start))
-            for k, record in enumerate(table.slice(index - start, take).to_pylist()):
+            local = index - self.starts[position]
+            take = min(offset + limit - index, self._group_rows(position) - local)
+            for k, record in enumerate(self._slice(position, local, take)):
                 rows.append(self._summary(index + k, record))
             index += take
         return {"total": self.total, "rows": rows}
 
     def row(self, index: int) -> dict[str, Any]:
         position = bisect.bisect_right(self.starts, index) - 1
-        record = self._table(position).slice(index - self.starts[position], 1).to_pylist()[0]
+        record = self._slice(position, index - self.starts[position], 1)[0]
         number, group = self.groups[position]
         return {"index": index, "file": str(self.file_paths[number]),
                 "row_group": group, "fields": jsonable(record, inline_images=True)}
@@ -104,7 +104,7 @@ class ParquetSource:
             found = matches[position]
             if len(rows) < limit and seen + len(found) > offset:
                 local = found.to_pylist()[max(0, offset - seen):][:limit - len(rows)]
-                table = self._table(position)
+                table = self._table(position, local[-1] + 1)
                 start = self.starts[position]
                 rows += [self._summary(start + i, table.slice(i, 1).to_pylist()[0]) for i in local]
             seen += len(found)
@@ -114,13 +114,28 @@ class ParquetSource:
         number, group = self.groups[position]
         return self.files[number].read_row_group(group, columns=[FILTER_COLUMN]).column(0).combine_chunks()
 
-    def _table(self, position: int) -> pa.Table:
-        if position in self._tables:
-            self._tables.move_to_end(position)
-            return self._tables[position]
+    def _group_rows(self, position: int) -> int:
         number, group = self.groups[position]
-        table = self.files[number].read_row_group(group)
+        return self.files[number].metadata.row_group(group).num_rows
+
+    def _slice(self, position: int, start: int, count: int) -> list[dict]:
+        return self._table(position, start + count).slice(start, count).to_pylist()
+
+    def _table(self, position: int, rows_needed: int) -> pa.Table:
+        """At least the first `rows_needed` rows of a row group: the group's first record batch when they fit in
+        it (a first page decodes only that), else the whole group; the last two read are kept."""
+        kept = self._tables.get(position)
+        if kept is not None and kept.num_rows >= rows_needed:
+            self._tables.move_to_end(position)
+            return kept
+        number, group = self.groups[position]
+        if rows_needed <= _FIRST_BATCH_ROWS:
+            batch = next(self.files[number].iter_batches(batch_size=_FIRST_BATCH_ROWS, row_groups=[group]))
+            table = pa.Table.from_batches([batch])
+        else:
+            table = self.files[number].read_row_group(group)
         self._tables[position] = table
+        self._tables.move_to_end(position)
         while len(self._tables) > _KEPT_GROUPS:
             self._tables.popitem(last=False)
         return table
