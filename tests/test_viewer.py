@@ -278,12 +278,11 @@ def _chromium(url, tmp_path, *args):
                                             ("parquet", ["question 49", "question 50", "code__b"])])
 def test_the_page_shows_rows_in_chromium(servers, tmp_path, kind, expected):
     url = servers[kind] + "/#offset=0&limit=100&row=" + ("5" if kind == "rollouts" else "0")
-    dom = _chromium(url, tmp_path, "--dump-dom")
+    shot = tmp_path / f"{kind}.png"
+    dom = _chromium(url, tmp_path, "--dump-dom", f"--screenshot={shot}")
     assert "<tbody><tr" in dom and all(text in dom for text in expected), dom[-3000:]
     # the row's <script> (it would set the title) shown as text, never run
     assert "&lt;script&gt;document.title" in dom and "<title>rl360 view</title>" in dom
-    shot = tmp_path / f"{kind}.png"
-    _chromium(url, tmp_path, f"--screenshot={shot}")
     image = Image.open(shot).convert("RGB")
     assert image.size == (1280, 800) and len(image.getcolors(1 << 20) or range(2)) > 10
 
