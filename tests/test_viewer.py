@@ -224,6 +224,22 @@ def test_parquet_pages_cross_row_groups_and_stop_at_the_end(servers):
     assert _get(url, "/api/rows", limit=0)[0] == 400 and _get(url, "/api/row", index=ROWS)[0] == 400
 
 
+def test_a_parquet_directory_pages_across_its_files(parquet_file, tmp_path):
+    from rl360.view import open_source
+
+    table = pq.read_table(parquet_file)
+    (tmp_path / "b").mkdir()
+    pq.write_table(table.slice(0, 30), tmp_path / "a.parquet", row_group_size=20)
+    pq.write_table(table.slice(30, 25), tmp_path / "b" / "c.parquet", row_group_size=20)
+    source = open_source(tmp_path)
+    assert source.kind == "parquet" and source.info()["total"] == 55
+    page = source.page(15, 30, {})
+    assert [r["index"] for r in page["rows"]] == list(range(15, 45))
+    assert [json.loads(r["extra_info"])["index"] for r in page["rows"]] == list(range(15, 45))
+    assert source.row(50)["file"] == str(tmp_path / "b" / "c.parquet") and source.row(50)["row_group"] == 1
+    assert [r["index"] for r in source.page(0, 50, {"data_source": "logic__c"})["rows"]] == list(range(2, 55, 3))
+
+
 def test_row_text_is_served_as_data_never_as_markup(servers):
     url = servers["parquet"]
     html = httpx.get(url + "/", timeout=30)

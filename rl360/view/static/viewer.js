@@ -156,7 +156,8 @@ async function loadPage() {
 
 // ---- one row whole ----
 function valueNode(value) {
-  if (value && typeof value === "object" && !Array.isArray(value) && "$image" in value) {
+  if (value && typeof value === "object" && !Array.isArray(value) && typeof value.$image === "string"
+      && value.$image.startsWith("data:image/")) {
     return el("img", { src: value.$image, alt: "image" });
   }
   if (value && typeof value === "object" && "$bytes" in value) return el("span", { text: `${value.$image_type || "binary"}, ${value.$bytes} bytes` });
