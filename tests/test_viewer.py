@@ -79,15 +79,20 @@ def run_dir(tmp_path_factory):
 
 
 class _Endpoint(BaseHTTPRequestHandler):
-    """An OpenAI-compatible endpoint answering `a+b` right when a is even, with a `<script>` when a is 3."""
+    """An OpenAI-compatible endpoint answering `a+b` right when a is even, with a `<script>` when a is 3; as the
+    re-judge, "Correct" only when the reference answer is 1."""
 
     def do_GET(self):
         self._reply({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        a, b = (int(x) for x in body["messages"][-1]["content"].split("+"))
-        text = f"\\boxed{{{a + b if a % 2 == 0 else a + b + 1}}}" + (SCRIPT if a == 3 else "")
+        content = body["messages"][-1]["content"]
+        if "Reference answer:" in content:
+            text = "Correct" if "Reference answer: 1\n" in content else "Incorrect"
+        else:
+            a, b = (int(x) for x in content.split("+"))
+            text = f"\\boxed{{{a + b if a % 2 == 0 else a + b + 1}}}" + (SCRIPT if a == 3 else "")
         self._reply({"id": "x", "object": "chat.completion", "model": "tiny", "usage": {"completion_tokens": 3},
                      "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                   "finish_reason": "stop"}]})
@@ -117,7 +122,8 @@ def eval_dir(tmp_path_factory):
     try:
         run_eval(load_eval_config(None, [f"data.files=[{root / 'prompts.parquet'}]", "sampling.n=2",
                                          f"eval.endpoints=[http://127.0.0.1:{server.server_port}/v1]",
-                                         f"output_dir={root / 'out'}", "reward.num_workers=1"]))
+                                         f"output_dir={root / 'out'}", "reward.num_workers=1", "rejudge=true",
+                                         f"judge.url=http://127.0.0.1:{server.server_port}/v1", "judge.model=judge"]))
     finally:
         server.shutdown()
     return root / "out"
@@ -192,9 +198,15 @@ def test_eval_api_marks_each_sample_right_or_wrong_by_data_source(servers, eval_
     assert info["total"] == 24 and info["summary"]["report"] == report
     rows = _get(url, "/api/rows", limit=100)[1]["rows"]
     assert [(r["prompt"], r["sample"]) for r in rows] == [(p, s) for p in range(12) for s in range(2)]
-    assert all(r["outcome"] == ("right" if r["data_source"] == "math__even" else "wrong") for r in rows)
-    wrong = _get(url, "/api/rows", outcome="wrong")[1]
-    assert wrong["total"] == 12 == sum(1 for _ in (eval_dir / "errors.jsonl").open())
+    rescued = [(r["prompt"], r["sample"]) for r in rows if r["outcome"] == "rescued"]
+    assert rescued == [(2, 0), (2, 1)]  # 1+0, the one the judge takes back
+    assert all(r["outcome"] == ("right" if r["data_source"] == "math__even" else "wrong") for r in rows
+               if r["prompt"] != 2)
+    assert _get(url, "/api/rows", outcome="wrong")[1]["total"] == 10
+    judged = _get(url, "/api/rows", outcome="judged", limit=100)[1]
+    assert judged["total"] == 12 == sum(1 for _ in (eval_dir / "errors.jsonl").open())
+    assert [(r["prompt"], r["sample"]) for r in _get(url, "/api/rows", outcome="rescued")[1]["rows"]] == rescued
+    assert report["judge"]["all"]["rescued"] == 2
     odd = _get(url, "/api/rows", data_source="math__odd", outcome="right")[1]
     assert odd["total"] == 0 and report["rule"]["by_data_source"]["math__odd"]["accuracy"] == 0.0
     detail = _get(url, "/api/row", index=rows[0]["index"])[1]["fields"]
