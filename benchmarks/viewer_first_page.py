@@ -12,9 +12,9 @@ the page cache (read once first), it starts `rl360 view FILE --port 0` and times
   read before them);
 - `read whole`: `pyarrow.parquet.read_table(FILE)`, the file read whole (the baseline);
 
-and, apart, a page in the middle of the file (inside a row group: that whole group decoded) and the first `data_source`-filtered page (a scan of that
-column). Prints them and the ratio; the bar: the first page under 2 s. Writes the figures with the command and
-the machine to `--out` (benchmarks/results/viewer_first_page.json).
+and, apart, a page in the middle of the file (inside a row group: that whole group decoded) and the first
+`data_source`-filtered page (a scan of that column). Prints them and the ratio; the bar: the first page under
+2 s. Writes the figures with the command and the machine to `--out` (benchmarks/results/viewer_first_page.json).
 """
 
 from __future__ import annotations
