@@ -25,7 +25,7 @@ FLOORS = [
     # services; tools (the config reference among them); the multi-turn agent loop and its tools (engine-agnostic:
     # it never imports rollout)
     ["eval"],  # batch evaluation against endpoints or engine servers it starts (fleet engines, reward pool)
-    ["trainer", "launch"],  # the RL loop
+    ["trainer", "launch", "alternate"],  # the RL loop; the Lewis game's phases (each a `rl360 train` subprocess)
     ["cli"],
 ]
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
