@@ -233,3 +233,32 @@ def test_image_sets_make_games_of_distinct_concepts_with_the_target_among_them(t
     assert all(row["prompt"][0]["content"].startswith("<image>") for row in listeners)
     with pytest.raises(UserError, match="--candidates 4"):
         sets.main(["--input", str(tmp_path / "in"), "--out", str(tmp_path / "x"), "--candidates", "4"])
+
+
+def test_a_listener_phase_after_a_speaker_asks_about_the_speakers_descriptions(game, tmp_path):
+    """`rl360 alternate`'s listener data after a speaker phase: the speaker's export describes each game once, and
+    each game's two rows (its target, one distractor) ask about that description."""
+    import random as _random
+
+    from rl360.alternate import describe
+    from rl360.data.lewis import write_rows
+    from rl360.quickstart.lewis_assets import build_speaker
+
+    listener, games, shapes = game
+    colours, kinds = list(shapes.COLOURS), list(shapes.SHAPES)
+    speaker = build_speaker(tmp_path / "speaker", shapes.INSTRUCTION, colours, kinds,
+                            shapes.draw_shape("red", "circle", _random.Random(0)), seed=2)
+    data = write_rows(speaker_rows(games, shapes.INSTRUCTION), tmp_path / "speaker.parquet")
+    config = ("configs/quickstart_lewis_speaker.yaml", [f"model.path={speaker}", f"data.train_files=[{data}]"])
+    written = describe(str(speaker), config, listener, tmp_path / "round2", games=6, seed=1)
+    rows = pq.read_table(written).to_pylist()
+    assert len(rows) == 12
+    by_game: dict[int, list[dict]] = {}
+    for row in rows:
+        by_game.setdefault(row["extra_info"]["game"], []).append(row)
+    assert sorted(by_game) == list(range(6))
+    for number, pair in by_game.items():
+        questions = {row["prompt"][0]["content"].split("\n", 1)[1] for row in pair}
+        assert len(questions) == 1  # one description per game
+        target = [row for row in pair if row["reward_model"]["ground_truth"] == YES]
+        assert len(target) == 1 and target[0]["extra_info"]["candidate"] == games[number].target
