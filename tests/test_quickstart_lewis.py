@@ -54,10 +54,12 @@ def test_the_listeners_accuracy_on_the_speakers_messages_rises_from_chance_to_08
     metrics = _metrics(out / "round1_speaker")
     accuracy = [m["reward/accuracy_sampled"] for m in metrics]
     first, last = sum(accuracy[:3]) / 3, sum(accuracy[-5:]) / 5
-    print(f"speaker: listener accuracy first 3 steps {first:.3f}, last 5 {last:.3f}: {[round(a, 2) for a in accuracy]}")
+    print(f"speaker: listener accuracy first 3 steps {first:.3f}, last 5 {last:.3f}: "
+          f"{[round(a, 2) for a in accuracy]}")
     assert len(accuracy) == 40 and first < 0.45 and last >= 0.8
     assert all(m["reward/errors"] == 0 and m["reward/timeouts"] == 0 for m in metrics)
-    assert (out / "round1_listener" / "phase.json").exists() and (out / "round1_speaker" / "hf" / "config.json").exists()
+    assert (out / "round1_listener" / "phase.json").exists()
+    assert (out / "round1_speaker" / "hf" / "config.json").exists()
 
 
 def test_killing_the_listener_mid_run_costs_counted_reward_errors_not_the_run(quickstart):
