@@ -88,6 +88,8 @@ def test_killing_the_listener_mid_run_costs_counted_reward_errors_not_the_run(qu
     metrics = _metrics(run_dir)
     assert [m["step"] for m in metrics] == list(range(1, KILL_STEPS + 1))
     assert metrics[0]["reward/errors/lewis"] == 0 and metrics[0]["reward/accuracy_sampled"] >= 0.5
-    last = metrics[-1]
-    assert last["reward/errors/lewis"] == last["reward/calls/lewis"] > 0  # every call failed, each one counted
-    assert last["reward/mean"] == 0.0
+    # the service is killed once step 1 is logged (step 2 may be scored, in part, before it goes): from step 3 on,
+    # every description sent fails and is counted (an empty one is sent nowhere)
+    for after in metrics[2:]:
+        assert after["reward/errors/lewis"] >= 0.9 * after["reward/calls/lewis"] > 0
+        assert after["reward/errors"] == after["reward/errors/lewis"] and after["reward/accuracy_sampled"] == 0.0
