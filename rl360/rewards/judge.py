@@ -26,6 +26,10 @@
   `judge/failures` (items) and `judge/failures/<kind>`.
 
 As a reward function: `reward.custom={vqa: "rl360.rewards.judge:judge_score"}`.
+
+Other HTTP scorers reuse this machinery by subclassing: `path` (the route posted to), `prefix` (of the counts'
+names), `_query` (an item -> its payload), `_reply_text` (a reply's body -> text) and `_parsed` (text -> result);
+`rl360.rewards.lewis.ListenerClient` does so for the Lewis game's listener service.
 """
 
 from __future__ import annotations
@@ -245,8 +249,8 @@ class JudgeClient:
             if result.error is not None:
                 failed[result.error] = failed.get(result.error, 0) + 1
         if failed:
-            logger.warning("judge %s (%s): %d of %d items failed: %s", self.url, self.model, sum(failed.values()),
-                           len(results), failed)
+            logger.warning("%s %s (%s): %d of %d items failed: %s", self.prefix, self.url, self.model,
+                           sum(failed.values()), len(results), failed)
         return results
 
     async def ascore(self, item: JudgeItem) -> JudgeResult:
