@@ -2,8 +2,10 @@
 
 - The speaker: a tiny Qwen2.5-VL (`rl360.quickstart.vision_assets`) that sees the target image and is asked to
   name its shape's colour. Its word-level tokenizer spells the instruction, the colours and the shapes; each
-  colour word is primed (`prime_first_token`) to about `SPEAKER_PRIOR` as its first token, the same for every
-  image: a prior over words like an instruct model's, which says nothing about which colour it sees.
+  colour word is primed in turn (`prime_first_token`, on one red image) to `SPEAKER_PRIOR` as its first token;
+  the words primed first are diluted by the later ones, so the untrained speaker writes a colour word first about
+  0.6 of the time (each between about 0.1 and 0.25, varying a little with the image but not towards the colour
+  shown): a prior over words like an instruct model's, which says nothing about which colour it sees.
 - The listener: a tiny text-only Qwen2 (`rl360.quickstart.assets`) that reads a candidate's caption and the
   description and answers Yes or No; "Yes" is primed to about `LISTENER_PRIOR` as its first token, whatever
   the caption and description.
