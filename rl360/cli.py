@@ -3,7 +3,9 @@
 `rl360 convert hf-to-megatron|megatron-to-hf ...`, `rl360 serve sandbox [--port N] [--api-key-env VAR]`,
 `rl360 serve model --model DIR [--port N] [--api-key-env VAR]`,
 `rl360 serve rollout --model DIR [--port N] [--api-key-env VAR]` (the serve options: `rl360 serve SERVICE -h`),
-`rl360 eval CONFIG [key=value ...] [--model DIR]`, `rl360 view PATH [--port N] [--host H] [--api-key-env VAR]`.
+`rl360 eval CONFIG [key=value ...] [--model DIR]`, `rl360 view PATH [--port N] [--host H] [--api-key-env VAR]`,
+`rl360 serve listener --model DIR`, `rl360 alternate SPEAKER_CONFIG LISTENER_CONFIG --rounds N` (the Lewis
+game's two agents in turn).
 
 A mistake the user can fix (a config key, a data row, a model directory, a flag: `rl360.errors.UserError`) ends
 in one `rl360: error: ...` line and exit status 2; `rl360 --debug ...` or RL360_DEBUG=1 adds its traceback."""
@@ -28,7 +30,10 @@ QUICKSTART_TASKS = {
     "tools": (CONFIGS / "quickstart_tools.yaml", []),
     "tools-control": (CONFIGS / "quickstart_tools.yaml",
                       ["agent.loop=''", "output_dir=outputs/quickstart_tools_control"]),
+    "lewis": (CONFIGS / "quickstart_lewis_speaker.yaml", []),  # and quickstart_lewis_listener.yaml: two agents
 }
+LEWIS_LISTENER_CONFIG = CONFIGS / "quickstart_lewis_listener.yaml"
+LEWIS_OUT = "outputs/quickstart_lewis"
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -48,10 +53,27 @@ def _quickstart(args: argparse.Namespace) -> int:
     from rl360.trainer import train
 
     config, task_overrides = QUICKSTART_TASKS[args.task]
+    if args.task == "lewis":
+        return _quickstart_lewis(str(args.config or config), args.overrides)
     cfg = load_config(args.config or config, [*task_overrides, *args.overrides])
     prepare_quickstart(cfg, args.task)
     out = train(cfg)
     print(f"done: metrics in {out / 'metrics.jsonl'}, model in {out / 'hf'}")
+    return 0
+
+
+def _quickstart_lewis(speaker_config: str, overrides: list[str]) -> int:
+    """The Lewis game: build both tiny agents and the games, then one round of `rl360 alternate`, the listener
+    first (it learns to match descriptions to captions), then the speaker against it; `overrides` go to both."""
+    from rl360.alternate import alternate
+    from rl360.config import load_config
+    from rl360.quickstart.prepare import prepare_lewis_quickstart
+
+    listener_config = str(LEWIS_LISTENER_CONFIG)
+    prepare_lewis_quickstart(load_config(speaker_config, overrides), load_config(listener_config, overrides))
+    done = alternate(speaker_config, listener_config, 1, LEWIS_OUT, "listener", overrides, overrides)
+    print(f"done: metrics in {done[-1] / 'metrics.jsonl'} (reward/accuracy_sampled: the listener's accuracy on the "
+          f"speaker's messages), models in {done[0] / 'hf'} and {done[-1] / 'hf'}")
     return 0
 
 
@@ -92,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
                             "learn to); "
                             "tools-control (the same, tools off); zoom (configs/quickstart_zoom.yaml: a tiny "
                             "Qwen2.5-VL may zoom to read a mark only a crop shows; it does not yet learn to); "
-                            "zoom-control (the same, no tool)")
+                            "zoom-control (the same, no tool); lewis (configs/quickstart_lewis_*.yaml: a tiny listener "
+                            "learns to match colour words to captions, then a tiny Qwen2.5-VL speaker learns to name "
+                            "the target's colour for it)")
     quick.add_argument("--config", default=None, help="config to use instead of the task's")
     quick.set_defaults(run=_quickstart)
 
@@ -121,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     from rl360.launch import add_launch_parser
 
     add_launch_parser(commands)
+
+    from rl360.alternate import add_alternate_parser
+
+    add_alternate_parser(commands)
 
     from rl360.eval import add_eval_parser
 

@@ -220,7 +220,7 @@ def test_convert_layout_is_checked_against_config_json(tmp_path, capsys):
     assert not out.exists()  # no rank started
 
 
-@pytest.mark.parametrize("service", ["sandbox", "model", "rollout"])
+@pytest.mark.parametrize("service", ["sandbox", "model", "rollout", "listener"])
 def test_port_out_of_range_is_refused(service, capsys):
     with pytest.raises(SystemExit) as code:
         main(["serve", service, "--model", "m", "--port", "99999"] if service != "sandbox" else
@@ -233,6 +233,7 @@ def test_port_out_of_range_is_refused(service, capsys):
 @pytest.mark.parametrize("service, exposure", [
     ("model", "anyone who reaches it can use the model"),
     ("rollout", "anyone who reaches it can generate and replace the weights"),
+    ("listener", "anyone who reaches it can have it read image files"),
 ])
 def test_model_and_rollout_refuse_a_network_host_without_a_key(service, exposure, tmp_path, capsys):
     model = _model(tmp_path / "m")

@@ -25,7 +25,8 @@ FLOORS = [
     # services; tools (the config reference among them); the multi-turn agent loop and its tools (engine-agnostic:
     # it never imports rollout)
     ["eval"],  # batch evaluation against endpoints or engine servers it starts (fleet engines, reward pool)
-    ["trainer", "launch", "view"],  # the RL loop; the browser viewer of runs, eval outputs and parquet files
+    ["trainer", "launch", "view", "alternate"],  # the RL loop; the browser viewer of runs, eval outputs and parquet
+    # files; the Lewis game's phases (each a `rl360 train` subprocess)
     ["cli"],
 ]
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}

@@ -173,7 +173,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml"))
 TEMPLATE_MODELS = {"qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct", "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct",
                    "deepvision": "Qwen/Qwen2.5-VL-7B-Instruct", "deepeyes": "Qwen/Qwen2.5-VL-7B-Instruct",
-                   "pyvision": "Qwen/Qwen2.5-VL-7B-Instruct"}
+                   "pyvision": "Qwen/Qwen2.5-VL-7B-Instruct", "lewis": "Qwen/Qwen2.5-VL-7B-Instruct"}
 
 
 @pytest.mark.parametrize("config", SHIPPED)

@@ -4,7 +4,8 @@ Tasks: `arithmetic` (a tiny Qwen2 learns single-digit addition), `vision` (a tin
 fills most of an image), `vision-control` (the same with every image a plain grey square: nothing to learn),
 `tools` (a tiny Qwen2 learns to call the python tool for `a*b%7` of 6-digit numbers and copy its answer),
 `tools-control` (the same task with the agent loop off: only guessing), `zoom` (a tiny Qwen2.5-VL reads a mark
-legible only in the `image_zoom_in` tool's crop) and `zoom-control` (the same without the tool)."""
+legible only in the `image_zoom_in` tool's crop) and `zoom-control` (the same without the tool). The `lewis` task's
+two agents and games: `prepare_lewis_quickstart`."""
 
 from __future__ import annotations
 
@@ -68,3 +69,26 @@ def _script(name: str):
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     return importlib.import_module(f"data_preprocess.{name}")
+
+
+def prepare_lewis_quickstart(speaker: RunConfig, listener: RunConfig) -> None:
+    """The Lewis game's tiny speaker (Qwen2.5-VL) and listener (text Qwen2) and its games (coloured shapes,
+    `data_preprocess/lewis/synthetic_shapes.py`: speaker.parquet, listener.parquet and the images) where the two
+    configs point, if absent."""
+    from rl360.quickstart.lewis_assets import build_listener, build_speaker
+
+    shapes = _script("lewis.synthetic_shapes")
+    colours, kinds = list(shapes.COLOURS), list(shapes.SHAPES)
+    if not (Path(speaker.model.path) / "config.json").exists():
+        import random
+
+        image = shapes.draw_shape(colours[0], kinds[0], random.Random(speaker.seed))
+        build_speaker(speaker.model.path, shapes.INSTRUCTION, colours, kinds, image, seed=speaker.seed)
+        print(f"built a random-weight tiny Qwen2.5-VL speaker (each colour word primed as its first token) in "
+              f"{speaker.model.path}")
+    if not (Path(listener.model.path) / "config.json").exists():
+        build_listener(listener.model.path, colours, kinds, seed=listener.seed)
+        print(f"built a random-weight tiny Qwen2 listener (\"Yes\" primed as its first token) in {listener.model.path}")
+    files = [Path(f) for f in (*speaker.data.train_files, *listener.data.train_files)]
+    if not all(f.exists() for f in files):
+        shapes.main(["--out", str(files[0].parent), "--seed", str(speaker.seed)])

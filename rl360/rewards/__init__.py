@@ -9,6 +9,7 @@ from rl360.rewards import geometry as _geometry  # noqa: F401  (registers "hiyou
 from rl360.rewards import gsm8k as _gsm8k  # noqa: F401  (registers "openai/gsm8k")
 from rl360.rewards import instructions as _instructions  # noqa: F401  (registers "ood__ifeval", "ood__ifbench")
 from rl360.rewards import judged as _judged  # noqa: F401  (registers "stem_web", reward_metric "math_llm_judge")
+from rl360.rewards import lewis as _lewis  # noqa: F401  (registers "lewis__speaker", "lewis__listener")
 from rl360.rewards import livebench as _livebench  # noqa: F401  (registers "ood__livebench")
 from rl360.rewards import logic as _logic  # noqa: F401  (registers "logic__zebra_puzzle", "logic__ordering", ...)
 from rl360.rewards import math as _math  # noqa: F401  (registers "math", "math_dapo", "aime", "numina_*", ...)

@@ -1,19 +1,10 @@
 """Format and length rewards, as plain functions to compose in a domain's reward.
 
-None is registered under a data_source: no dataset we serve (see the seeds' Reasoning360 and Lewis-game
-READMEs) names one, and a format term is meant to be added to a correctness score, e.g.
-`0.9 * correct + 0.1 * think_format(response)`. Write that sum in a module-level function of your own and
-register it (`@rl360.rewards.register_reward("mydomain")`, or `reward.custom` in the config). The Lewis-game
-speaker's three rewards, for example:
-
-    from rl360.rewards.format import LEWIS_SPEAKER_TAGS, one_sentence, tag_content, tags_format
-
-    @register_reward("lewis__speaker")
-    def speaker_reward(solution_str, ground_truth, extra_info=None):
-        detailed = tag_content(solution_str, "detailed") or ""
-        fmt = tags_format(solution_str, LEWIS_SPEAKER_TAGS)       # 1.0 when all tags are present and closed
-        length = 0.1 * one_sentence(detailed)                      # 0.1 for a one-sentence description
-        return {"score": my_listener_accuracy(...) + fmt + length, "format": fmt, "length": length}
+None is registered under a data_source by itself: a format term is meant to be added to a correctness score,
+e.g. `0.9 * correct + 0.1 * think_format(response)`. Write that sum in a module-level function of your own and
+register it (`@rl360.rewards.register_reward("mydomain")`, or `reward.custom` in the config), as
+`rl360.rewards.lewis.speaker_reward` does for the Lewis game's speaker: the listener's accuracy
++ `tags_format(response, LEWIS_SPEAKER_TAGS)` + `0.1 * one_sentence(detailed)`.
 
 - `think_format(text)`: 1.0 for one `<think>…</think>` block first, then a non-empty answer
   (`think_in_prompt=True` when the chat template opens `<think>` in the prompt).

@@ -26,6 +26,10 @@
   `judge/failures` (items) and `judge/failures/<kind>`.
 
 As a reward function: `reward.custom={vqa: "rl360.rewards.judge:judge_score"}`.
+
+Other HTTP scorers reuse this machinery by subclassing: `path` (the route posted to), `prefix` (of the counts'
+names), `_query` (an item -> its payload), `_reply_text` (a reply's body -> text) and `_parsed` (text -> result);
+`rl360.rewards.lewis.ListenerClient` does so for the Lewis game's listener service.
 """
 
 from __future__ import annotations
@@ -135,6 +139,9 @@ class _Query:
 
 
 class JudgeClient:
+    path = "/chat/completions"  # what each request posts to, after the URL
+    prefix = "judge"  # of the counts' names
+
     def __init__(self, url: str | None = None, model: str | None = None, api_key: str | None = None, *,
                  api_key_env: str = "", template: str = "correctness", max_concurrency: int = 8,
                  timeout_s: float = 60.0, max_retries: int = 3, backoff_s: float = 1.0, max_backoff_s: float = 30.0,
@@ -176,8 +183,7 @@ class JudgeClient:
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, JudgeResult] = OrderedDict()
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
-        self._counts: dict[str, int] = {"judge/requests": 0, "judge/retries": 0, "judge/failures": 0,
-                                        "judge/cache_hits": 0}
+        self._counts: dict[str, int] = self._zero_counts()
 
     @classmethod
     def from_config(cls, cfg: Any, **overrides: Any) -> JudgeClient:
@@ -243,8 +249,8 @@ class JudgeClient:
             if result.error is not None:
                 failed[result.error] = failed.get(result.error, 0) + 1
         if failed:
-            logger.warning("judge %s (%s): %d of %d items failed: %s", self.url, self.model, sum(failed.values()),
-                           len(results), failed)
+            logger.warning("%s %s (%s): %d of %d items failed: %s", self.prefix, self.url, self.model,
+                           sum(failed.values()), len(results), failed)
         return results
 
     async def ascore(self, item: JudgeItem) -> JudgeResult:
@@ -260,8 +266,7 @@ class JudgeClient:
         with self._lock:
             out = dict(self._counts)
             if reset:
-                self._counts = dict.fromkeys(("judge/requests", "judge/retries", "judge/failures",
-                                              "judge/cache_hits"), 0)
+                self._counts = self._zero_counts()
         return out
 
     # ---- one item --------------------------------------------------------------------------------
@@ -287,7 +292,7 @@ class JudgeClient:
         while True:
             cached = self._cache_get(query.key)
             if cached is not None:
-                self._count("judge/cache_hits")
+                self._count("cache_hits")
                 return replace(cached, attempts=0, cached=True)
             pending = state.in_flight.get(query.key)
             if pending is None:
@@ -299,7 +304,7 @@ class JudgeClient:
                 if pending.cancelled() and task is not None and not task.cancelling():
                     continue  # its owner was cancelled, not us: ask again
                 raise
-            self._count("judge/cache_hits")
+            self._count("cache_hits")
             if result.error is not None:
                 self._count_failure(result.error)
             return replace(result, attempts=0, cached=True)
@@ -329,7 +334,7 @@ class JudgeClient:
                         if attempts == 0:  # the deadline runs from the first request, not from the queue
                             deadline.reschedule(loop.time() + self.deadline_s)
                         attempts += 1
-                        self._count("judge/requests")
+                        self._count("requests")
                         try:
                             text, failure = await self._post(http, query.payload), None
                         except _Failure as err:
@@ -338,7 +343,7 @@ class JudgeClient:
                         return self._parsed(query.template, text, attempts)
                     if not failure.retryable or attempts > self.max_retries:
                         return JudgeResult(None, error=failure.kind, attempts=attempts)
-                    self._count("judge/retries")
+                    self._count("retries")
                     delay = self._backoff(attempts, failure.retry_after)
                     logger.debug("judge item %d: %s on attempt %d, retrying in %.2f s", query.index, failure.kind,
                                  attempts, delay)
@@ -349,7 +354,7 @@ class JudgeClient:
     async def _post(self, http: httpx.AsyncClient, payload: dict) -> str:
         try:
             async with asyncio.timeout(self.timeout_s):  # the whole request, however slowly bytes trickle in
-                response = await http.post(f"{self._url}/chat/completions", json=payload)
+                response = await http.post(f"{self._url}{self.path}", json=payload)
         except (TimeoutError, httpx.TimeoutException):
             raise _Failure("timeout", retryable=True) from None
         except httpx.TransportError:  # refused, reset, closed without a reply
@@ -365,12 +370,16 @@ class JudgeClient:
         if not 200 <= status < 300:
             raise _Failure(f"http_{status}", retryable=False)
         try:
-            content = response.json()["choices"][0]["message"]["content"]
+            content = self._reply_text(response.json())
         except (ValueError, KeyError, IndexError, TypeError):
             raise _Failure("bad_response", retryable=True) from None
         if content is not None and not isinstance(content, str):
             raise _Failure("bad_response", retryable=True)
         return content or ""
+
+    def _reply_text(self, body: Any) -> Any:
+        """The text of a reply's JSON body (a chat completion's message content)."""
+        return body["choices"][0]["message"]["content"]
 
     def _parsed(self, template: Template, text: str, attempts: int) -> JudgeResult:
         try:
@@ -417,12 +426,17 @@ class JudgeClient:
 
     def _count(self, name: str) -> None:
         with self._lock:
+            name = f"{self.prefix}/{name}"
             self._counts[name] = self._counts.get(name, 0) + 1
+
+    def _zero_counts(self) -> dict[str, int]:
+        return {f"{self.prefix}/{name}": 0 for name in ("requests", "retries", "failures", "cache_hits")}
 
     def _count_failure(self, kind: str) -> None:
         with self._lock:
-            self._counts["judge/failures"] += 1
-            self._counts[f"judge/failures/{kind}"] = self._counts.get(f"judge/failures/{kind}", 0) + 1
+            self._counts[f"{self.prefix}/failures"] += 1
+            name = f"{self.prefix}/failures/{kind}"
+            self._counts[name] = self._counts.get(name, 0) + 1
 
     def _headers(self) -> dict[str, str]:
         if self._basic_auth.value:  # user:password from the URL, sent as httpx would have sent them

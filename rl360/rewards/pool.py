@@ -29,13 +29,16 @@ runs). `worker_environment` builds it, from this process's environment as it is 
 - TLS and proxies, for the LLM judge's HTTPS requests: SSL_CERT_FILE, SSL_CERT_DIR, REQUESTS_CA_BUNDLE,
   CURL_CA_BUNDLE, HTTP_PROXY, HTTPS_PROXY, NO_PROXY, ALL_PROXY (and their lower-case forms);
 - rl360's own settings: RL360_SANDBOX_URL, RL360_SANDBOX_ISOLATION, RL360_SANDBOX_REQUIRE_ISOLATION and
-  the judge's RL360_JUDGE_* settings (`rl360.rewards.judge.ENV`; RL360_JUDGE_API_KEY is not one of them);
+  the judge's RL360_JUDGE_* settings (`rl360.rewards.judge.ENV`; RL360_JUDGE_API_KEY is not one of them) and
+  the Lewis listener's RL360_LISTENER_* settings (`rl360.rewards.lewis.ENV`; its key is not one of them);
 - the names in `env_passthrough` (`reward.env_passthrough`), for a custom reward that needs more;
 - then `env`, which wins over all of the above (the trainer passes the judge's settings from
   `reward.judge` and `reward.require_isolation` there);
 - and, only when the result configures a judge endpoint (RL360_JUDGE_URL), the one variable holding the
   judge's API key, as `JudgeClient` looks it up (`rl360.rewards.judge.judge_key_env`); only when it names
-  a sandbox server (RL360_SANDBOX_URL), that server's key, RL360_SANDBOX_API_KEY.
+  a sandbox server (RL360_SANDBOX_URL), that server's key, RL360_SANDBOX_API_KEY; only when it names a
+  listener service (RL360_LISTENER_URL), the variable holding its key (RL360_LISTENER_API_KEY_ENV names it,
+  default RL360_LISTENER_API_KEY).
 
 Workers fork from a long-lived forkserver whose own environment is that of the process that started it
 (the first pool), so each worker replaces its environment with this one when it starts. That replaces
@@ -359,11 +362,13 @@ def worker_environment(environ: Mapping[str, str], env: Mapping[str, str] | None
     entry that is not a variable name."""
     from rl360.rewards.judge import ENV as JUDGE_SETTINGS
     from rl360.rewards.judge import judge_key_env
+    from rl360.rewards.lewis import ENV as LISTENER_SETTINGS
+    from rl360.rewards.lewis import KEY_ENV as LISTENER_KEY
     from rl360.rewards.remote_sandbox import KEY_ENV as SANDBOX_KEY
     from rl360.rewards.remote_sandbox import URL_ENV as SANDBOX_URL
 
     names = set(passthrough_names(passthrough))
-    allowed = ALLOWED_ENV.union(JUDGE_SETTINGS.values())
+    allowed = ALLOWED_ENV.union(JUDGE_SETTINGS.values(), LISTENER_SETTINGS.values())
     chosen = {name: value for name, value in environ.items()
               if name in allowed or name in names or name.startswith(ALLOWED_ENV_PREFIXES)}
     chosen.update(env or {})
@@ -371,6 +376,9 @@ def worker_environment(environ: Mapping[str, str], env: Mapping[str, str] | None
         chosen.setdefault(name, value)
     if chosen.get(SANDBOX_URL, "").strip() and environ.get(SANDBOX_KEY):
         chosen.setdefault(SANDBOX_KEY, environ[SANDBOX_KEY])
+    listener_key = chosen.get(LISTENER_SETTINGS["api_key_env"]) or LISTENER_KEY
+    if chosen.get(LISTENER_SETTINGS["url"], "").strip() and environ.get(listener_key):
+        chosen.setdefault(listener_key, environ[listener_key])
     return chosen
 
 
