@@ -258,6 +258,19 @@ def peft_tensors(models: list, weight_hf_names: dict[str, tuple[str, ...]], valu
     return dict(sorted(mine.items()))
 
 
+def write_peft_dir(out_dir: str, tensors: dict[str, torch.Tensor], spec: LoraSpec, base_model: str) -> None:
+    """A PEFT adapter directory: adapter_model.safetensors (`peft_tensors`) and adapter_config.json."""
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(tensors, os.path.join(out_dir, "adapter_model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
+        json.dump(peft_config(spec, base_model), f, indent=2)
+
+
 def peft_config(spec: LoraSpec, base_model: str) -> dict:
     """PEFT's adapter_config.json for `spec` over the model at `base_model`."""
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,

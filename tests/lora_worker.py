@@ -4,6 +4,7 @@ exact resume."""
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 
@@ -62,6 +63,10 @@ def gradients_and_export(model_dir: str, out_dir: str) -> PolicyWorker:
     full.accumulate_gradients(batch)
     full_gradient = gradient_as_hf(full)
     if rank == 0:
+        trainable = [p.numel() for p in worker.models[0].parameters() if p.requires_grad]
+        with open(f"{out_dir}/trainable.json", "w") as f:
+            json.dump({"parameters": sum(trainable), "tensors": len(trainable),
+                       "frozen": sum(p.numel() for p in worker.models[0].parameters() if not p.requires_grad)}, f)
         save_file(before, f"{out_dir}/adapters.safetensors")
         save_file(merged, f"{out_dir}/merged.safetensors")
         save_file(lora_gradient, f"{out_dir}/lora_gradient.safetensors")

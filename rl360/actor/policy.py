@@ -19,7 +19,14 @@ from megatron_bridge import Bridge
 from megatron_bridge.attention import HostPackedSeqParams
 from megatron_bridge.context_parallel import context_group, gather, local_part
 from megatron_bridge.layer_spec import auto_reason, resolve_attention
-from megatron_bridge.lora import LoraSpec, attach_adapters, expand_targets, is_adapter_name, peft_config, peft_tensors
+from megatron_bridge.lora import (
+    LoraSpec,
+    attach_adapters,
+    expand_targets,
+    is_adapter_name,
+    peft_tensors,
+    write_peft_dir,
+)
 from rl360.actor.batch import (
     RolloutBatch,
     at_least,
@@ -540,7 +547,8 @@ class PolicyWorker:
     def _lora_record(self) -> dict:
         spec = self.lora
         return {"rank": spec.rank, "alpha": spec.alpha, "dropout": spec.dropout, "targets": list(spec.targets),
-                "base_model": os.path.abspath(self.cfg.model.path)}
+                "base_model": os.path.abspath(self.cfg.model.path), "dtype": self.cfg.model.dtype,
+                "model_keys": self._model_keys()}
 
     def _check_lora_checkpoint(self, ckpt_dir: str) -> None:
         """A checkpoint of adapters resumes only a LoRA policy with the same adapters (and a full one only a full
@@ -570,14 +578,9 @@ class PolicyWorker:
 
     def save_peft(self, out_dir: str) -> str:
         """Write a PEFT adapter directory (adapter_config.json, adapter_model.safetensors); global rank 0 writes."""
-        from safetensors.torch import save_file
-
         tensors = self.lora_state()
         if torch.distributed.get_rank() == 0:
-            os.makedirs(out_dir, exist_ok=True)
-            save_file(tensors, os.path.join(out_dir, "adapter_model.safetensors"), metadata={"format": "pt"})
-            with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
-                json.dump(peft_config(self.lora, os.path.abspath(self.cfg.model.path)), f, indent=2)
+            write_peft_dir(out_dir, tensors, self.lora, os.path.abspath(self.cfg.model.path))
         return out_dir
 
     def _model_keys(self) -> list[str]:
