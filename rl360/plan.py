@@ -175,8 +175,10 @@ def lora_rank_parameters(hf: dict[str, Any], rank: int, targets: tuple[str, ...]
     column = {"q_proj": (hidden, heads * width), "k_proj": (hidden, groups * width),
               "v_proj": (hidden, groups * width), "gate_proj": (hidden, ffn), "up_proj": (hidden, ffn)}
     row = {"o_proj": (heads * width, hidden), "down_proj": (ffn, hidden)}
-    per_layer = sum(rank * (fan_in + fan_out // tensor) for name, (fan_in, fan_out) in column.items() if name in targets)
-    per_layer += sum(rank * (fan_in // tensor + fan_out) for name, (fan_in, fan_out) in row.items() if name in targets)
+    per_layer = sum(rank * (fan_in + fan_out // tensor) for name, (fan_in, fan_out) in column.items()
+                    if name in targets)
+    per_layer += sum(rank * (fan_in // tensor + fan_out) for name, (fan_in, fan_out) in row.items()
+                     if name in targets)
     return per_layer * -(-hf["num_hidden_layers"] // pipeline)
 
 
@@ -348,6 +350,13 @@ def _run(args: argparse.Namespace) -> int:
              f"({', '.join(cfg.agent.tools) or 'no tools'})") if cfg.agent.loop else ""
     print(f"context per sample: {context_length(cfg):,} tokens (prompt {cfg.data.max_prompt_length:,} + response "
           f"{cfg.rollout.max_response_length:,}{turns})")
+    if cfg.actor.lora.rank:
+        hf = model_config(cfg.model.path)
+        adapters = lora_rank_parameters(hf, cfg.actor.lora.rank, expand_targets(list(cfg.actor.lora.targets)),
+                                        parallel.tensor, parallel.pipeline)
+        whole = max(rank_parameters(hf, parallel.tensor, parallel.pipeline, stage) for stage in range(parallel.pipeline))
+        print(f"LoRA rank {cfg.actor.lora.rank}: {adapters:,} trainable parameters a rank against {whole:,} frozen "
+              f"({adapters / whole:.2%})")
     result = plan(cfg, args.gpu_memory_gb)
     print(result.report())
     return 0 if result.fits() else 1
