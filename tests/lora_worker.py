@@ -44,10 +44,17 @@ def randomize_b(worker: PolicyWorker) -> None:
             param.data.copy_(torch.randn(param.shape, generator=generator) * 0.05)
 
 
-def gradients_and_export(model_dir: str, out_dir: str) -> PolicyWorker:
+def old_logprobs(worker: PolicyWorker, batch) -> torch.Tensor:
+    """The batch's log-probs from the last pipeline stage, on every rank, shifted so the ratio is not 1."""
+    logprobs = [worker.compute_logprobs(batch)]
+    dist.broadcast_object_list(logprobs, src=dist.get_world_size() - 1)
+    return logprobs[0] - 0.05
+
+
+def gradients_and_export(model_dir: str, out_dir: str, extra: tuple[str, ...] = ()) -> PolicyWorker:
     """The adapters' gradient, the merged export, and the whole model's gradient at the merged weights."""
     rank = int(os.environ["RANK"])
-    worker = PolicyWorker(lora_config(model_dir, 2), rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
+    worker = PolicyWorker(lora_config(model_dir, 2, *extra), rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
                           master_port=int(os.environ["MASTER_PORT"]))
     randomize_b(worker)
     before = worker.lora_state()
@@ -55,10 +62,10 @@ def gradients_and_export(model_dir: str, out_dir: str) -> PolicyWorker:
     merged_dir = f"{out_dir}/merged"
     worker.save_hf(merged_dir)
     batch = fixed_batch()
-    batch.old_logprobs = worker.compute_logprobs(batch) - 0.05
+    batch.old_logprobs = old_logprobs(worker, batch)
     worker.accumulate_gradients(batch)
     lora_gradient = worker.lora_state(gradients=True)
-    full = PolicyWorker(config(merged_dir, 2), rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
+    full = PolicyWorker(config(merged_dir, 2, *extra), rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
                         master_port=int(os.environ["MASTER_PORT"]))
     full.accumulate_gradients(batch)
     full_gradient = gradient_as_hf(full)
@@ -73,6 +80,11 @@ def gradients_and_export(model_dir: str, out_dir: str) -> PolicyWorker:
         save_file(full_gradient, f"{out_dir}/full_gradient.safetensors")
     del full
     return worker
+
+
+def gradients_only(model_dir: str, out_dir: str, extra: str) -> None:
+    """`gradients_and_export` at another layout (`extra`: overrides such as sequence or pipeline parallelism)."""
+    gradients_and_export(model_dir, out_dir, tuple(extra.split(" ")))
 
 
 def main(model_dir: str, out_dir: str) -> None:
