@@ -181,6 +181,12 @@ def _megatron_to_hf(args: argparse.Namespace) -> int:
 
     ckpt = resolve_checkpoint(args.ckpt)
     from megatron_bridge.checkpoint import HF_SUBDIR
+    from rl360.actor.policy import LORA_FILE
+
+    if (ckpt / LORA_FILE).is_file():
+        raise UserError(f"{ckpt} holds LoRA adapters, not a whole model: write them as a PEFT adapter with "
+                        f"`rl360 convert lora-to-peft --ckpt {args.ckpt} --out DIR` (the run's merged model is "
+                        "its hf/ export)")
 
     check_layout(ckpt / HF_SUBDIR / "config.json", args.tp, args.pp)
     check_new_output(args.out)
