@@ -86,7 +86,7 @@ class PolicyWorker:
         self.attention = resolve_attention(cfg.model.attention)  # the layer spec that runs here (auto decided)
         self.multimodal = self._multimodal_inputs(parallel_state.is_pipeline_first_stage())
         dtype = DTYPES[cfg.model.dtype]
-        self.lora = lora_spec(cfg)
+        self.lora = self._lora_spec()
         self.models = _wrap_ddp(self._build_model(dtype, adapters=True), cfg.actor.distributed_optimizer)
         # vocabulary id of this rank's first logit column (the output layer is split over TP, padding last)
         padded_vocab = _unwrap(self.models[-1]).vocab_size
@@ -133,6 +133,10 @@ class PolicyWorker:
     def _optimizer_settings(self):
         """lr, weight_decay, betas and grad_clip of this model's optimizer."""
         return self.cfg.actor
+
+    def _lora_spec(self) -> LoraSpec | None:
+        """The adapters this model trains (actor.lora; None: the whole model trains)."""
+        return lora_spec(self.cfg)
 
     def _needs_reference(self) -> bool:
         return self.cfg.algorithm.kl_coef > 0 or self.cfg.algorithm.kl_in_reward_coef > 0
