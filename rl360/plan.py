@@ -354,7 +354,8 @@ def _run(args: argparse.Namespace) -> int:
         hf = model_config(cfg.model.path)
         adapters = lora_rank_parameters(hf, cfg.actor.lora.rank, expand_targets(list(cfg.actor.lora.targets)),
                                         parallel.tensor, parallel.pipeline)
-        whole = max(rank_parameters(hf, parallel.tensor, parallel.pipeline, stage) for stage in range(parallel.pipeline))
+        whole = max(rank_parameters(hf, parallel.tensor, parallel.pipeline, stage)
+                    for stage in range(parallel.pipeline))
         print(f"LoRA rank {cfg.actor.lora.rank}: {adapters:,} trainable parameters a rank against {whole:,} frozen "
               f"({adapters / whole:.2%})")
     result = plan(cfg, args.gpu_memory_gb)
