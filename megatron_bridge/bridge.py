@@ -31,6 +31,7 @@ from megatron_bridge.config_map import (
     to_megatron,
 )
 from megatron_bridge.layer_spec import layer_spec, resolve_attention, to_local_name
+from megatron_bridge.lora import adapters_by_weight, is_adapter_name, merged_weight
 from megatron_bridge.safetensors_io import INDEX_FILE, SINGLE_FILE, SafetensorsReader
 from megatron_bridge.sharding import VOCAB_PARAMS, ExpertShard, TPSlice, expert_index, gather_full, load_into
 from megatron_bridge.vl_model import vision_language_model_class
@@ -46,6 +47,10 @@ Row = tuple[str, tuple[str, ...], str]
 
 class Bridge:
     """One HF model directory and its architecture table: HF <-> megatron weights for this rank."""
+
+    def weight_hf_names(self) -> dict[str, tuple[str, ...]]:
+        """Megatron (local-spec) parameter name -> the HF tensor names it holds, for every row of the table."""
+        return {mcore: hf_names for mcore, hf_names, _ in self._all_rows()}
 
     def __init__(self, hf_dir: str | Path, hf_config: dict[str, Any], vocab_divisible_by: int = 128):
         self.hf_dir = Path(hf_dir)
@@ -226,6 +231,7 @@ class Bridge:
         pp_group = parallel_state.get_pipeline_model_parallel_group()
         pp_ranks = dist.get_process_group_ranks(pp_group) if dist.is_initialized() else [0]
         owners = self._stage_owners(params, pp_group, len(pp_ranks))
+        adapters = {name: adapter for model in models for name, adapter in adapters_by_weight(_unwrap(model)).items()}
         my_stage = parallel_state.get_pipeline_model_parallel_rank()
         shard = ExpertShard.current(self.num_experts)
         ep_group = parallel_state.get_expert_model_parallel_group() if shard.size > 1 else None
@@ -236,7 +242,8 @@ class Bridge:
             stage = owners[mcore if expert is None else _router_of(mcore)]
             if stage == my_stage and mcore in params:
                 param = params[mcore]  # (detach() would drop megatron's partition attributes)
-                full = gather_full(param.detach(), layout, TPSlice.current(mcore, param))
+                local = merged_weight(param.detach(), adapters.get(mcore))  # LoRA adapters merged in
+                full = gather_full(local, layout, TPSlice.current(mcore, param))
                 if mcore in VOCAB_PARAMS:
                     full = full[:self.vocab_size]
                 tensors = self._split(full, layout)
@@ -286,6 +293,8 @@ class Bridge:
             global_index = {str(j): layer.layer_number - 1 for j, layer in enumerate(model.decoder.layers)}
             layers.update(global_index.values())
             for name, param in model.named_parameters():
+                if is_adapter_name(name):  # LoRA adapters: merged into their linears' weights on export
+                    continue
                 parts = name.split(".")
                 if name.startswith("decoder.layers."):
                     parts[2] = str(global_index[parts[2]])

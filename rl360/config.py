@@ -25,6 +25,7 @@ from omegaconf.errors import (
 )
 
 from megatron_bridge.layer_spec import ATTENTION_CHOICES
+from megatron_bridge.lora import expand_targets
 from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.losses import AGG_MODES, KL_ESTIMATORS, ROLLOUT_IS_LEVELS, get_policy_loss
 from rl360.errors import UserError
@@ -127,6 +128,17 @@ class ParallelConfig:
 
 
 @dataclass
+class LoraConfig:
+    # LoRA adapters of this rank on the decoder's linears (0: off, the whole model trains); only the adapters
+    # train, sit in the optimizer and in checkpoints, the base weights come from model.path (docs/lora.md)
+    rank: int = 0
+    alpha: float = 16.0  # adapter output scaled by alpha / rank
+    dropout: float = 0.0  # dropout on the adapters' input (PEFT's lora_dropout)
+    # HF projection names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj) or all-linear
+    targets: list[str] = field(default_factory=lambda: ["all-linear"])
+
+
+@dataclass
 class ActorConfig:
     lr: float = 1e-6  # Adam learning rate
     weight_decay: float = 0.0  # AdamW weight decay
@@ -164,6 +176,7 @@ class ActorConfig:
     rollout_is_level: str = "token"  # ratio per token | sequence (product) | geometric (product^(1/|y|))
     rollout_is_veto_threshold: float = 0.0  # > 0: weight 0 for a response with any token ratio below this
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -736,8 +749,27 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError(f"agent.tools[{index}]={name!r}: a tool name or 'module:Class'")
     if not cfg.agent.parser:
         raise ConfigError("agent.parser is empty: hermes or 'module:function'")
+    _check_lora(cfg)
     if cfg.agent.min_pixels > cfg.agent.max_pixels:
         raise ConfigError(f"agent.min_pixels={cfg.agent.min_pixels} must be <= agent.max_pixels={cfg.agent.max_pixels}")
+
+
+def _check_lora(cfg: RunConfig) -> None:
+    lora = cfg.actor.lora
+    if lora.rank < 0:
+        raise ConfigError(f"actor.lora.rank={lora.rank} must be >= 0 (0: no adapters, the whole model trains)")
+    if not lora.rank:
+        return
+    if lora.alpha <= 0 or not 0 <= lora.dropout < 1:
+        raise ConfigError(f"actor.lora.alpha={lora.alpha} must be > 0 and actor.lora.dropout={lora.dropout} in [0, 1)")
+    try:
+        if not expand_targets(list(lora.targets)):
+            raise ValueError("no targets")
+    except ValueError as error:
+        raise ConfigError(f"actor.lora.targets={list(lora.targets)}: {error}") from None
+    if cfg.model.attention == "te":
+        raise ConfigError("actor.lora.rank > 0 adapts the torch and local layer specs' linears: use "
+                          "model.attention=auto or torch (not te)")
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:

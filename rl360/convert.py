@@ -2,6 +2,7 @@
 
     rl360 convert hf-to-megatron --hf DIR --out DIR --tp N --pp M [--dtype auto|bfloat16|float32|float16]
     rl360 convert megatron-to-hf --ckpt DIR --out DIR [--tp N --pp M]
+    rl360 convert lora-to-peft --ckpt DIR --out DIR [--tp N --pp M]
 
 Each command starts its own TP x PP ranks as processes on this host (gloo on CPU, NCCL on GPUs).
 Every rank reads only its slices of the HF files; the megatron checkpoint loads at any layout, so
@@ -10,6 +11,10 @@ Every rank reads only its slices of the HF files; the megatron checkpoint loads 
 `--ckpt` takes a checkpoint written by `hf-to-megatron` (the weights alone), or one the trainer wrote: its
 policy directory (`checkpoints/step_000020/policy`, weights beside the optimizer state), the step directory
 (`checkpoints/step_000020`), or the checkpoints directory itself (its `latest`).
+
+`lora-to-peft` takes the checkpoint of a LoRA policy (`actor.lora.rank` > 0, its adapters beside the optimizer
+state) and writes a PEFT adapter directory (adapter_config.json, adapter_model.safetensors in PEFT's names) that
+`peft.PeftModel.from_pretrained(base, DIR)` loads over the base model the run trained on.
 """
 
 from __future__ import annotations
@@ -55,6 +60,33 @@ def megatron_to_hf_rank(ckpt_dir: str, out_dir: str, tp: str, pp: str) -> None:
     destroy_parallel()
 
 
+def lora_to_peft_rank(ckpt_dir: str, out_dir: str, tp: str, pp: str) -> None:
+    from megatron_bridge import Bridge
+    from megatron_bridge.bridge import _unwrap
+    from megatron_bridge.checkpoint import load_sharded
+    from megatron_bridge.lora import LoraSpec, attach_adapters, is_adapter_name, peft_tensors, write_peft_dir
+    from rl360.actor.parallel import destroy_parallel, init_parallel
+    from rl360.actor.policy import LORA_FILE, load_adapter_state
+
+    record = json.loads((Path(ckpt_dir) / LORA_FILE).read_text())
+    spec = LoraSpec(record["rank"], record["alpha"], record["dropout"], tuple(record["targets"]))
+    init_parallel(int(tp), int(pp))
+    bridge = Bridge.from_hf_pretrained(record["base_model"])
+    models = bridge.to_megatron_model(load_weights=False, params_dtype=getattr(torch, record["dtype"]),
+                                      attention="torch")
+    for model in models:
+        attach_adapters(model, spec, seed=0)  # (the checkpoint's adapters replace the initial ones)
+    states = {key: {name: value for name, value in _unwrap(model).sharded_state_dict().items()
+                    if is_adapter_name(name)} for key, model in zip(record["model_keys"], models)}
+    loaded = load_sharded(states, ckpt_dir)
+    for key, model in zip(record["model_keys"], models):
+        load_adapter_state(_unwrap(model), loaded[key])
+    tensors = peft_tensors(models, bridge.weight_hf_names())
+    if torch.distributed.get_rank() == 0:
+        write_peft_dir(out_dir, tensors, spec, record["base_model"])
+    destroy_parallel()
+
+
 def _load_nested_weights(models: list, ckpt_dir: str, key: str) -> None:
     from megatron_bridge.bridge import _unwrap
     from megatron_bridge.checkpoint import load_model_state, load_sharded
@@ -65,8 +97,9 @@ def _load_nested_weights(models: list, ckpt_dir: str, key: str) -> None:
     load_model_state(model, load_sharded({key: model.sharded_state_dict()}, ckpt_dir)[key])
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """The policy checkpoint directory that `--ckpt` names (see the module docstring), or SystemExit."""
+def resolve_checkpoint(path: str | Path, marker: str | None = None) -> Path:
+    """The policy checkpoint directory that `--ckpt` names (see the module docstring), holding `marker` (default
+    the checkpoint info `rl360.json`), or `UserError`."""
     from megatron_bridge.checkpoint import META_FILE
 
     path = Path(path)
@@ -74,7 +107,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
         path = path / (path / LATEST).read_text().strip()
     if (path / "trainer.json").is_file():  # one of the trainer's checkpoints
         path = path / "policy"
-    if not (path / META_FILE).is_file():
+    if marker is not None and not (path / marker).is_file():
+        raise UserError(f"{path}/{marker} not found (--ckpt must be the checkpoint of a LoRA policy, "
+                        "actor.lora.rank > 0: its step directory, its policy/ directory or the checkpoints directory)")
+    if marker is None and not (path / META_FILE).is_file():
         raise UserError(f"{path}/{META_FILE} not found (--ckpt must be a checkpoint written by "
                         "`rl360 convert hf-to-megatron`, or one the trainer wrote: its step directory, its "
                         "policy/ directory or the checkpoints directory)")
@@ -145,12 +181,33 @@ def _megatron_to_hf(args: argparse.Namespace) -> int:
 
     ckpt = resolve_checkpoint(args.ckpt)
     from megatron_bridge.checkpoint import HF_SUBDIR
+    from rl360.actor.policy import LORA_FILE
+
+    if (ckpt / LORA_FILE).is_file():
+        raise UserError(f"{ckpt} holds LoRA adapters, not a whole model: write them as a PEFT adapter with "
+                        f"`rl360 convert lora-to-peft --ckpt {args.ckpt} --out DIR` (the run's merged model is "
+                        "its hf/ export)")
 
     check_layout(ckpt / HF_SUBDIR / "config.json", args.tp, args.pp)
     check_new_output(args.out)
     run_ranks("rl360.convert:megatron_to_hf_rank", args.tp * args.pp, [str(ckpt), args.out, str(args.tp),
                                                                         str(args.pp)])
     print(f"wrote Hugging Face checkpoint of {ckpt} to {args.out}")
+    return 0
+
+
+def _lora_to_peft(args: argparse.Namespace) -> int:
+    from rl360.actor.policy import LORA_FILE
+    from rl360.cluster.launch import run_ranks
+
+    ckpt = resolve_checkpoint(args.ckpt, LORA_FILE)
+    record = json.loads((ckpt / LORA_FILE).read_text())
+    check_layout(Path(record["base_model"]) / "config.json", args.tp, args.pp)
+    check_new_output(args.out)
+    run_ranks("rl360.convert:lora_to_peft_rank", args.tp * args.pp, [str(ckpt), args.out, str(args.tp),
+                                                                      str(args.pp)])
+    print(f"wrote PEFT adapter (rank {record['rank']}, alpha {record['alpha']:g}) of {ckpt} to {args.out}; base "
+          f"model {record['base_model']}")
     return 0
 
 
@@ -171,3 +228,10 @@ def add_convert_parser(commands) -> None:
     to_hf.add_argument("--tp", type=int, default=1, help="tensor-parallel size to load it at")
     to_hf.add_argument("--pp", type=int, default=1, help="pipeline-parallel size to load it at")
     to_hf.set_defaults(run=_megatron_to_hf)
+    to_peft = kinds.add_parser("lora-to-peft", help="a LoRA policy's checkpoint -> PEFT adapter dir")
+    to_peft.add_argument("--ckpt", required=True, help="the policy's checkpoint directory (or the trainer's step or "
+                         "checkpoints directory)")
+    to_peft.add_argument("--out", required=True, help="PEFT adapter directory to write")
+    to_peft.add_argument("--tp", type=int, default=1, help="tensor-parallel size to load it at")
+    to_peft.add_argument("--pp", type=int, default=1, help="pipeline-parallel size to load it at")
+    to_peft.set_defaults(run=_lora_to_peft)

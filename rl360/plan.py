@@ -9,6 +9,8 @@ from the model's `config.json` alone (without a local checkpoint, the shape of t
 counted whole on the first stage (it is replicated there); its activations are not (a few thousand image tokens
 against the language model's tens of thousands of sequence tokens).
 
+- LoRA (`actor.lora.rank` > 0): the adapters add to the weights, and only they have gradients and optimizer
+  state (`lora_rank_parameters`).
 - weights: parameters x `model.dtype` bytes; gradients: megatron's fp32 gradient buffer (4 bytes a parameter);
   optimizer: Adam's two fp32 moments, plus the fp32 main copy of bf16 weights (megatron's mixed precision),
   split over the data-parallel ranks with `actor.distributed_optimizer` (routed experts' over the
@@ -51,6 +53,7 @@ from typing import Any
 
 from megatron_bridge.arch import get_architecture
 from megatron_bridge.config_map import head_dim, num_experts, num_query_groups, padded_vocab_size
+from megatron_bridge.lora import expand_targets
 from megatron_bridge.vision import is_vision_language, language_config, vision_parameter_count
 from rl360.actor.batch import interleaved_micro_batches, interleaving_group
 from rl360.config import context_length
@@ -161,6 +164,24 @@ def rank_parameter_split(hf: dict[str, Any], tensor: int = 1, pipeline: int = 1,
     return count + vision_tower, per_layer_experts * layers // pipeline
 
 
+def lora_rank_parameters(hf: dict[str, Any], rank: int, targets: tuple[str, ...], tensor: int = 1,
+                         pipeline: int = 1) -> int:
+    """LoRA adapter parameters one tensor-parallel rank of the fullest pipeline stage holds (`megatron_bridge.lora`:
+    a column-parallel projection's A [rank, in] whole and B [out / TP, rank]; a row-parallel one's A [rank, in / TP]
+    and B [out, rank] whole)."""
+    hf = language_config(hf) if get_architecture(hf).vision else hf
+    hidden, heads, groups, width = hf["hidden_size"], hf["num_attention_heads"], num_query_groups(hf), head_dim(hf)
+    ffn = hf.get("intermediate_size", 0)
+    column = {"q_proj": (hidden, heads * width), "k_proj": (hidden, groups * width),
+              "v_proj": (hidden, groups * width), "gate_proj": (hidden, ffn), "up_proj": (hidden, ffn)}
+    row = {"o_proj": (heads * width, hidden), "down_proj": (ffn, hidden)}
+    per_layer = sum(rank * (fan_in + fan_out // tensor) for name, (fan_in, fan_out) in column.items()
+                    if name in targets)
+    per_layer += sum(rank * (fan_in // tensor + fan_out) for name, (fan_in, fan_out) in row.items()
+                     if name in targets)
+    return per_layer * -(-hf["num_hidden_layers"] // pipeline)
+
+
 def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
     hf = hf_file = model_config(cfg.model.path)
     parallel, actor, rollout = cfg.actor.parallel, cfg.actor, cfg.rollout
@@ -168,19 +189,26 @@ def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
     dtype = DTYPE_BYTES[cfg.model.dtype]
     dense, experts = max((rank_parameter_split(hf, tp, pp, stage, expert=ep) for stage in range(pp)), key=sum)
     params = dense + experts
+    lora = 0  # LoRA: only the adapters have gradients and optimizer state (the base weights are frozen)
+    if actor.lora.rank:
+        lora = lora_rank_parameters(hf, actor.lora.rank, expand_targets(list(actor.lora.targets)), tp, pp)
     hf = language_config(hf) if is_vision_language(hf) else hf  # the language model's fields from here on
     optimizer_bytes = 8 + (4 if dtype == 2 else 0)
     shards = parallel.data if actor.distributed_optimizer else 1
     # the distributed optimizer splits the routed experts' state over their expert-data-parallel ranks
     expert_shards = max(1, parallel.data * parallel.context // ep) if actor.distributed_optimizer else 1
     optimizer_params = dense / shards + experts / expert_shards
+    trained = params
+    if lora:
+        trained, optimizer_params = lora, lora / shards
     # offload: gradients and the reference model are on the GPU only while training (an update, reference
     # log-probs), the optimizer only for its steps; the weights leave too between calls when colocated engines
     # take the memory
     updating = ("train", "step") if actor.offload else PHASES
     sharded = f", 1/{shards}" if shards > 1 else ""  # the distributed optimizer's share
-    terms = [Term("policy weights", params * dtype, updating if rollout.colocate else PHASES),
-             Term("policy gradients (fp32 buffer)", params * 4, updating),
+    adapters = f" + LoRA rank {actor.lora.rank}" if lora else ""
+    terms = [Term(f"policy weights{adapters}", (params + lora) * dtype, updating if rollout.colocate else PHASES),
+             Term(f"policy gradients (fp32 buffer{', adapters' if lora else ''})", trained * 4, updating),
              Term(f"policy optimizer (Adam{' + fp32 main weights' if dtype == 2 else ''}{sharded})",
                   optimizer_params * optimizer_bytes, ("step",) if actor.offload else PHASES)]
     if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
@@ -322,6 +350,14 @@ def _run(args: argparse.Namespace) -> int:
              f"({', '.join(cfg.agent.tools) or 'no tools'})") if cfg.agent.loop else ""
     print(f"context per sample: {context_length(cfg):,} tokens (prompt {cfg.data.max_prompt_length:,} + response "
           f"{cfg.rollout.max_response_length:,}{turns})")
+    if cfg.actor.lora.rank:
+        hf = model_config(cfg.model.path)
+        adapters = lora_rank_parameters(hf, cfg.actor.lora.rank, expand_targets(list(cfg.actor.lora.targets)),
+                                        parallel.tensor, parallel.pipeline)
+        whole = max(rank_parameters(hf, parallel.tensor, parallel.pipeline, stage)
+                    for stage in range(parallel.pipeline))
+        print(f"LoRA rank {cfg.actor.lora.rank}: {adapters:,} trainable parameters a rank against {whole:,} frozen "
+              f"({adapters / whole:.2%})")
     result = plan(cfg, args.gpu_memory_gb)
     print(result.report())
     return 0 if result.fits() else 1

@@ -52,7 +52,10 @@ class CriticWorker(PolicyWorker):
     def _needs_reference(self) -> bool:
         return False
 
-    def _build_model(self, dtype: torch.dtype) -> list:
+    def _lora_spec(self) -> None:
+        return None  # actor.lora adapts the policy; the critic trains whole
+
+    def _build_model(self, dtype: torch.dtype, adapters: bool = False) -> list:
         chunks = super()._build_model(dtype)  # HF weights loaded first, through the bridge's table
         for chunk in chunks:
             if chunk.post_process:

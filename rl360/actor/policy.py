@@ -19,6 +19,14 @@ from megatron_bridge import Bridge
 from megatron_bridge.attention import HostPackedSeqParams
 from megatron_bridge.context_parallel import context_group, gather, local_part
 from megatron_bridge.layer_spec import auto_reason, resolve_attention
+from megatron_bridge.lora import (
+    LoraSpec,
+    attach_adapters,
+    expand_targets,
+    is_adapter_name,
+    peft_tensors,
+    write_peft_dir,
+)
 from rl360.actor.batch import (
     RolloutBatch,
     at_least,
@@ -36,6 +44,7 @@ from rl360.config import RunConfig
 from rl360.data.images import VisionProcessor
 
 OPTIMIZER_KIND_FILE = "rl360_optimizer.json"
+LORA_FILE = "lora.json"  # a LoRA policy's checkpoint: the adapters' settings and the base model they sit on
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # actor.recompute -> megatron's activation recomputation: none keeps every activation for the backward pass;
 # selective recomputes core attention (its softmax inputs are the largest activations of long sequences);
@@ -77,7 +86,8 @@ class PolicyWorker:
         self.attention = resolve_attention(cfg.model.attention)  # the layer spec that runs here (auto decided)
         self.multimodal = self._multimodal_inputs(parallel_state.is_pipeline_first_stage())
         dtype = DTYPES[cfg.model.dtype]
-        self.models = _wrap_ddp(self._build_model(dtype), cfg.actor.distributed_optimizer)
+        self.lora = self._lora_spec()
+        self.models = _wrap_ddp(self._build_model(dtype, adapters=True), cfg.actor.distributed_optimizer)
         # vocabulary id of this rank's first logit column (the output layer is split over TP, padding last)
         padded_vocab = _unwrap(self.models[-1]).vocab_size
         self.vocab_start = parallel_state.get_tensor_model_parallel_rank() * padded_vocab // parallel.tensor
@@ -124,10 +134,16 @@ class PolicyWorker:
         """lr, weight_decay, betas and grad_clip of this model's optimizer."""
         return self.cfg.actor
 
+    def _lora_spec(self) -> LoraSpec | None:
+        """The adapters this model trains (actor.lora; None: the whole model trains)."""
+        return lora_spec(self.cfg)
+
     def _needs_reference(self) -> bool:
         return self.cfg.algorithm.kl_coef > 0 or self.cfg.algorithm.kl_in_reward_coef > 0
 
-    def _build_model(self, dtype: torch.dtype) -> list:
+    def _build_model(self, dtype: torch.dtype, adapters: bool = False) -> list:
+        """This rank's model chunks from model.path; with `adapters` and actor.lora.rank > 0 the base frozen and
+        LoRA adapters added (the reference model stays the base)."""
         chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype,
                                                training={**RECOMPUTE[self.cfg.actor.recompute],
                                                          "sequence_parallel": self.cfg.actor.parallel.sequence,
@@ -143,6 +159,9 @@ class PolicyWorker:
             for chunk in chunks:
                 if hasattr(chunk, "vision"):
                     chunk.vision.requires_grad_(False)
+        if adapters and self.lora is not None:  # before DDP: only the adapters get gradient buffers
+            for chunk in chunks:
+                attach_adapters(chunk, self.lora, self.cfg.seed)
         return chunks
 
     def attention_backend(self) -> str:
@@ -487,6 +506,9 @@ class PolicyWorker:
         if torch.distributed.get_rank() == 0:  # the optimizer's kind: the two keep their state in different forms
             with open(os.path.join(ckpt_dir, OPTIMIZER_KIND_FILE), "w") as f:
                 json.dump({"distributed_optimizer": self.cfg.actor.distributed_optimizer}, f)
+            if self.lora is not None:
+                with open(os.path.join(ckpt_dir, LORA_FILE), "w") as f:
+                    json.dump(self._lora_record(), f, indent=2)
         torch.distributed.barrier()  # complete on every rank's return (a load right after reads the kind)
 
     def load_checkpoint(self, ckpt_dir: str) -> None:
@@ -500,16 +522,23 @@ class PolicyWorker:
             raise ValueError(f"{ckpt_dir} holds the state of a {'distributed' if saved else 'non-distributed'} "
                              f"optimizer; this run has actor.distributed_optimizer={str(wanted).lower()} (resume with "
                              f"actor.distributed_optimizer={str(saved).lower()})")
+        self._check_lora_checkpoint(ckpt_dir)
         with self._resident("weights", "optimizer"):
             state = load_sharded(self._checkpoint_state(loading=True), ckpt_dir)  # (either layer spec's)
             for key, chunk in zip(self._model_keys(), self.models):
-                load_model_state(_unwrap(chunk), state[key])
+                if self.lora is not None:
+                    load_adapter_state(_unwrap(chunk), state[key])
+                else:
+                    load_model_state(_unwrap(chunk), state[key])
             self.optimizer.load_state_dict(state["optimizer"])
 
     def _checkpoint_state(self, loading: bool = False) -> dict:
         """Sharded weights and optimizer state; when loading, the optimizer first creates its (lazily made)
         Adam moments so the checkpoint has somewhere to go."""
         model_state = {key: _unwrap(chunk).sharded_state_dict() for key, chunk in zip(self._model_keys(), self.models)}
+        if self.lora is not None:  # the adapters alone: the base is model.path's
+            model_state = {key: {name: value for name, value in state.items() if is_adapter_name(name)}
+                           for key, state in model_state.items()}
         if loading and self.cfg.actor.distributed_optimizer:  # its state dict needs Adam's step: one zero step makes
             for part in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):  # it (overwritten by the load)
                 if not part.optimizer.state:
@@ -519,10 +548,66 @@ class PolicyWorker:
         return {**model_state,
                 "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=loading, metadata=metadata)}
 
+    def _lora_record(self) -> dict:
+        spec = self.lora
+        return {"rank": spec.rank, "alpha": spec.alpha, "dropout": spec.dropout, "targets": list(spec.targets),
+                "base_model": os.path.abspath(self.cfg.model.path), "dtype": self.cfg.model.dtype,
+                "model_keys": self._model_keys()}
+
+    def _check_lora_checkpoint(self, ckpt_dir: str) -> None:
+        """A checkpoint of adapters resumes only a LoRA policy with the same adapters (and a full one only a full
+        policy)."""
+        path = os.path.join(ckpt_dir, LORA_FILE)
+        saved = json.load(open(path)) if os.path.exists(path) else None
+        if saved is None and self.lora is None:
+            return
+        if saved is None or self.lora is None:
+            raise ValueError(f"{ckpt_dir} holds {'LoRA adapters' if saved else 'a whole model'}; this run has "
+                             f"actor.lora.rank={self.lora.rank if self.lora else 0} (resume with actor.lora."
+                             f"rank={saved['rank'] if saved else 0})")
+        mine = self._lora_record()
+        for key in ("rank", "alpha", "targets"):
+            if saved[key] != mine[key]:
+                raise ValueError(f"{ckpt_dir} holds LoRA adapters with {key}={saved[key]}; this run has "
+                                 f"actor.lora.{key}={mine[key]} (resume with the checkpoint's)")
+
+    def lora_state(self, gradients: bool = False) -> dict[str, torch.Tensor]:
+        """The adapters whole, in PEFT's names (or, with `gradients`, their accumulated gradients); a collective of
+        every rank."""
+        if self.lora is None:
+            raise RuntimeError("actor.lora.rank is 0: this policy has no adapters")
+        value = (lambda param: param.main_grad) if gradients else None
+        with self._resident("weights", "grads") if gradients else self._resident("weights"):
+            return peft_tensors(self.models, self.bridge.weight_hf_names(), value)
+
+    def save_peft(self, out_dir: str) -> str:
+        """Write a PEFT adapter directory (adapter_config.json, adapter_model.safetensors); global rank 0 writes."""
+        tensors = self.lora_state()
+        if torch.distributed.get_rank() == 0:
+            write_peft_dir(out_dir, tensors, self.lora, os.path.abspath(self.cfg.model.path))
+        return out_dir
+
     def _model_keys(self) -> list[str]:
         """State-dict key of each model chunk: "model", or "model0", "model1", ... with virtual pipeline stages
         (megatron's names; the tensors inside are keyed by global layer, so any layout loads them)."""
         return ["model"] if len(self.models) == 1 else [f"model{i}" for i in range(len(self.models))]
+
+
+def lora_spec(cfg: RunConfig) -> LoraSpec | None:
+    """actor.lora as the adapters' spec (None when rank is 0)."""
+    lora = cfg.actor.lora
+    if not lora.rank:
+        return None
+    return LoraSpec(lora.rank, float(lora.alpha), float(lora.dropout), expand_targets(list(lora.targets)))
+
+
+def load_adapter_state(model: torch.nn.Module, state: dict) -> None:
+    """Load a checkpoint's adapters into `model`: every adapter of the model, nothing else."""
+    result = model.load_state_dict(state, strict=False)
+    missing = sorted(key for key in result.missing_keys if is_adapter_name(key))
+    if missing or result.unexpected_keys:
+        raise KeyError(f"the checkpoint's adapters and the model's disagree: missing {missing[:8]}, unexpected "
+                       f"{sorted(result.unexpected_keys)[:8]}")
 
 
 def reports_to_floats(reports: list[dict]) -> list[dict[str, float]]:
