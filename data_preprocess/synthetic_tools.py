@@ -4,7 +4,8 @@ Each prompt is one user message such as "123456*654321%7"; the ground truth is t
 `math` reward (math-verify on the last \\boxed{} of the response). Neither number is a multiple of 7, so the
 answers 1..6 are equally likely (guessing scores 1/6). Each row starts the python tool with `a` and `b` bound
 (verl's per-tool `extra_info.tools_kwargs.python.create_kwargs`, here `{"variables": {"a": ..., "b": ...}}`).
-`data_source` is `math__synthetic_tools`.
+`data_source` is `math__synthetic_tools`, scored with the `tool_bonus` metric (`extra_info.reward_metric`): the math
+reward's accuracy plus DeepEyes' tool bonus when a tool was called and the answer is right.
 
     python -m data_preprocess.synthetic_tools --out data/tools
 """
@@ -38,7 +39,7 @@ def make_rows(count: int, split: str, seed: int, modulus: int = MODULUS) -> list
             "prompt": [{"role": "user", "content": f"{a}*{b}%{modulus}"}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(a * b % modulus)},
-            "extra_info": {"split": split, "index": index,
+            "extra_info": {"split": split, "index": index, "reward_metric": "tool_bonus",
                            "tools_kwargs": {"python": {"create_kwargs": {"variables": {"a": a, "b": b}}}}},
         })
     return rows

@@ -72,6 +72,9 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling
     top_k: int = -1  # top-k sampling; -1 disables
     max_response_length: int = 256  # new tokens per response
+    # tokens (their text, each one token of the tokenizer) that end a response, or an agent's turn, as the
+    # end-of-turn token does, e.g. an answer token after which nothing more counts
+    stop_tokens: list[str] = field(default_factory=list)
     num_engines: int = 1  # engines the fleet spreads each step's prompts over
     # how weights reach server/sglang engines after an update: distributed (a gloo/NCCL group between the
     # trainer's export rank and every engine, one broadcast per tensor), tensor (engine=server on the same host:
@@ -280,6 +283,9 @@ class AgentConfig:
     stop_after_call: bool = False
     # the trajectories' turns in step, each round one request (for an engine that decodes a batch at once: hf)
     batch_turns: bool = False
+    # generated tokens of one turn at most (0: no limit but rollout.max_response_length); a turn cut there ends
+    # the trajectory as one cut by the budget does
+    max_turn_tokens: int = 0
     tool_workers: int = 0  # worker processes running python tool calls at once, one sandbox each (0: the CPU count)
 
 

@@ -456,6 +456,33 @@ def test_stop_after_call_ends_a_turn_at_the_token_that_closes_a_call(tokenizer):
     assert replay.calls[0][1].stop_token_ids == [eos]
 
 
+def test_max_turn_tokens_caps_each_turn_and_a_cut_turn_ends_the_trajectory(tokenizer):
+    prompt = encode(tokenizer, render(tokenizer, QUESTION, True))
+    first = call("echo", {"say": "a"})
+    capped = len(encode(tokenizer, first + "<|im_end|>"))  # room for the whole first turn, not for the second
+    long = "The answer is, as the tool said, a. " * 20
+    replay = Replay(tokenizer, [first, long])
+    settings = AgentSettings(max_response_length=500, max_turn_tokens=capped)
+    sample = run(run_agent(replay, prompt, tokenizer, TOOLS, parse_hermes, settings))
+    assert [params.max_new_tokens for _, params, _ in replay.calls] == [capped, capped]
+    assert [t.finish_reason for t in sample.trace.turns] == ["stop", "length"] and sample.trace.ended_by == "length"
+    assert sample.trace.turns[1].generated_tokens == capped
+    tight = AgentSettings(max_response_length=capped + sample.trace.turns[0].tool_tokens + 2, max_turn_tokens=capped)
+    replay = Replay(tokenizer, [first, long])
+    run(run_agent(replay, prompt, tokenizer, TOOLS, parse_hermes, tight))
+    assert replay.calls[1][1].max_new_tokens == 2  # the budget left, below the cap
+
+
+def test_rollout_stop_tokens_end_responses_and_must_be_single_tokens(tokenizer):
+    from rl360.rollout.sampler import stop_token_ids
+
+    eos, closing = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("</tool_call>")
+    assert stop_token_ids(tokenizer, []) == [eos]
+    assert stop_token_ids(tokenizer, ["</tool_call>", "<|im_end|>"]) == sorted([eos, closing])
+    with pytest.raises(ConfigError, match=r"rollout.stop_tokens: 'Done' is 4 tokens"):
+        stop_token_ids(tokenizer, ["Done"])
+
+
 def test_batched_turns_go_in_step_one_request_a_round(tokenizer):
     """`agent.batch_turns`: each round of turns is one fleet request, in trajectory order; a turn past its own
     budget (the round's is the largest) is cut there, finish "length"."""

@@ -57,6 +57,21 @@ def test_a_trajectory_is_scored_on_its_generated_turns_not_its_tool_replies():
     assert compute_score("math__synthetic_tools", response + "\\boxed{3}", "3", copied)["score"] == 1.0
 
 
+def test_the_tool_bonus_metric_pays_a_call_only_with_a_right_answer(monkeypatch):
+    monkeypatch.delenv("RL360_DEEPEYES_REWARD", raising=False)  # DeepEyes' default tool weight, 1.2
+    call = '<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>'
+
+    def score(turns, calls, truth="3"):
+        extra = {"reward_metric": "tool_bonus",
+                 "trajectory": {"turns": len(turns), "turn_texts": turns, "num_tool_calls": calls}}
+        return compute_score("math__synthetic_tools", "".join(turns), truth, extra)
+
+    assert score([call, "\\boxed{3}"], 1) == {"score": 2.2, "acc": 1.0, "pred": "3"}
+    assert score([call, "\\boxed{4}"], 1)["score"] == 0.0  # a call with a wrong answer earns nothing
+    assert score([call + "\\boxed{3}"], 0) == {"score": 1.0, "acc": 1.0, "pred": "3"}  # a <tool_call> text not run
+    assert score(["\\boxed{3}"], 0)["score"] == 1.0
+
+
 def test_pred_is_the_extracted_box_or_none():
     assert compute_score("math", "x \\boxed{\\frac{1}{2}} y", "0.5")["pred"] == "\\frac{1}{2}"
     assert compute_score("math", "no box", "1")["pred"] is None

@@ -206,7 +206,7 @@ def test_an_unknown_reward_metric_is_an_error_naming_the_known_ones():
         compute_score("math__x", "\\boxed{1}", "1", {"reward_metric": "naive_dapo"})
     text = str(err.value)
     assert "'math__x'" in text and "'naive_dapo'" in text
-    assert "['default', 'math_llm_judge', 'prime_math']" in text
+    assert "['default', 'math_llm_judge', 'prime_math', 'tool_bonus']" in text
     with pytest.raises(UnknownRewardMetric, match=r"known reward_metric values for it: \['default'\]"):
         find_route("codegen__x", "prime_math")  # a metric is never ignored, not even where it means nothing
     with pytest.raises(UnknownRewardMetric, match="must be a string"):
@@ -217,7 +217,9 @@ def test_routes_that_call_the_judge_are_declared():
     judged = {(route.pattern, route.metric) for route in routes() if route.needs_judge}
     agents = {(route.pattern, route.metric) for route in routes() if route.ref.startswith("rl360.rewards.agentic:")}
     assert ("vstar", "default") in agents and ("deepeyes", "default") in agents and ("vstar", "pyvision") in agents
-    assert judged == {("stem_web*", "default"), ("math*", "math_llm_judge")} | agents
+    unjudged = {("math*", "tool_bonus")}  # the math reward's accuracy with DeepEyes' tool bonus: no judge
+    assert unjudged <= agents
+    assert judged == {("stem_web*", "default"), ("math*", "math_llm_judge")} | (agents - unjudged)
     with pytest.raises(JudgeNotConfigured, match=r"'stem_web'.*reward\.judge\.url"):
         check_route("stem_web", None, judge_configured=False)
     with pytest.raises(JudgeNotConfigured, match=r"'math__x' with extra_info.reward_metric 'math_llm_judge'"):
@@ -253,7 +255,7 @@ def test_data_open_accepts_known_metrics_and_names_the_first_bad_row(tmp_path):
     text = str(err.value)
     assert text.startswith(f"{bad} row 3 (the first of 2 rows with data_source 'math__a' and reward_metric "
                            "'bogus'): ") and "'bogus'" in text
-    assert "['default', 'math_llm_judge', 'prime_math']" in text
+    assert "['default', 'math_llm_judge', 'prime_math', 'tool_bonus']" in text
 
 
 def test_data_open_names_an_unknown_data_source_and_its_row(tmp_path):

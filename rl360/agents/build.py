@@ -44,7 +44,7 @@ def agent_from_config(cfg: RunConfig) -> Agent | None:
     settings = AgentSettings(max_turns=section.max_turns, max_response_length=cfg.rollout.max_response_length,
                              tool_timeout_s=section.tool_timeout_s, min_pixels=section.min_pixels,
                              max_pixels=section.max_pixels, stop_after_call=section.stop_after_call,
-                             batch_turns=section.batch_turns)
+                             batch_turns=section.batch_turns, max_turn_tokens=section.max_turn_tokens)
     _check_pixel_bounds(cfg)
     return Agent(tools, parser, settings)
 

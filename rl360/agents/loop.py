@@ -5,7 +5,8 @@
 `generate_turn(prompt, params, seed)` is any engine's single-response generate (it returns one continuation
 `Sample`: tokens, the engine's log-probs, weight version); the loop:
 
-1. generates a turn from the prompt (then from the trajectory so far), at most the response tokens left;
+1. generates a turn from the prompt (then from the trajectory so far), at most the response tokens left (and at
+   most `max_turn_tokens`, when set);
    with `stop_after_call`, a token that closes a call (its text ends with the parser's `call_end`) ends the turn
    too, as the end-of-turn token does;
 2. parses the turn's tool calls; none, or a turn cut by the length limit or aborted, ends the trajectory; so
@@ -68,6 +69,7 @@ class AgentSettings:
     max_pixels: int = 1003520
     stop_after_call: bool = False  # a turn ends at a token that closes a tool call (see the module docstring)
     batch_turns: bool = False  # the trajectories' turns in step, one request a round (`rl360.agents.group`)
+    max_turn_tokens: int = 0  # generated tokens of one turn at most (0: only max_response_length bounds it)
 
 
 @dataclass(frozen=True)
@@ -142,8 +144,10 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
         params = replace(params, stop_token_ids=sorted({*params.stop_token_ids, *call_end_ids(tokenizer, parser)}))
     for turn in range(settings.max_turns):
         used = len(sample.response_ids) + len(pending) if sample else 0
-        more = await generate_turn(context, replace(params, n=1, max_new_tokens=settings.max_response_length - used),
-                                   _turn_seed(seed, turn))
+        budget = settings.max_response_length - used
+        if settings.max_turn_tokens:
+            budget = min(budget, settings.max_turn_tokens)
+        more = await generate_turn(context, replace(params, n=1, max_new_tokens=budget), _turn_seed(seed, turn))
         if sample is not None:
             sample = sample.then(pending, more)
         else:

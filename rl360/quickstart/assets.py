@@ -8,6 +8,7 @@ small enough for a model trained from scratch by RL alone to solve it in a few m
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -74,6 +75,60 @@ def build_model(out_dir: str | Path, vocab_size: int, eos_token_id: int, pad_tok
         bos_token_id=None,
     )
     Qwen2ForCausalLM(config).save_pretrained(str(out_dir))
+
+
+def raise_token_prior(embedding: torch.Tensor, index: int, logits: torch.Tensor, hidden: torch.Tensor,
+                      probability: float, keep: torch.Tensor | None = None) -> None:
+    """Raise, in place, the probability of token `index` at a position with `logits` and final (normed) hidden
+    state `hidden` to `probability`, by adding to the token's row of the tied `embedding` that hidden state's
+    direction (less its part along `keep`, a hidden state where the token's logit is to stay as it is); the other
+    tokens' logits do not change."""
+    others = torch.cat([logits[:index], logits[index + 1:]]).logsumexp(-1).item()
+    target = others + math.log(probability / (1 - probability))
+    direction = hidden
+    if keep is not None:
+        direction = hidden - hidden.dot(keep) / keep.dot(keep) * keep
+    with torch.no_grad():
+        embedding[index] += ((target - logits[index].item()) * direction / direction.dot(hidden)).to(embedding.dtype)
+
+
+def next_token_states(model_dir: str | Path, conversations: list[list[dict]]):
+    """The saved text model and tokenizer, and at the position after each of `conversations` (chat messages,
+    rendered with the generation prompt) its logits and final hidden states (one row per conversation)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = Qwen2ForCausalLM.from_pretrained(str(model_dir))
+    logits, hidden = [], []
+    with torch.no_grad():
+        for messages in conversations:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                                return_dict=True)["input_ids"]
+            out = model(input_ids=ids, output_hidden_states=True)
+            logits.append(out.logits[0, -1].double())
+            hidden.append(out.hidden_states[-1][0, -1].double())  # the last: after the final norm
+    return model, tokenizer, torch.stack(logits), torch.stack(hidden)
+
+
+def next_token_probabilities(model_dir: str | Path, token: str, conversations: list[list[dict]]) -> list[float]:
+    """The saved text model's probability of writing `token` next after each of `conversations`."""
+    _, tokenizer, logits, _ = next_token_states(model_dir, conversations)
+    return logits.softmax(-1)[:, tokenizer.convert_tokens_to_ids(token)].tolist()
+
+
+def prime_first_token(model_dir: str | Path, token: str, conversations: list[list[dict]], probability: float,
+                      keep: list[list[dict]] | None = None) -> None:
+    """Raise the saved text model's probability of writing `token` next after `conversations` to about
+    `probability` (`raise_token_prior` at their mean logits and hidden state), leaving it about as it is after
+    the `keep` conversations (at their mean hidden state): a prior like an instruct model's habit of calling its
+    tools first, the same whatever the prompt asks, so it tells nothing about the answer."""
+    model, tokenizer, logits, hidden = next_token_states(model_dir, conversations)
+    if not model.config.tie_word_embeddings:
+        raise ValueError("prime_first_token: the model's input and output embeddings must be tied")
+    kept = next_token_states(model_dir, keep)[3].mean(0) if keep else None
+    raise_token_prior(model.get_input_embeddings().weight, tokenizer.convert_tokens_to_ids(token), logits.mean(0),
+                      hidden.mean(0), probability, kept)
+    model.save_pretrained(str(model_dir))
 
 
 def build_quickstart_model(out_dir: str | Path, seed: int = 0) -> Path:

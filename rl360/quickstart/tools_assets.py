@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rl360.quickstart.assets import build_model, build_tokenizer
+from rl360.quickstart.assets import build_model, build_tokenizer, prime_first_token
 
 MODULUS = 7
 # The tool prints the answer as the answer token itself (`\\boxed{3}`; chr(92) is the backslash, so the call's
@@ -31,11 +31,32 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tools_quickstart_model(out_dir: str | Path, seed: int = 0) -> Path:
-    """Tokenizer and model together in one Hugging Face directory; returns it."""
+# The built model writes the call first in about this share of its replies, whatever the numbers asked about.
+CALL_PRIOR = 0.5
+
+
+def first_turns(prompts: list[str]) -> list[list[dict]]:
+    """The conversations before a reply's first turn: the user's prompt."""
+    return [[{"role": "user", "content": prompt}] for prompt in prompts]
+
+
+def answer_turns(prompts: list[str], answers: list[str]) -> list[list[dict]]:
+    """The conversations before the turn after a call: the prompt, the call and the tool's reply (the answer)."""
+    return [[{"role": "user", "content": prompt}, {"role": "assistant", "content": CALL},
+             {"role": "tool", "content": f"\\boxed{{{answer}}}"}] for prompt, answer in zip(prompts, answers, strict=True)]
+
+
+def build_tools_quickstart_model(out_dir: str | Path, prompts: list[str], answers: list[str], seed: int = 0,
+                                 call_prior: float = CALL_PRIOR) -> Path:
+    """Tokenizer and model together in one Hugging Face directory; returns it. The model is primed
+    (`prime_first_token` over `prompts`, the task's user messages, and their `answers`) to write `CALL` first in
+    about `call_prior` of its replies, its probability of calling again after the tool's reply left as it was."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir, max_answer=MODULUS - 1, words=WORDS, chat_template=CHAT_TEMPLATE)
     build_model(out_dir, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed)
-    (out_dir / "rl360_quickstart.json").write_text(json.dumps({"seed": seed, "task": "tools"}) + "\n")
+    if call_prior:
+        prime_first_token(out_dir, CALL, first_turns(prompts), call_prior, keep=answer_turns(prompts, answers))
+    (out_dir / "rl360_quickstart.json").write_text(json.dumps({"seed": seed, "task": "tools",
+                                                               "call_prior": call_prior}) + "\n")
     return out_dir

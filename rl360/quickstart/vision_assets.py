@@ -13,7 +13,6 @@ bounded to 28 x 28 ... 112 x 112 pixels of area, so a 56 x 56 image is 4 image t
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from rl360.quickstart.assets import PIECE_PATTERN, SPECIAL_TOKENS
+from rl360.quickstart.assets import PIECE_PATTERN, SPECIAL_TOKENS, raise_token_prior
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 DEFAULT_SYSTEM = "You are a helpful assistant."
@@ -184,9 +183,6 @@ def prime_first_token(model_dir: str | Path, token: str, question: str, image_pn
     model, tokenizer, logits, hidden = _first_position(Path(model_dir), question, image_png)
     if not model.config.tie_word_embeddings:
         raise ValueError("prime_first_token: the model's input and output embeddings must be tied")
-    index = tokenizer.convert_tokens_to_ids(token)
-    others = torch.cat([logits[:index], logits[index + 1:]]).logsumexp(-1).item()
-    target = others + math.log(probability / (1 - probability))
-    with torch.no_grad():
-        model.get_input_embeddings().weight[index] += (target - logits[index].item()) * hidden / hidden.dot(hidden)
+    raise_token_prior(model.get_input_embeddings().weight, tokenizer.convert_tokens_to_ids(token), logits, hidden,
+                      probability)
     model.save_pretrained(str(model_dir))

@@ -34,7 +34,7 @@ from typing import Any
 
 from rl360.rewards.judge import judge_answer
 from rl360.rewards.judge_templates import drop_reasoning, parse_correct_word, register_template
-from rl360.rewards.math import generated_turns
+from rl360.rewards.math import generated_turns, math_score
 from rl360.rewards.registry import register_reward
 
 ENV = "RL360_DEEPEYES_REWARD"  # the weights, as JSON, from `reward.deepeyes` (`deepeyes_env`)
@@ -186,3 +186,13 @@ def pyvision_score(solution_str: str, ground_truth: Any, extra_info: dict | None
     return {"score": float(result.score), "acc": float(result.score), "answer": answer[:200], "judged": True}
 
 
+@register_reward("math", metric="tool_bonus", truth="the answer as a LaTeX/plain string",
+                 answer="the math reward's accuracy (the last \\boxed{} of the generated turns) + DeepEyes' tool bonus "
+                        "(reward.deepeyes.tool_weight, 1.2) when a tool was called and the answer is right")
+def math_tool_bonus_score(solution_str: str, ground_truth: str, extra_info: dict | None = None) -> dict:
+    """The `math` reward's accuracy plus DeepEyes' tool bonus: `reward.deepeyes.tool_weight` when the trajectory
+    called a tool and its answer is right (tool use pays only with a right answer). Extras: `acc`, `pred`."""
+    result = math_score(solution_str, ground_truth, extra_info)
+    acc = result["score"]
+    bonus = deepeyes_weights().tool_weight if acc > 0 and used_tools(solution_str, extra_info) else 0.0
+    return {"score": acc + bonus, "acc": acc, "pred": result["pred"]}

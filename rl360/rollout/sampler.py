@@ -41,6 +41,7 @@ from rl360.actor.batch import RolloutBatch, build_batch
 from rl360.algos.dynamic_sampling import group_std, most_varied, overlong_penalty, partial_keep, varied_groups
 from rl360.cluster.placement import Placement, make_placement
 from rl360.core import Prompt, Sample, SamplingParams, TrajectorySummary
+from rl360.config import ConfigError
 from rl360.rewards import RewardItem, RewardPool
 from rl360.rollout.fleet import EngineFleet
 
@@ -119,6 +120,7 @@ class RolloutSampler:
                  placement: Placement | None = None, generate_group: GenerateGroup = dispatch):
         self.cfg, self.tokenizer, self.stream, self.renderer, self.rewards = cfg, tokenizer, stream, renderer, rewards
         self.generate_group = generate_group
+        self.stop_ids = stop_token_ids(tokenizer, cfg.rollout.stop_tokens)
         # where the engines run (on CPU when none is given)
         placement = placement or make_placement(cfg.actor.parallel.ranks, cfg.algorithm.adv_estimator == "gae",
                                                 cfg.rollout, gpus=0)
@@ -319,7 +321,7 @@ class RolloutSampler:
         started = time.perf_counter()
         params = SamplingParams(n=n, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                                 max_new_tokens=rollout.max_response_length,
-                                stop_token_ids=sorted({self.tokenizer.eos_token_id} - {None}))
+                                stop_token_ids=self.stop_ids)
         groups = await self.generate_group(self.fleet, [self.renderer.prompt(row) for row in rows], params, seed,
                                            metrics, rows)
         _add(timing, "rollout", time.perf_counter() - started)
@@ -375,3 +377,16 @@ def _skipped_metrics(now: dict[str, int], before: dict[str, int]) -> dict[str, i
     names = {"bad_rows": "bad_rows", "filtered": "too_long"}
     return {**{f"data/skipped_{names[k]}": now[k] - before[k] for k in names},
             **{f"data/skipped_{names[k]}_total": now[k] for k in names}}
+
+
+def stop_token_ids(tokenizer: Any, stop_tokens: list[str]) -> list[int]:
+    """The ids that end a response: the tokenizer's end-of-turn token and `rollout.stop_tokens` (`ConfigError` for
+    one that is not a single token)."""
+    ids = {tokenizer.eos_token_id} - {None}
+    for token in stop_tokens:
+        encoded = tokenizer.encode(token, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise ConfigError(f"rollout.stop_tokens: {token!r} is {len(encoded)} tokens of the model's tokenizer, not "
+                              "one; list single tokens")
+        ids.add(encoded[0])
+    return sorted(ids)
