@@ -4,6 +4,8 @@
                                          hf/ and rl360.json so `rl360 convert megatron-to-hf` reads it
     checkpoints/step_000020/critic/      the same for PPO's critic (weights + optimizer state only)
     checkpoints/step_000020/trainer.json step, data-stream position, adaptive KL coefficient
+    checkpoints/step_000020/rollouts_ahead.pt  rollout.mode=async: the steps already drawn ahead of the trainer
+                                         (`extra` files, rl360/rollout/ahead.py)
     checkpoints/latest                   the name of the newest complete checkpoint
 
 A checkpoint is written into `step_XXXXXX.partial/`, renamed to `step_XXXXXX/` once everything of it is on
@@ -30,6 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 LATEST = "latest"
 PARTIAL = ".partial"
@@ -90,10 +94,11 @@ def set_previous_run_aside(output_dir: Path, resume: bool) -> list[str]:
 
 
 def save_checkpoint(root: Path, step: int, models: dict[str, Any], trainer_state: dict, keep: int,
-                    convert_info: ConvertInfo | None = None) -> Path:
+                    convert_info: ConvertInfo | None = None, extra: dict[str, Any] | None = None) -> Path:
     """Write checkpoint `step` (each of `models`, a PolicyGroup by name, saves itself; with `convert_info`,
-    `policy/` also gets what `rl360 convert` needs), point `latest` at it, then delete all but the newest
-    `keep` complete checkpoints (0: keep all), never one newer than `step`."""
+    `policy/` also gets what `rl360 convert` needs; each of `extra`, file name -> object, is pickled into its
+    file), point `latest` at it, then delete all but the newest `keep` complete checkpoints (0: keep all), never
+    one newer than `step`."""
     final = root / f"step_{step:06d}"
     if final.exists():
         raise FileExistsError(f"{final} exists: another run is writing to {root} (two runs, one output_dir?)")
@@ -104,6 +109,8 @@ def save_checkpoint(root: Path, step: int, models: dict[str, Any], trainer_state
         group.call("save_checkpoint", str(partial / name))
     if convert_info is not None:
         write_convert_info(partial / "policy", convert_info)
+    for name, value in (extra or {}).items():
+        torch.save(value, partial / name)
     (partial / "trainer.json").write_text(json.dumps({"step": step, **trainer_state}, indent=2) + "\n")
     partial.rename(final)
     pointer = root / (LATEST + ".tmp")
@@ -122,6 +129,11 @@ def load_checkpoint(path: Path, models: dict[str, Any]) -> dict:
             raise FileNotFoundError(f"checkpoint {path} has no {name}/ (was it written by another algorithm?)")
         group.call("load_checkpoint", str(path / name))
     return json.loads((path / "trainer.json").read_text())
+
+
+def load_extra(path: Path, name: str) -> Any:
+    """The object `save_checkpoint` pickled into checkpoint `path`'s file `name`; None when it has none."""
+    return torch.load(path / name, weights_only=False) if (path / name).is_file() else None
 
 
 def write_convert_info(ckpt_dir: Path, info: ConvertInfo) -> None:

@@ -37,6 +37,7 @@ from rl360.plan import GIB, plan
 from rl360.rewards import register_reward_path
 from rl360.rewards.check import check_reward_data, judge_configured
 from rl360.rewards.pool import open_reward_pool
+from rl360.rollout.ahead import keep_ahead, restore_ahead
 from rl360.rollout.sampler import RolloutSampler
 from rl360.run_config import check_resume, save_run_config
 from rl360.tracking.console import LOG_FILE, RunLog, dependency_note, plain_when_piped, quiet_known_warnings
@@ -133,20 +134,25 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
         # are moved aside whole (printed), never pruned or overwritten
         resumed = open_checkpoints(checkpoints, cfg.trainer.resume)
         first_step = 1
+        # async: step -> the future of its rollouts, for the steps generated ahead of the one training
+        generating: dict[int, concurrent.futures.Future] = {}
         if resumed is not None:  # weights, optimizer, data position, KL coefficient; then the engines catch up
             state = load_checkpoint(resumed, models)
-            rollouts.load_data_state(state["data"])
+            # async: the steps drawn ahead before the checkpoint, kept in it, are trained on as they were drawn
+            generating, data, ahead_note = restore_ahead(resumed, cfg, state["data"])
+            rollouts.load_data_state(data)
             kl_control.coef = state["kl_coef"]
             first_step = state["step"] + 1
             rollouts.sync_weights(version=state["step"])
             print(f"resumed from {resumed} at step {first_step}", flush=True)
+            if ahead_note:
+                print(ahead_note, flush=True)
         run_config = {**to_dict(cfg), "resolved": {"model.attention": attention, "placement": placement.describe()}}
         tracker = Tracker(out, run_config, cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
                           cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None,
                           total_steps=cfg.trainer.total_steps, started=started, use_swanlab=cfg.tracking.swanlab,
                           use_tensorboard=cfg.tracking.tensorboard)
         ahead = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0
-        generating: dict[int, concurrent.futures.Future] = {}
         for step in range(first_step, cfg.trainer.total_steps + 1):
             started = time.perf_counter()
             # 1-3. prompts -> n rollouts each (with the engine's log-probs) -> rewards by data_source, from the
@@ -217,13 +223,13 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
             tracker.log(step, metrics)
 
             # 8. a resumable checkpoint now and then, and at the end (the data position before the next
-            #    step's prompts, which async mode has already drawn)
+            #    step's prompts; async: the steps already under way, waited for and kept with it)
             every = cfg.trainer.save_every
             if every and (step % every == 0 or step == cfg.trainer.total_steps):
-                save_checkpoint(checkpoints, step, models,
-                                {"data": rollouts.data_state(step + 1), "kl_coef": kl_control.coef},
+                data, extra = keep_ahead(generating, rollouts, step, cfg)
+                save_checkpoint(checkpoints, step, models, {"data": data, "kl_coef": kl_control.coef},
                                 cfg.trainer.keep_checkpoints, ConvertInfo(cfg.model.path, parallel.tensor,
-                                                                          parallel.pipeline, cfg.model.dtype))
+                                                                          parallel.pipeline, cfg.model.dtype), extra)
         if cfg.trainer.save_hf:  # data-parallel replicas hold the same weights: replica 0 writes them
             policy.save_hf(str(out / "hf"))
             tokenizer.save_pretrained(str(out / "hf"))

@@ -4,8 +4,9 @@ writes, keeps, prunes, moves aside or removes, and what a run killed at any mome
 import json
 
 import pytest
+import torch
 
-from rl360.checkpointing import latest_checkpoint, load_checkpoint, open_checkpoints, save_checkpoint
+from rl360.checkpointing import latest_checkpoint, load_checkpoint, load_extra, open_checkpoints, save_checkpoint
 
 
 class FakeGroup:
@@ -68,6 +69,18 @@ def test_a_checkpoint_is_written_under_a_partial_name_and_renamed_when_complete(
     assert _names(tmp_path) == ["latest", "step_000001", "step_000002.partial"]
     assert not (tmp_path / "step_000002.partial" / "trainer.json").exists()
     assert latest_checkpoint(tmp_path) == tmp_path / "step_000001"
+
+
+def test_extra_files_are_part_of_the_checkpoint_they_are_written_with(tmp_path):
+    """`extra` objects (async mode's steps drawn ahead) are pickled inside the checkpoint, so they move, prune and
+    come back with it; a checkpoint written without them has none."""
+    kept = {"steps": {3: torch.arange(4)}, "data_after": {"at": 3}}
+    save_checkpoint(tmp_path, 2, {"policy": FakeGroup()}, {"data": {"at": 2}}, 0, extra={"ahead.pt": kept})
+    _save(tmp_path, 4)
+    assert sorted(p.name for p in (tmp_path / "step_000002").iterdir()) == ["ahead.pt", "policy", "trainer.json"]
+    loaded = load_extra(tmp_path / "step_000002", "ahead.pt")
+    assert loaded["data_after"] == {"at": 3} and torch.equal(loaded["steps"][3], torch.arange(4))
+    assert load_extra(tmp_path / "step_000004", "ahead.pt") is None
 
 
 def test_resuming_removes_what_the_interrupted_run_wrote_after_latest(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """A run killed at any point and started again ends exactly where an unbroken run ends: the same weights, bit
 for bit (every tensor of the HF export), and the same value of every logged metric (all but the timings) at
-every step, for GRPO and PPO. A fresh run never
+every step, for GRPO and PPO, and for GRPO sampling a step ahead on an engine process. A fresh run never
 touches another run's checkpoints, and the trainer's checkpoints convert to Hugging Face weights equal to the
 run's own export.
 
@@ -28,14 +28,23 @@ import torch
 from safetensors.torch import load_file
 
 from rl360.checkpointing import latest_checkpoint
+from rl360.config import load_config
 from rl360.quickstart.assets import build_quickstart_model
+from rl360.rollout.ahead import restore_ahead
 from rl360.tracking.console import dependency_note
 from tests.killing import PHASES, Kill, TrainingProcess
 from tests.test_train_e2e import _row
 
 REPO = Path(__file__).resolve().parent.parent
-ALGORITHMS = {"grpo": [], "ppo": ["configs/algorithms/ppo.yaml"]}
-KILL_PHASES = {"grpo": tuple(PHASES), "ppo": tuple(PHASES)}  # the phases each run is killed in
+# GRPO and PPO with the in-process engine; GRPO sampling a step ahead (async) on an engine process (`rl360 serve
+# rollout`), whose kill lands while the engine draws the next step's rollouts beside the update
+ASYNC = "grpo-async-server"
+ALGORITHMS = {"grpo": [], "ppo": ["configs/algorithms/ppo.yaml"],
+              ASYNC: ["rollout.engine=server", "rollout.mode=async", "rollout.weight_sync=tensor"]}
+# the phases each run is killed in (an engine process's generate shows in no Ray title: the async run is killed in
+# an update after a checkpoint, when the step after it is drawn from older weights than the checkpoint's; its
+# checkpoint writes are those of the others)
+KILL_PHASES = {"grpo": tuple(PHASES), "ppo": tuple(PHASES), ASYNC: ("update",)}
 TOTAL_STEPS, SAVE_EVERY = 12, 2
 KILL_SEED = 13
 MAX_DELAY_S = {"rollout": 0.02, "update": 0.05, "checkpoint": 0.05}  # each lasts ~0.05-1 s here
@@ -168,7 +177,8 @@ def test_a_piped_run_shows_k_of_n_and_eta_without_colour_codes_or_repeated_notic
         lines = run.output.splitlines()
         last_step = max(i for i, line in enumerate(lines) if line.startswith("step "))
         shown = [line for line in lines[:last_step + 1] if line.startswith(("step ", "placement:", "("))]
-        assert any(line.startswith(("(HFEngine", "(PolicyWorker")) for line in shown), algorithm  # forwarded by Ray
+        if "rollout.engine=server" not in ALGORITHMS[algorithm]:  # the in-process engine's lines, forwarded by Ray
+            assert any(line.startswith(("(HFEngine", "(PolicyWorker")) for line in shown), algorithm
         assert all(line in log.splitlines() for line in shown)
 
 
@@ -318,7 +328,12 @@ def test_each_kill_landed_in_the_phase_it_aimed_at(killed, algorithm):
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_a_killed_run_ends_exactly_as_the_unbroken_run(killed, unbroken, algorithm):
+    """Async: every start after a kill trained first on the step drawn ahead before its checkpoint, kept there."""
     run, reference = killed[algorithm], unbroken[algorithm]
+    for record in run.kills:
+        kept = f"resume: step {int(record.latest.removeprefix('step_')) + 1} trains on the rollouts drawn " \
+               f"before {record.latest}"
+        assert (kept in record.next_output) == (algorithm == ASYNC), record.next_output[-3000:]
     ours, theirs = _records(run.out), _records(reference.out)
     assert [r["step"] for r in ours] == list(range(1, TOTAL_STEPS + 1))
     for mine, other in zip(ours, theirs):
@@ -336,3 +351,27 @@ def test_a_resumed_run_leaves_only_complete_checkpoints(killed, algorithm):
     assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", *last_two]
     assert all((checkpoints / name / "trainer.json").is_file() for name in last_two)
     assert not list(killed[algorithm].out.glob("checkpoints.old-*"))  # every start resumed: nothing set aside
+
+
+@pytest.mark.slow
+def test_kept_rollouts_are_drawn_again_under_a_config_that_changes_them(killed):
+    """The async run's checkpoint before its last step keeps that step's rollouts, drawn before it: a resume under
+    the run's config gets them and the stream position after their prompts; one that changes how rollouts are
+    drawn (rollout.n) gets none, the position before them, and a line naming the change."""
+    out = killed[ASYNC].out
+    checkpoint = out / "checkpoints" / f"step_{TOTAL_STEPS - SAVE_EVERY:06d}"
+    before = json.loads((checkpoint / "trainer.json").read_text())["data"]
+    resolved = [f"rollout.colocate={str(False).lower()}"]  # as the trainer's placement resolves it here
+    same = load_config(out / "config.yaml", resolved)
+    pending, data, note = restore_ahead(checkpoint, same, before)
+    assert sorted(pending) == [TOTAL_STEPS - SAVE_EVERY + 1] and data != before
+    assert note == f"resume: step {TOTAL_STEPS - SAVE_EVERY + 1} trains on the rollouts drawn before {checkpoint.name}"
+    kept = pending[TOTAL_STEPS - SAVE_EVERY + 1].result()
+    assert len(kept.scored.samples) == 16 and kept.data_before == before
+    assert {sample.weight_version for sample in kept.scored.samples} == {TOTAL_STEPS - SAVE_EVERY - 1}
+    changed = load_config(out / "config.yaml", [*resolved, "rollout.n=2"])
+    assert restore_ahead(checkpoint, changed, before) == (
+        {}, before, f"resume: the rollouts of step {TOTAL_STEPS - SAVE_EVERY + 1} kept in {checkpoint.name} are "
+                    "drawn again from its weights (rollout.n 4 -> 2)")
+    last = out / "checkpoints" / f"step_{TOTAL_STEPS:06d}"  # nothing ahead of the last step
+    assert restore_ahead(last, same, {"position": 0}) == ({}, {"position": 0}, None)

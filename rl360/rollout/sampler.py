@@ -107,12 +107,14 @@ class _Turn:
 
 @dataclass
 class StepRollouts:
-    """What one step trains on: the scored groups, ReMax baselines (or None), metrics and phase times."""
+    """What one step trains on: the scored groups, ReMax baselines (or None), metrics and phase times, and the
+    prompt stream's position before its prompts were drawn."""
 
     scored: Scored
     baselines: torch.Tensor | None
     metrics: dict[str, float]
     timing: dict[str, float]
+    data_before: dict = field(default_factory=dict)
 
 
 class RolloutSampler:
@@ -207,7 +209,7 @@ class RolloutSampler:
         })
         if self.cfg.rollout.colocate:  # the engines' memory goes to training until the next weight update
             metrics["rollout/engines_released"] = await self.fleet.release(["weights", "kv_cache"])
-        return StepRollouts(scored, baselines, metrics, timing)
+        return StepRollouts(scored, baselines, metrics, timing, turn.start_state.result())
 
     async def _collect_groups(self, step: int, turn: _Turn, timing: dict[str, float],
                               metrics: dict[str, float]) -> Scored:
