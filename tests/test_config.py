@@ -17,7 +17,7 @@ def test_unknown_key_names_the_key_and_its_close_matches():
     with pytest.raises(ConfigError) as err:
         load_config(None, BASE + ["actor.lrr=1"])
     assert str(err.value) == "override 'actor.lrr=1': unknown config key 'actor.lrr'; close matches: actor.lr"
-    with pytest.raises(ConfigError, match=r"'data\.n'; close matches: rollout\.n$"):  # the name in another section
+    with pytest.raises(ConfigError, match=r"'data\.n'; close matches: rollout\.n, eval\.n$"):  # same name elsewhere
         load_config(None, BASE + ["data.n=4"])
     with pytest.raises(ConfigError, match=r"'actor\.zzzzzz'; no close match"):
         load_config(None, BASE + ["actor.zzzzzz=1"])
