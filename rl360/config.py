@@ -60,6 +60,8 @@ class DataConfig:
     shuffle_buffer: int = 1024  # rows held in the shuffle buffer
     on_bad_row: str = "error"  # error | skip: what a malformed row does
     mix_weights: dict[str, float] = field(default_factory=dict)  # data_source prefix -> sampling weight
+    # held-out parquet files (rows as in train_files) evaluated during training: trainer.eval_every, docs/eval.md
+    val_files: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -314,6 +316,23 @@ class TrainerConfig:
     # write every this many steps' rollouts (prompt, response, score, engine vs trainer log-prob difference) to
     # <output_dir>/rollouts/step_XXXXXX.jsonl (0: never)
     dump_rollouts_every: int = 0
+    # evaluate data.val_files every this many steps, after the step's weight update (0: never); logged as
+    # eval/<data_source>/<metric> and eval/all/<metric> in the step's record
+    eval_every: int = 0
+    eval_before_train: bool = False  # also evaluate before step 1 (logged as step 0; not repeated on resume)
+    eval_at_end: bool = False  # also evaluate after the last step when it is no multiple of eval_every
+
+
+@dataclass
+class TrainEvalConfig:
+    """Sampling of the held-out prompts during training (data.val_files); scored as in training."""
+
+    n: int = 1  # samples per held-out prompt
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0  # nucleus sampling
+    top_k: int = -1  # top-k sampling; -1 disables
+    max_response_length: int = 0  # new tokens per sample (0: rollout.max_response_length)
+    pass_k: list[int] = field(default_factory=list)  # k of pass@k ([]: 1, 2, 4, ... up to n, and n)
 
 
 @dataclass
@@ -340,6 +359,7 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: TrainEvalConfig = field(default_factory=TrainEvalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
 
@@ -378,7 +398,7 @@ POSITIVE = (
     "rollout.engine_tensor_parallel", "rollout.mem_fraction", "rollout.max_staleness",
     "reward.judge.timeout_s", "reward.judge.deadline_s", "cluster.placement_timeout_s",
     "agent.max_turns", "agent.tool_timeout_s", "agent.tool_memory_mb", "agent.max_tool_output_chars",
-    "agent.min_pixels", "agent.max_pixels",
+    "agent.min_pixels", "agent.max_pixels", "eval.n", "eval.top_p",
 )
 NON_NEGATIVE = (
     "actor.lr", "actor.weight_decay", "actor.grad_clip", "actor.clip_ratio_low", "actor.clip_ratio_high",
@@ -392,7 +412,8 @@ NON_NEGATIVE = (
     "algorithm.gamma", "algorithm.lam",
     "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every", "rollout.max_engine_restarts",
     "actor.max_tokens_per_micro_batch", "actor.moe_aux_loss_coef", "cluster.gpu_memory_gb",
-    "agent.max_image_tokens", "agent.tool_workers",
+    "agent.max_image_tokens", "agent.tool_workers", "trainer.eval_every", "eval.temperature",
+    "eval.max_response_length",
 )
 
 
@@ -534,8 +555,6 @@ def _layer(layer: Any, where: str, keys: dict[str, str] = SCHEMA_KEYS) -> Any:
 VERL_KEYS: dict[str, str] = {
     "data.train_batch_size": "data.batch_size",
     "data.max_response_length": "rollout.max_response_length",
-    "data.val_files": "rl360 runs no validation during training: evaluate a checkpoint on held-out files with "
-                      "`rl360 eval` (docs/eval.md)",
     "data.filter_overlong_prompts": "rl360 always skips prompts over data.max_prompt_length, and counts them",
     "data.prompt_key": "rl360 reads the 'prompt' column of the verl schema",
     "actor_rollout_ref.model.path": "model.path",
@@ -595,7 +614,13 @@ VERL_KEYS: dict[str, str] = {
     "trainer.experiment_name": "tracking.run_name",
     "trainer.logger": "tracking.wandb (true to log to Weights & Biases too)",
     "trainer.n_gpus_per_node": "cluster.num_gpus",
-    "trainer.test_freq": "rl360 runs no validation during training: evaluate checkpoints with `rl360 eval`",
+    "trainer.test_freq": "trainer.eval_every",
+    "trainer.val_before_train": "trainer.eval_before_train",
+    "actor_rollout_ref.rollout.val_kwargs.n": "eval.n",
+    "actor_rollout_ref.rollout.val_kwargs.temperature": "eval.temperature",
+    "actor_rollout_ref.rollout.val_kwargs.top_p": "eval.top_p",
+    "actor_rollout_ref.rollout.val_kwargs.top_k": "eval.top_k",
+    "actor_rollout_ref.rollout.val_kwargs.do_sample": "eval.temperature (0: greedy)",
 }
 
 
@@ -678,6 +703,14 @@ def validate(cfg: RunConfig) -> None:
                           "that sets no model is a preset, to follow a base config: rl360 train BASE.yaml PRESET.yaml")
     if not cfg.data.train_files:
         raise ConfigError("data.train_files is empty: give at least one parquet file, directory or glob")
+    evaluates = [f"trainer.{key}" for key in ("eval_every", "eval_before_train", "eval_at_end")
+                 if getattr(cfg.trainer, key)]
+    if evaluates and not cfg.data.val_files:
+        raise ConfigError(f"{evaluates[0]} evaluates held-out prompts: give them in data.val_files (parquet files, "
+                          "directories or globs, rows as in data.train_files)")
+    for k in cfg.eval.pass_k:
+        if not 1 <= k <= cfg.eval.n:
+            raise ConfigError(f"eval.pass_k has {k}: each k must be in [1, eval.n={cfg.eval.n}]")
     if (cfg.actor.ppo_mini_batch_size * cfg.rollout.n) % cfg.actor.parallel.data:
         raise ConfigError(
             f"actor.ppo_mini_batch_size * rollout.n = {cfg.actor.ppo_mini_batch_size * cfg.rollout.n} must be a "

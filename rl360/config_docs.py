@@ -62,8 +62,9 @@ rl360 reads the verl / Reasoning360 data schema as it is (parquet rows with `pro
 
 
 # verl keys rl360 has under the same name and meaning (so no VERL_KEYS entry); each must be an rl360 key
-SAME_NAMES = ("data.train_files", "data.max_prompt_length", "data.shuffle", "algorithm.adv_estimator",
-              "algorithm.gamma", "algorithm.lam", "algorithm.norm_adv_by_std_in_grpo", "critic.cliprange_value")
+SAME_NAMES = ("data.train_files", "data.val_files", "data.max_prompt_length", "data.shuffle",
+              "algorithm.adv_estimator", "algorithm.gamma", "algorithm.lam", "algorithm.norm_adv_by_std_in_grpo",
+              "critic.cliprange_value")
 
 
 def config_keys() -> list[tuple[str, str, Any, str]]:

@@ -32,6 +32,7 @@ from rl360.cluster import WorkerGroup, start_ray
 from rl360.cluster.placement import make_placement
 from rl360.config import ConfigError, RunConfig, to_dict
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream
+from rl360.eval.during_training import TrainingEval
 from rl360.model_dir import check_model_dir
 from rl360.plan import GIB, plan
 from rl360.rewards import register_reward_path
@@ -63,7 +64,7 @@ def train(cfg: RunConfig) -> Path:
     # every row now, before Ray starts: rows that would stop the run when reached (data.on_bad_row=error) or be
     # skipped, an unknown data_source or reward_metric, a judge-scored row without reward.judge
     agent = agent_from_config(cfg)  # an unknown tool or parser: said now
-    routes = check_reward_data(cfg.data.train_files, judge_configured(cfg.reward.judge),
+    routes = check_reward_data([*cfg.data.train_files, *cfg.data.val_files], judge_configured(cfg.reward.judge),
                                on_bad_row=cfg.data.on_bad_row)
     out.mkdir(parents=True, exist_ok=True)
     # starting over: an earlier run's metrics, config, log and model are moved aside (its checkpoints below)
@@ -125,6 +126,7 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
         # multi-turn with tools (agent.loop=tools): each sample a trajectory of the agent loop; else one turn
         turns = {"generate_group": agent_group(agent, tokenizer)} if agent is not None else {}
         rollouts = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy, placement, **turns)
+        evaluation = TrainingEval(cfg, renderer, rollouts)  # data.val_files, sampled between steps by the engines
         estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
         kl_control = KLController(cfg.algorithm.kl_in_reward_coef, cfg.algorithm.kl_in_reward_target,
                                   cfg.algorithm.kl_in_reward_horizon)
@@ -152,6 +154,8 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
                           cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None,
                           total_steps=cfg.trainer.total_steps, started=started, use_swanlab=cfg.tracking.swanlab,
                           use_tensorboard=cfg.tracking.tensorboard)
+        if cfg.trainer.eval_before_train and resumed is None:  # the starting weights, logged as step 0
+            tracker.log(0, evaluation.run(0))
         ahead = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0
         for step in range(first_step, cfg.trainer.total_steps + 1):
             started = time.perf_counter()
@@ -211,8 +215,9 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
             with _timer(timing, "weight_sync"):
                 sync_metrics = rollouts.sync_weights(version=step)
 
-            # 7. log
+            # 7. held-out evaluation when due (trainer.eval_every, eval_at_end) of the weights just synced, and log
             metrics = {
+                **evaluation.at(step),
                 **_rollout_metrics(batch, scores),
                 **sampling_metrics,
                 **update_metrics,

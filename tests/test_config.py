@@ -17,7 +17,7 @@ def test_unknown_key_names_the_key_and_its_close_matches():
     with pytest.raises(ConfigError) as err:
         load_config(None, BASE + ["actor.lrr=1"])
     assert str(err.value) == "override 'actor.lrr=1': unknown config key 'actor.lrr'; close matches: actor.lr"
-    with pytest.raises(ConfigError, match=r"'data\.n'; close matches: rollout\.n$"):  # the name in another section
+    with pytest.raises(ConfigError, match=r"'data\.n'; close matches: rollout\.n, eval\.n$"):  # same name elsewhere
         load_config(None, BASE + ["data.n=4"])
     with pytest.raises(ConfigError, match=r"'actor\.zzzzzz'; no close match"):
         load_config(None, BASE + ["actor.zzzzzz=1"])
@@ -131,6 +131,8 @@ def test_expert_parallel_size_must_divide_data_times_context():
     ("data.max_response_length=64", "did you mean rl360's rollout.max_response_length?"),
     ("trainer.total_epochs=3", "'trainer.total_epochs' (verl's): rl360 counts steps, not epochs: set "
                                "trainer.total_steps"),
+    ("trainer.test_freq=5", "did you mean rl360's trainer.eval_every?"),
+    ("actor_rollout_ref.rollout.val_kwargs.n=4", "did you mean rl360's eval.n?"),
 ])
 def test_verl_keys_name_the_rl360_key(override, message):
     with pytest.raises(ConfigError) as err:
@@ -192,3 +194,17 @@ def test_missing_environment_variable_names_key_and_variable(monkeypatch):
                                           r"RL360_DATA_DIR: export RL360_MODEL_PATH=\.\.\. RL360_DATA_DIR=\.\.\. "
                                           r"or pass model\.path=\.\.\. data\.train_files=\.\.\. on the command line$"):
         load_config("configs/templates/qwen2.5-7b-1node.yaml")
+
+
+def test_evaluation_during_training_needs_held_out_files_and_ks_within_n():
+    with pytest.raises(ConfigError, match=r"^trainer\.eval_every evaluates held-out prompts: give them in "
+                                          r"data\.val_files "):
+        load_config(None, BASE + ["trainer.eval_every=5"])
+    with pytest.raises(ConfigError, match=r"^trainer\.eval_before_train evaluates held-out prompts"):
+        load_config(None, BASE + ["trainer.eval_before_train=true"])
+    with pytest.raises(ConfigError, match=r"^eval\.pass_k has 4: each k must be in \[1, eval\.n=2\]$"):
+        load_config(None, BASE + ["data.val_files=[v.parquet]", "eval.n=2", "eval.pass_k=[1,4]"])
+    with pytest.raises(ConfigError, match=r"^trainer\.eval_every=-1 must be >= 0$"):
+        load_config(None, BASE + ["data.val_files=[v.parquet]", "trainer.eval_every=-1"])
+    cfg = load_config(None, BASE + ["data.val_files=v.parquet", "trainer.eval_every=5"])
+    assert cfg.data.val_files == ["v.parquet"] and cfg.eval.n == 1 and cfg.eval.temperature == 0.0

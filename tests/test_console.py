@@ -135,6 +135,21 @@ def test_step_lines_show_k_of_n_elapsed_and_an_eta_from_the_steps_after_the_firs
         "step  3/12  elapsed 0:34  eta 0:18"]
 
 
+def test_step_zero_an_evaluation_before_training_shows_no_eta_and_times_no_step(tmp_path, monkeypatch):
+    clock = iter([100.0, 120.0, 130.0, 132.0])  # start; the evaluation before training; steps 1 and 2
+    monkeypatch.setattr(tracker_module.time, "monotonic", lambda: next(clock))
+    console = io.StringIO()
+    tracker = Tracker(tmp_path, {}, console=console, total_steps=12)
+    tracker.log(0, {"eval/all/accuracy": 0.25})
+    for step in (1, 2):
+        tracker.log(step, {"reward/mean": 0.5, "timing/step_s": 3.0 if step == 1 else 2.0})
+    tracker.close()
+    assert [line.split("  reward")[0].rstrip() for line in console.getvalue().splitlines()] == [
+        "step  0/12  elapsed 0:20",
+        "step  1/12  elapsed 0:30  eta 0:33",  # step 1's own 3 s x 11, as without the evaluation
+        "step  2/12  elapsed 0:32  eta 0:20"]
+
+
 def test_format_duration():
     assert [format_duration(s) for s in (0, 59.6, 61, 3599, 3600, 86399)] == \
         ["0:00", "1:00", "1:01", "59:59", "1:00:00", "23:59:59"]

@@ -235,6 +235,18 @@ def test_rule_failures_rejudged_are_added_back(setup, unbroken, tmp_path):
         report["rule"]["all"]["accuracy"] + len(plus_one) / total, abs=1e-12)
 
 
+def test_the_qwen_ins_preset_is_served(setup, tmp_path):
+    """DeepVision's qwen_ins profile (presence_penalty 1.5, top_k 20, top_p 0.8) against `rl360 serve model`:
+    every sample answered, none refused."""
+    root, _, urls = setup
+    _, report = _eval(root, urls, tmp_path / "qwen_ins", "sampling.preset=qwen_ins", "sampling.n=2",
+                      "data.max_prompts=8", "sampling.max_tokens=4")
+    assert report["unanswered"] == 0 and report["rule"]["all"]["samples"] == 16
+    assert report["rule"]["all"]["errors"] == 0
+    records = _results(tmp_path / "qwen_ins").values()
+    assert len(records) == 16 and not any(r["error"] for r in records)
+
+
 def test_model_dir_starts_engine_servers_and_stops_them(setup, tmp_path):
     root, model, _ = setup
     out = tmp_path / "engines"

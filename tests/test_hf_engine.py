@@ -89,3 +89,53 @@ def test_weight_update_by_hf_name_changes_outputs_and_checks_completeness(model_
         engine.update_weights([("not_a_weight", torch.zeros(1))], version=2)
     with pytest.raises(ValueError, match="shape"):
         engine.update_weights([(names[0], torch.zeros(3, 3))], version=2)
+
+
+def _penalised(logits: torch.Tensor, prompt: list[int], generated: list[int], presence: float = 0.0,
+               frequency: float = 0.0, repetition: float = 1.0) -> torch.Tensor:
+    """The penalties as OpenAI and SGLang define them, token by token: HF's repetition penalty over the prompt and
+    the generated tokens, then the frequency penalty per occurrence and the presence penalty once per generated
+    token."""
+    out = logits.clone()
+    for token in set(prompt) | set(generated):
+        out[token] = out[token] / repetition if out[token] > 0 else out[token] * repetition
+    for token in set(generated):
+        out[token] -= frequency * generated.count(token) + presence
+    return out
+
+
+def test_penalties_shift_the_sampling_distribution_as_defined(model_dir):
+    """Each sampled token's log-prob is that of the penalised distribution computed independently from a plain
+    forward pass (the penalties before the temperature); greedy decoding takes the penalised argmax."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 64-wide model: one thread is fastest, and unaffected by a busy machine
+    try:
+        _check_penalties(model_dir)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_penalties(model_dir):
+    engine = HFEngine(model_dir)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    names = {"presence": "presence_penalty", "frequency": "frequency_penalty", "repetition": "repetition_penalty"}
+    prompts = [[5, 6, 5, 7, 5], [10, 11]]
+    for penalties in [{"presence": 1.5}, {"frequency": 0.7}, {"repetition": 1.8},
+                      {"presence": -0.5, "frequency": 0.4, "repetition": 1.3}]:
+        settings = {names[key]: value for key, value in penalties.items()}
+        changed = 0
+        for temperature in (0.8, 0.0):
+            params = SamplingParams(n=2, max_new_tokens=10, temperature=temperature, seed=4, **settings)
+            for prompt, group in zip(prompts, engine.generate(prompts, params)):
+                for sample in group:
+                    with torch.no_grad():
+                        logits = reference(torch.tensor([prompt + sample.response_ids])).logits[0, len(prompt) - 1:-1]
+                    for t, token in enumerate(sample.response_ids):
+                        shifted = _penalised(logits[t], prompt, sample.response_ids[:t], **penalties)
+                        if temperature == 0:
+                            assert token == int(shifted.argmax()), (penalties, t)
+                        expected = float(torch.log_softmax(shifted / (temperature or 1.0), -1)[token])
+                        assert abs(sample.logprobs[t] - expected) < 1e-5, (penalties, t, sample.logprobs[t], expected)
+                        plain = float(torch.log_softmax(logits[t] / (temperature or 1.0), -1)[token])
+                        changed += abs(plain - expected) > 1e-3
+        assert changed, penalties  # the penalties moved the distribution the tokens were drawn from

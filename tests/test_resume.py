@@ -46,6 +46,7 @@ ALGORITHMS = {"grpo": [], "ppo": ["configs/algorithms/ppo.yaml"],
 # checkpoint writes are those of the others)
 KILL_PHASES = {"grpo": tuple(PHASES), "ppo": tuple(PHASES), ASYNC: ("update",)}
 TOTAL_STEPS, SAVE_EVERY = 12, 2
+EVAL_EVERY, EVAL_STEPS = 5, [5, 10, 12]  # held-out evaluations: every 5 steps and at the end
 KILL_SEED = 13
 MAX_DELAY_S = {"rollout": 0.02, "update": 0.05, "checkpoint": 0.05}  # each lasts ~0.05-1 s here
 RUN_TIMEOUT_S = 600
@@ -62,6 +63,9 @@ def assets(tmp_path_factory) -> Path:
     build_quickstart_model(root / "model")
     rows = [_row(f"{a}+{b}", str(a + b)) for a in range(4) for b in range(3)]  # 12 prompts: epochs roll over
     pq.write_table(pa.Table.from_pylist(rows), root / "train.parquet", row_group_size=5)
+    held_out = [_row(f"{a}+{b}", str(a + b)) for a, b in [(5, 1), (6, 2), (7, 0), (0, 7), (1, 5)]]
+    held_out += [_row("4+4", "8", source="math__held_out")]  # a second data_source
+    pq.write_table(pa.Table.from_pylist(held_out), root / "val.parquet", row_group_size=4)
     return root
 
 
@@ -71,7 +75,8 @@ def _command(assets: Path, out: Path, algorithm: str, *overrides: str) -> list[s
             "data.batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2", "trainer.save_hf=true",
             "rollout.max_response_length=6",  # decoding long enough (~0.05 s) for a kill to land in it
             "algorithm.kl_in_reward_coef=0.01", "algorithm.kl_in_reward_target=0.05",  # adaptive KL: restored too
-            f"trainer.total_steps={TOTAL_STEPS}", *overrides]
+            f"trainer.total_steps={TOTAL_STEPS}", f"data.val_files=[{assets / 'val.parquet'}]",
+            f"trainer.eval_every={EVAL_EVERY}", "trainer.eval_at_end=true", *overrides]
 
 
 def _finish(runs: dict[str, TrainingProcess]) -> None:
@@ -118,7 +123,8 @@ def unbroken(assets) -> dict[str, Unbroken]:
     another = {algorithm: {} for algorithm in ALGORITHMS}
     another["grpo"] = _another_runs_checkpoints(assets / "unbroken-grpo" / "checkpoints")
     runs = {algorithm: TrainingProcess(_command(assets, assets / f"unbroken-{algorithm}", algorithm,
-                                                f"trainer.save_every={TOTAL_STEPS}", "trainer.resume=false"),
+                                                f"trainer.save_every={TOTAL_STEPS}", "trainer.resume=false",
+                                                "tracking.swanlab=true"),
                                        cwd=str(REPO))
             for algorithm in ALGORITHMS}
     _finish(runs)
@@ -218,6 +224,7 @@ def test_resuming_with_another_lr_prints_the_change_and_appends_to_train_log(unb
     assert changes == ["resume: actor.lr 0.0005 -> 0.0001"]  # total_steps, save_every: not reported
     assert f"resumed from {out / 'checkpoints' / 'step_000012'} at step 13" in done.stdout
     assert [r["step"] for r in _records(out)] == list(range(1, TOTAL_STEPS + 2))
+    assert sorted(_evaluations(out)) == [*EVAL_STEPS, TOTAL_STEPS + 1]  # the new last step (eval_at_end) only
     log = (out / "train.log").read_text()
     assert log.startswith(before) and "resume: actor.lr 0.0005 -> 0.0001" in log[len(before):]
     assert "step 13/13" in log[len(before):]
@@ -236,6 +243,68 @@ def test_trainer_checkpoints_convert_to_the_runs_own_hf_export(unbroken, tmp_pat
     policy = run.out / "checkpoints" / f"step_{TOTAL_STEPS:06d}" / "policy"
     assert f"wrote Hugging Face checkpoint of {policy} to {tmp_path / 'hf'}" in convert.stdout
     _assert_same_weights(tmp_path / "hf", run.out / "hf")
+
+
+# ---- held-out evaluation during training -----------------------------------------------------------------
+
+EVAL_SOURCES = {"all": 6, "math__synthetic_arithmetic": 5, "math__held_out": 1}  # data_source -> held-out prompts
+EVAL_KEYS = ("prompts", "samples", "accuracy", "pass@1", "maj@1", "response_tokens_mean", "response_tokens_max",
+             "response_tokens_median", "truncated_rate", "reward_timeouts", "errors")
+
+
+def _evaluations(out: Path) -> dict[int, dict[str, float]]:
+    """step -> its eval/ metrics, for the steps of metrics.jsonl that have them."""
+    found = {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")} for r in _records(out)}
+    return {step: metrics for step, metrics in found.items() if metrics}
+
+
+def test_held_out_evaluations_are_logged_at_their_steps_to_metrics_jsonl_and_swanlab(unbroken):
+    """trainer.eval_every=5 with eval_at_end over 12 steps: steps 5, 10 and 12 carry eval/<data_source>/<metric>
+    and eval/all/<metric> in metrics.jsonl, and swanlab's offline run file holds the same values."""
+    from tests.test_trackers import _swanlab
+
+    for algorithm, run in unbroken.items():
+        evaluations = _evaluations(run.out)
+        assert sorted(evaluations) == EVAL_STEPS, algorithm
+        for step, metrics in evaluations.items():
+            assert set(metrics) == {f"eval/{name}/{key}" for name in EVAL_SOURCES for key in EVAL_KEYS}
+            for name, prompts in EVAL_SOURCES.items():
+                assert metrics[f"eval/{name}/prompts"] == metrics[f"eval/{name}/samples"] == prompts
+                accuracy = metrics[f"eval/{name}/accuracy"]
+                assert accuracy * prompts == pytest.approx(round(accuracy * prompts))  # 0/1 scores, one greedy each
+                assert metrics[f"eval/{name}/pass@1"] == pytest.approx(accuracy)
+                assert 1 <= metrics[f"eval/{name}/response_tokens_mean"] <= 6
+            assert f"eval at step {step}: 6 held-out prompts x 1  accuracy=" in run.output
+        (swanlab,) = _swanlab(run.out)
+        logged = {(key, step): value for step, metrics in evaluations.items() for key, value in metrics.items()}
+        assert {key: value for key, value in swanlab.items() if key[0].startswith("eval/")} == logged, algorithm
+
+
+def test_a_held_out_evaluation_scores_what_the_policy_answers_greedily(unbroken, assets):
+    """The last evaluation (greedy, one sample) equals decoding the run's exported weights greedily with
+    transformers and scoring each answer with the data_source's reward."""
+    import pyarrow.parquet as pq
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rl360.data import PromptRenderer
+    from rl360.rewards import compute_score
+
+    run = unbroken["grpo"]
+    tokenizer = AutoTokenizer.from_pretrained(run.out / "hf")
+    model = AutoModelForCausalLM.from_pretrained(run.out / "hf", torch_dtype=torch.float32)
+    renderer = PromptRenderer(tokenizer, 32)
+    scores: dict[str, list[float]] = {}
+    for row in pq.read_table(assets / "val.parquet").to_pylist():
+        ids = torch.tensor([renderer.render(row["prompt"])])
+        out = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id)
+        text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        score = compute_score(row["data_source"], text, row["reward_model"]["ground_truth"])
+        scores.setdefault(row["data_source"], []).append(score["score"] if isinstance(score, dict) else score)
+    scores["all"] = [score for name in list(scores) for score in scores[name]]
+    last = _evaluations(run.out)[TOTAL_STEPS]
+    assert {name: last[f"eval/{name}/accuracy"] for name in scores} == \
+        {name: pytest.approx(sum(values) / len(values)) for name, values in scores.items()}
 
 
 # ---- killed runs ------------------------------------------------------------------------------------------
@@ -336,6 +405,7 @@ def test_a_killed_run_ends_exactly_as_the_unbroken_run(killed, unbroken, algorit
         assert (kept in record.next_output) == (algorithm == ASYNC), record.next_output[-3000:]
     ours, theirs = _records(run.out), _records(reference.out)
     assert [r["step"] for r in ours] == list(range(1, TOTAL_STEPS + 1))
+    assert sorted(_evaluations(run.out)) == EVAL_STEPS  # evaluated where the unbroken run did, each step once
     for mine, other in zip(ours, theirs):
         compared = {key: value for key, value in mine.items() if not key.startswith(TIMINGS)}
         assert compared == {key: value for key, value in other.items() if not key.startswith(TIMINGS)}, \

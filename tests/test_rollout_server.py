@@ -188,7 +188,8 @@ def test_keys_are_required(served):
     ({"input_ids": []}, "input_ids"),
     ({"input_ids": [1], "sampling_params": {"temprature": 1}}, "sampling_params.temprature"),
     ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
-    ({"input_ids": [1], "sampling_params": {"repetition_penalty": 1.2}}, "sampling_params.repetition_penalty"),
+    ({"input_ids": [1], "sampling_params": {"repetition_penalty": 0}}, "sampling_params.repetition_penalty"),
+    ({"input_ids": [1], "sampling_params": {"frequency_penalty": -2.5}}, "sampling_params.frequency_penalty"),
     ({"input_ids": [[1], [2]], "sampling_params": [{}]}, "sampling_params"),
     ({"input_ids": [1], "stream": True}, "stream"),
     ({"text": "hi"}, "text"),  # the tiny checkpoint has no tokenizer

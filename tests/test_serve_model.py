@@ -148,8 +148,10 @@ def crowded(served):
      "must be a number"),
     (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "logprobs": 1}', 400, "logprobs",
      "must be a boolean"),
-    (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "presence_penalty": 0.5}', 400,
-     "presence_penalty", "not supported"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "presence_penalty": 2.5}', 400,
+     "presence_penalty", "must be in [-2, 2]"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "repetition_penalty": 0}', 400,
+     "repetition_penalty", "must be in (0, 2]"),
     (b'{"model": "tiny", "messages": "hi"}', 400, "messages", "non-empty list"),
     (b'{"model": 3, "messages": []}', 400, "model", "must be a string"),
 ])

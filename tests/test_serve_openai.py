@@ -131,6 +131,33 @@ def test_chat_logprobs_are_the_models_log_softmax(served, reference, temperature
         assert choice.finish_reason == "stop" or len(content) == 16
 
 
+def test_penalties_are_applied_as_openai_and_sglang_define_them(served, reference):
+    """presence_penalty and frequency_penalty (OpenAI's keys) and repetition_penalty (SGLang's, through the
+    client's extra_body): each token's log-prob is that of the penalised distribution, computed here from a plain
+    forward pass; the eval preset qwen_ins's settings are served."""
+    from tests.test_hf_engine import _penalised
+
+    _, client, _ = served
+    model, tokenizer, ids = reference
+    prompt = PromptRenderer(tokenizer, 1 << 30).render(QUESTION)
+    for presence, frequency, repetition in [(1.5, 0.0, 1.0), (0.0, 0.8, 1.0), (-0.5, 0.3, 1.6)]:
+        reply = client.chat.completions.create(model="tiny", messages=QUESTION, n=2, max_tokens=12, seed=5,
+                                               temperature=0.7, top_p=0.8, logprobs=True, presence_penalty=presence,
+                                               frequency_penalty=frequency,
+                                               extra_body={"repetition_penalty": repetition, "top_k": 20})
+        changed = 0
+        for choice in reply.choices:
+            tokens = [ids[entry.token] for entry in choice.logprobs.content]
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+            for t, entry in enumerate(choice.logprobs.content):
+                shifted = _penalised(logits[t], prompt, tokens[:t], presence, frequency, repetition)
+                expected = float(torch.log_softmax(shifted / 0.7, -1)[tokens[t]])
+                assert abs(entry.logprob - expected) < 1e-5, (presence, frequency, repetition, t)
+                changed += abs(float(torch.log_softmax(logits[t] / 0.7, -1)[tokens[t]]) - expected) > 1e-3
+        assert changed, (presence, frequency, repetition)
+
+
 def test_completion_logprobs_in_the_legacy_shape(served, reference):
     _, client, _ = served
     model, tokenizer, ids = reference

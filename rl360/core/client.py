@@ -302,9 +302,12 @@ class EngineClient:
 
 
 def sampling_options(params: SamplingParams) -> dict:
-    """SGLang `sampling_params` for our `SamplingParams` (seed left to the caller: `sampling_seed`)."""
-    return {"n": params.n, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-            "max_new_tokens": params.max_new_tokens, "stop_token_ids": list(params.stop_token_ids)}
+    """SGLang `sampling_params` for our `SamplingParams` (seed left to the caller: `sampling_seed`); a penalty
+    only when it is on."""
+    options = {"n": params.n, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+               "max_new_tokens": params.max_new_tokens, "stop_token_ids": list(params.stop_token_ids)}
+    off = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1}
+    return {**options, **{key: getattr(params, key) for key, value in off.items() if getattr(params, key) != value}}
 
 
 def collapse_image_tokens(ids: list[int], image_token_id: int, images: int, index: int = 0) -> list[int]:

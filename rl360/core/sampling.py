@@ -14,3 +14,8 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop_token_ids: list[int] = field(default_factory=list)  # generation ends after any of these
     seed: int = 0  # seeds this call's sampling
+    # penalties on the logits before temperature (rl360/engine/penalties.py): per occurrence and once per token of
+    # the generated text (OpenAI's), and HF's divide/multiply over the prompt and generated tokens (1: off)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0

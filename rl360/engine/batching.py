@@ -16,6 +16,7 @@ import torch
 from rl360.core import ImagePrompt
 from rl360.engine.generate_request import Row
 from rl360.engine.hf_engine import _filtered_probs, next_positions
+from rl360.engine.penalties import PenaltyState
 from rl360.service.app import ServiceError
 from rl360.service.metrics import MetricsRegistry
 
@@ -45,6 +46,7 @@ class BatchDecoder:
             if not running[i]:
                 self._finish(row, {"type": "length", "length": 0})
         cache, step = None, 0
+        penalties: list[PenaltyState | None] = []  # per row, from the first step's logits (None: no penalty)
         while any(running):
             self.resume.wait()
             with self.model_lock:
@@ -60,6 +62,9 @@ class BatchDecoder:
             if step == 0:
                 self._input_logprobs(rows, output.logits, batch.ids.shape[1])
             logits = output.logits[:, -1, :].float()
+            if step == 0:
+                penalties = [PenaltyState.start([row.prompt], row.params, logits.shape[-1], logits.device)
+                             for row in rows]
             next_tokens = torch.full((len(rows),), pad, dtype=torch.long)
             for i, row in enumerate(rows):
                 if not running[i]:
@@ -68,7 +73,8 @@ class BatchDecoder:
                     running[i] = False
                     self._finish(row, {"type": "abort", "message": row.aborted})
                     continue
-                scaled = logits[i:i + 1] / row.params.temperature if row.params.temperature > 0 else logits[i:i + 1]
+                row_logits = logits[i:i + 1] if penalties[i] is None else penalties[i].apply(logits[i:i + 1])
+                scaled = row_logits / row.params.temperature if row.params.temperature > 0 else row_logits
                 if row.params.temperature > 0:
                     token = int(torch.multinomial(_filtered_probs(scaled, row.params), 1, generator=generators[i]))
                 else:
@@ -79,6 +85,8 @@ class BatchDecoder:
                     row.top.append(list(zip(ids.tolist(), values.tolist())))
                 row.tokens.append(token)
                 row.logprobs.append(float(logp[token]))
+                if penalties[i] is not None:
+                    penalties[i].add(torch.tensor([token]))
                 next_tokens[i] = token
                 if token in stops[i]:
                     running[i] = False

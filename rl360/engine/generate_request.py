@@ -20,7 +20,7 @@ import base64
 import binascii
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rl360.core import SamplingParams
@@ -36,8 +36,7 @@ SAMPLING_FIELDS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", 
                              "no_stop_trim", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
                              "min_new_tokens", "stop"})
 # SGLang sampling keys accepted only at values that change nothing here (null is always fine)
-NEUTRAL_SAMPLING: dict[str, tuple] = {"min_p": (0,), "frequency_penalty": (0,), "presence_penalty": (0,),
-                                      "repetition_penalty": (1,), "min_new_tokens": (0,), "stop": ([],)}
+NEUTRAL_SAMPLING: dict[str, tuple] = {"min_p": (0,), "min_new_tokens": (0,), "stop": ([],)}
 
 
 @dataclass
@@ -107,8 +106,7 @@ def parse_generate(body: bytes, tokenizer: Any = None, vision: bool = False) -> 
         where = "sampling_params" + (f"[{index}]" if len(prompts) > 1 else "")
         params, seed, ignore_eos = parse_sampling(options, where)
         for j in range(params.n):
-            one = SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                                 max_new_tokens=params.max_new_tokens, stop_token_ids=params.stop_token_ids)
+            one = replace(params, n=1)
             rows.append(Row(prompt, one, None if seed is None else seed + j, rid,
                             start if return_logprob else -1, ignore_eos, index, images[index]))
     field_name = "text" if data.get("text") is not None else "input_ids"
@@ -234,6 +232,15 @@ def _rids(value: Any, count: int, single: bool) -> list[str]:
     raise ServiceError(400, f"'rid' must be a string or a list of {count} strings (one per prompt)", "rid")
 
 
+def penalty_fields(options: dict, where: str = "", error: type[ServiceError] = ServiceError) -> dict[str, float]:
+    """`frequency_penalty` and `presence_penalty` (in [-2, 2], 0: off) and `repetition_penalty` (in (0, 2], 1: off)
+    of a request, as SGLang and OpenAI bound them (rl360/engine/penalties.py says what each does)."""
+    return {"frequency_penalty": number_field(options, "frequency_penalty", 0.0, -2.0, 2.0, where=where, error=error),
+            "presence_penalty": number_field(options, "presence_penalty", 0.0, -2.0, 2.0, where=where, error=error),
+            "repetition_penalty": number_field(options, "repetition_penalty", 1.0, 0.0, 2.0, low_open=True,
+                                               where=where, error=error)}
+
+
 def parse_sampling(options: Any, where: str = "sampling_params") -> tuple[SamplingParams, int | None, bool]:
     """SGLang sampling settings as our `SamplingParams`, the seed (None: random draws) and `ignore_eos`."""
     if not isinstance(options, dict):
@@ -261,7 +268,7 @@ def parse_sampling(options: Any, where: str = "sampling_params") -> tuple[Sampli
     n = int(number_field(options, "n", 1, 1, MAX_N, integer=True, where=where))
     max_new_tokens = int(number_field(options, "max_new_tokens", 128, 0, 1 << 20, integer=True, where=where))
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                            stop_token_ids=sorted(set(stops)))
+                            stop_token_ids=sorted(set(stops)), **penalty_fields(options, where))
     seed = options.get("sampling_seed")
     if seed is not None and not is_int(seed):
         raise ServiceError(400, f"'{where}.sampling_seed' must be an integer, got {seed!r}", f"{where}.sampling_seed")

@@ -1,7 +1,8 @@
 """The embedded rollout engine: Hugging Face transformers, in-process, CPU or GPU.
 
 Sampling is a plain KV-cached decode loop over a left-padded batch, so the log-prob of every sampled
-token comes from exactly the distribution it was drawn from (temperature applied, before top-k/top-p).
+token comes from exactly the distribution it was drawn from (frequency / presence / repetition penalties and
+temperature applied, before top-k/top-p; rl360/engine/penalties.py).
 Temperature 0 decodes greedily (the most likely token at every step, no randomness); its log-probs are
 those of the model's plain distribution (temperature 1).
 
@@ -36,6 +37,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rl360.core import ImagePrompt, Prompt, Sample, SamplingParams, prompt_ids
 from rl360.core.wire import WeightBucket
+from rl360.engine.penalties import PenaltyState
 
 VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")  # config model_type of the vision-language models served
 
@@ -118,12 +120,17 @@ class HFEngine:
         # finished[i] = response length once a stop token was sampled, 0 while still running
         finished = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
         out_tokens, out_logprobs = [], []
-        cache = None
+        cache = penalties = None
         for step in range(params.max_new_tokens):
             output = self.model(attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
                                 **step_inputs)
             cache = output.past_key_values
             logits = output.logits[:, -1, :].float()
+            if step == 0:  # frequency / presence / repetition penalties (None: all off)
+                penalties = PenaltyState.start([prompt_ids(p) for p in prompts], params, logits.shape[-1],
+                                               logits.device)
+            if penalties is not None:
+                logits = penalties.apply(logits)
             if params.temperature > 0:
                 logits = logits / params.temperature
                 token = torch.multinomial(_filtered_probs(logits, params), 1, generator=generator).squeeze(-1)
@@ -135,6 +142,8 @@ class HFEngine:
             out_tokens.append(token)
             out_logprobs.append(torch.where(running, logp.gather(-1, token[:, None]).squeeze(-1), 0.0))
             finished = torch.where(running & torch.isin(token, stop), step + 1, finished)
+            if penalties is not None:
+                penalties.add(token, running)
             if bool((finished > 0).all()):
                 break
             step_inputs = {"input_ids": token[:, None]}

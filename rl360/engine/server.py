@@ -11,8 +11,9 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
   checkpoint has a tokenizer); `sampling_params` (one object, or one per prompt) with `max_new_tokens`,
   `temperature` (0: greedy), `top_p`, `top_k` (-1 or >= 2^30: none), `stop_token_ids`, `ignore_eos`, `n`,
   `sampling_seed` (sample j of a prompt draws from a generator seeded with `sampling_seed + j`; without it
-  the draws are random), plus SGLang's knobs at values that change nothing (`min_p: 0`, penalties at 0 or 1,
-  ...); `return_logprob`, `logprob_start_len` (>= 0 adds `input_token_logprobs` from that prompt position,
+  the draws are random), `frequency_penalty`, `presence_penalty` (in [-2, 2]) and `repetition_penalty` (in
+  (0, 2]) as SGLang applies them (rl360/engine/penalties.py), plus SGLang's knobs at values that change nothing
+  (`min_p: 0`, ...); `return_logprob`, `logprob_start_len` (>= 0 adds `input_token_logprobs` from that prompt position,
   the first prompt token's log-prob being null as in SGLang), `return_text_in_logprobs`, `rid` (a string, or
   one per prompt). One prompt with n = 1 is answered with one object, anything else with a list (prompt-major:
   prompt i's sample j is entry i*n + j). Each object: `text`, `output_ids`, `meta_info` with `id`,

@@ -112,13 +112,18 @@ def sampling_values(sampling: EvalSamplingConfig) -> dict[str, float | int]:
 
 def pass_ks(cfg: EvalConfig) -> list[int]:
     """The k of pass@k: `pass_k`, or the powers of two up to n, and n."""
-    if cfg.pass_k:
-        return sorted(set(cfg.pass_k))
+    return ks_for(cfg.sampling.n, cfg.pass_k)
+
+
+def ks_for(n: int, given: list[int]) -> list[int]:
+    """The k of pass@k for n samples: those `given`, or (none given) the powers of two below n, and n."""
+    if given:
+        return sorted(set(given))
     ks, k = [], 1
-    while k < cfg.sampling.n:
+    while k < n:
         ks.append(k)
         k *= 2
-    return ks + [cfg.sampling.n]
+    return ks + [n]
 
 
 def validate_eval(cfg: EvalConfig) -> None:

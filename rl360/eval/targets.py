@@ -148,12 +148,9 @@ class SGLangEndpoint(Endpoint):
         stops = sorted({self.tokenizer.eos_token_id} - {None})
         options = sampling_options(SamplingParams(n=1, temperature=v["temperature"], top_p=v["top_p"],
                                                   top_k=v["top_k"], max_new_tokens=v["max_tokens"],
-                                                  stop_token_ids=stops))
+                                                  stop_token_ids=stops, presence_penalty=v["presence_penalty"],
+                                                  repetition_penalty=v["repetition_penalty"]))
         options["sampling_seed"] = seed
-        if v["presence_penalty"] != 0:
-            options["presence_penalty"] = v["presence_penalty"]
-        if v["repetition_penalty"] != 1:
-            options["repetition_penalty"] = v["repetition_penalty"]
         try:
             replies = await self.client.generate([ids], [options], True)
             sample = reply_sample(ids, replies[0])

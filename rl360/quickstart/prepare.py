@@ -52,7 +52,7 @@ def prepare_quickstart(cfg: RunConfig, task: str = "arithmetic") -> None:
 
             build_quickstart_model(model_dir, seed=cfg.seed)
             print(f"built a random-weight tiny Qwen2 model and its tokenizer in {model_dir}")
-    data_files = [Path(f) for f in cfg.data.train_files]
+    data_files = [Path(f) for f in cfg.data.train_files + cfg.data.val_files]  # the scripts write both splits
     if not all(f.exists() for f in data_files):
         out_dir = str(data_files[0].parent)
         if zoom:

@@ -4,6 +4,7 @@
     future = sampler.generate(step)      # a concurrent.futures.Future of StepRollouts, computed meanwhile
     sampler.sync_weights(step)           # the policy's weights into every engine, version `step`
     sampler.data_state(next_step)        # the stream position before `next_step`'s prompts (for checkpoints)
+    sampler.evaluate(rows, rollout, seed)  # held-out rows sampled and scored between steps (no training)
     sampler.close()
 
 It lives in the trainer's process on an event-loop thread of its own (engine requests are asyncio), so
@@ -42,7 +43,7 @@ from rl360.algos.dynamic_sampling import group_std, most_varied, overlong_penalt
 from rl360.cluster.placement import Placement, make_placement
 from rl360.core import Prompt, Sample, SamplingParams, TrajectorySummary
 from rl360.config import ConfigError
-from rl360.rewards import RewardItem, RewardPool
+from rl360.rewards import RewardItem, RewardPool, RewardResult
 from rl360.rollout.fleet import EngineFleet
 
 # a prompt batch's samples: (fleet, prompts, params, seed, the step's metrics, the prompts' rows) -> params.n
@@ -94,6 +95,17 @@ class Scored:
         return build_batch([s.prompt_ids for s in self.samples], [s.response_ids for s in self.samples],
                            [s.logprobs for s in self.samples], pad_id=pad_id, images=[s.images for s in self.samples],
                            loss_masks=[s.loss_mask for s in self.samples])
+
+
+@dataclass
+class SampledScores:
+    """Samples of prompt rows with their decoded responses and reward results, `n` consecutive per row."""
+
+    rows: list[dict]  # one per sample
+    samples: list[Sample]
+    texts: list[str]  # the responses, decoded without special tokens
+    results: list[RewardResult]
+    counts: dict[str, float]  # the reward pool's counts for these samples (reward/timeouts, ...)
 
 
 @dataclass
@@ -175,6 +187,13 @@ class RolloutSampler:
 
     def describe(self) -> list[dict]:
         return self.fleet.describe()
+
+    def evaluate(self, rows: list[dict], rollout: Any, seed: int) -> SampledScores:
+        """`rollout.n` samples of each prompt row (rollout.temperature, top_p, top_k, max_response_length), sample
+        j of row i seeded `seed + i * n + j`, on the fleet's engines as they are now (through `generate_group`:
+        the agent loop where one is set), scored by the reward pool as a step's samples are, without the overlong
+        penalty. Blocks until done; for evaluations between steps."""
+        return self._call(self._sample_and_score(rows, rollout, seed, {}, {}))
 
     def close(self) -> None:
         if self._loop.is_closed():
@@ -319,6 +338,23 @@ class RolloutSampler:
                                  metrics: dict[str, float]) -> Scored:
         """`rollout.n` responses for each prompt row, scored by its data_source's reward under a timeout;
         reward counts are added to `metrics`."""
+        sampled = await self._sample_and_score(rows, rollout, seed, timing, metrics)
+        samples, results, counts = sampled.samples, sampled.results, sampled.counts
+        scores = torch.tensor([r.score for r in results], dtype=torch.float32)
+        accuracy = torch.tensor([float(r.extras.get("acc", r.score)) for r in results], dtype=torch.float32)
+        if self.cfg.reward.overlong_buffer_len:
+            lengths = torch.tensor([len(s.response_ids) for s in samples])
+            penalty = overlong_penalty(lengths, rollout.max_response_length, self.cfg.reward.overlong_buffer_len,
+                                       self.cfg.reward.overlong_penalty_factor)
+            scores = scores + penalty
+            counts["reward/overlong_penalized"] = int((penalty < 0).sum())
+        for key, value in counts.items():
+            metrics[key] = metrics.get(key, 0) + value
+        return Scored(sampled.rows, samples, scores, accuracy, rollout.n)
+
+    async def _sample_and_score(self, rows: list[dict], rollout: Any, seed: int, timing: dict[str, float],
+                                metrics: dict[str, float]) -> SampledScores:
+        """`rollout.n` samples of each prompt row from `generate_group`, and their rewards (no penalty)."""
         n = rollout.n
         started = time.perf_counter()
         params = SamplingParams(n=n, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
@@ -337,17 +373,7 @@ class RolloutSampler:
         async with self._scoring:  # the pool scores one call at a time (steps may overlap)
             results, counts = await asyncio.to_thread(self._score, items)
         _add(timing, "reward", time.perf_counter() - started)
-        scores = torch.tensor([r.score for r in results], dtype=torch.float32)
-        accuracy = torch.tensor([float(r.extras.get("acc", r.score)) for r in results], dtype=torch.float32)
-        if self.cfg.reward.overlong_buffer_len:
-            lengths = torch.tensor([len(s.response_ids) for s in samples])
-            penalty = overlong_penalty(lengths, rollout.max_response_length, self.cfg.reward.overlong_buffer_len,
-                                       self.cfg.reward.overlong_penalty_factor)
-            scores = scores + penalty
-            counts["reward/overlong_penalized"] = int((penalty < 0).sum())
-        for key, value in counts.items():
-            metrics[key] = metrics.get(key, 0) + value
-        return Scored(sample_rows, samples, scores, accuracy, n)
+        return SampledScores(sample_rows, samples, texts, results, counts)
 
     def _summary(self, sample: Sample) -> TrajectorySummary | None:
         """What the reward reads of a multi-turn trajectory (None for a single response: its text is all)."""

@@ -7,7 +7,10 @@ Routes: `POST /v1/chat/completions` (messages rendered with the tokenizer's chat
 `POST /v1/completions` (a prompt string or a list of them), `GET /v1/models`, `GET /health`, `GET /metrics`.
 Sampling keys: `temperature` (0: greedy), `top_p`, `top_k`, `max_tokens` (or `max_completion_tokens`), `n`,
 `stop` (strings; the text ends before the first one and its decoding stops there), `seed` (choice j of a prompt
-is sampled with seed + j, so a reply does not depend on the requests it is batched with).
+is sampled with seed + j, so a reply does not depend on the requests it is batched with), `frequency_penalty` and
+`presence_penalty` (in [-2, 2], on the generated text) and SGLang's and vLLM's `repetition_penalty` (in (0, 2],
+on the prompt and the generated text; the `openai` client sends it with `extra_body`), as
+`rl360.engine.penalties` applies them.
 
 - `stream: true`: server-sent events as OpenAI sends them, `data: {chunk}` each and `data: [DONE]` last.
   Chat: per choice a first chunk with `delta.role` "assistant", then `delta.content` pieces as tokens are
@@ -24,7 +27,7 @@ is sampled with seed + j, so a reply does not depend on the requests it is batch
   log-softmax of logits / temperature, before top-k/top-p (greedy: temperature 1); the closing
   end-of-sequence token is not listed.
 
-Other OpenAI keys are accepted only at values that change nothing (`frequency_penalty: 0`, `tools: []`, ...;
+Other OpenAI keys are accepted only at values that change nothing (`logit_bias: {}`, `tools: []`, ...;
 `user` is ignored); any other key is an unknown field. Replies carry `choices` with `finish_reason` "stop" or
 "length" and `usage` token counts. A malformed request (bad JSON, wrong types, unknown fields, values out of
 range) gets HTTP 400 in OpenAI's error shape naming the key at fault (`error.param`); another model name gets
@@ -55,7 +58,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
 from rl360.core import SamplingParams
-from rl360.engine.generate_request import Row
+from rl360.engine.generate_request import Row, penalty_fields
 from rl360.model_dir import check_model_dir
 from rl360.serve.openai_choices import ChoiceTracker, LogprobFormat, Piece
 from rl360.service.app import (
@@ -81,13 +84,12 @@ DEFAULT_LIMITS = ServiceLimits(max_body_bytes=MAX_BODY_BYTES, max_in_flight=64, 
                                read_timeout_s=30.0, shutdown_grace_s=30.0)
 # OpenAI keys accepted only at values that change nothing here (null is always fine)
 NEUTRAL_VALUES: dict[str, tuple] = {
-    "frequency_penalty": (0,), "presence_penalty": (0,),
     "logit_bias": ({},), "response_format": ({"type": "text"},), "tools": ([],),
     "tool_choice": ("none", "auto"), "echo": (False,), "best_of": (1,), "suffix": ("",),
 }
 _COMMON_FIELDS = {"model", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "n", "stop",
                   "seed", "stream", "user", "parallel_tool_calls", "frequency_penalty", "presence_penalty",
-                  "logit_bias", "stream_options"}
+                  "repetition_penalty", "logit_bias", "stream_options"}
 CHAT_FIELDS = frozenset(_COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "response_format", "tools",
                                           "tool_choice"})
 COMPLETION_FIELDS = frozenset(_COMMON_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"})
@@ -127,6 +129,7 @@ class Request:
     n: int = 1
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    penalties: dict[str, float] = field(default_factory=dict)  # frequency_penalty, presence_penalty, repetition_...
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per token (completions: `logprobs`, chat: `top_logprobs`)
     stream: bool = False
@@ -167,6 +170,7 @@ def parse_request(body: bytes, chat: bool, served_name: str) -> Request:
     if data.get("seed") is not None:
         request.seed = int(number_field(data, "seed", 0, -(1 << 63), (1 << 63) - 1, integer=True,
                                         error=RequestError))
+    request.penalties = penalty_fields(data, error=RequestError)
     _logprob_fields(data, request)
     _stream_fields(data, request)
     return request
@@ -309,7 +313,7 @@ class ModelService:
         `seed + j`."""
         rid = uuid.uuid4().hex
         params = SamplingParams(n=1, temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-                                max_new_tokens=request.max_tokens)
+                                max_new_tokens=request.max_tokens, **request.penalties)
         return [Row(ids, params, None if request.seed is None else request.seed + j, rid, index=i,
                     top_logprobs=request.top_logprobs if request.logprobs else 0)
                 for i, ids in enumerate(prompts) for j in range(request.n)]

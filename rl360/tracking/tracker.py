@@ -2,7 +2,8 @@
 for (wandb, swanlab, TensorBoard: rl360/tracking/backends.py).
 
 A console line: `step 12/100  elapsed 1:05  eta 7:10  reward=...`: elapsed since the run started, the estimate
-from this process's steps after its first (whose time includes start-up), or from the first's own time alone."""
+from this process's steps after its first (whose time includes start-up), or from the first's own time alone.
+Step 0 (held-out metrics before training, `trainer.eval_before_train`) is logged like a step, without an ETA."""
 
 from __future__ import annotations
 
@@ -61,9 +62,10 @@ class Tracker:
         for backend in self._backends:
             backend.log(step, record)
         now = time.monotonic()
-        if not self._step_ends:
-            self._first_step_s = float(record.get("timing/step_s") or now - self._started)
-        self._step_ends.append((step, now))
+        if step > 0:  # step 0 (an evaluation before training) times no step
+            if not self._step_ends:
+                self._first_step_s = float(record.get("timing/step_s") or now - self._started)
+            self._step_ends.append((step, now))
         if step % self.log_every == 0 or step == self.total_steps:
             shown = "  ".join(f"{label}={_fmt(record[key])}" for key, label in CONSOLE_KEYS.items() if key in record)
             print(f"{self._progress(step, now)}  {shown}", file=self._console or sys.stdout, flush=True)
@@ -74,6 +76,8 @@ class Tracker:
             return f"step {step:>4}  elapsed {format_duration(now - self._started)}"
         width = len(str(self.total_steps))
         text = f"step {step:>{width}}/{self.total_steps}  elapsed {format_duration(now - self._started)}"
+        if not self._step_ends:  # step 0: no step timed yet
+            return text
         return f"{text}  eta {format_duration(self.seconds_per_step() * max(0, self.total_steps - step))}"
 
     def seconds_per_step(self) -> float:
