@@ -15,7 +15,7 @@ from rl360.agents.loop import call_end_ids
 from rl360.agents.tools import TrajectoryState
 from rl360.config import load_config
 from rl360.quickstart.assets import next_token_probabilities
-from rl360.quickstart.prepare import _script, prepare_quickstart
+from rl360.quickstart.prepare import prepare_quickstart
 from rl360.quickstart.tools_assets import CALL, CALL_PRIOR, answer_turns, build_tools_quickstart_model, first_turns
 
 

@@ -41,8 +41,8 @@ import torch
 from rl360.actor.batch import RolloutBatch, build_batch
 from rl360.algos.dynamic_sampling import group_std, most_varied, overlong_penalty, partial_keep, varied_groups
 from rl360.cluster.placement import Placement, make_placement
-from rl360.core import Prompt, Sample, SamplingParams, TrajectorySummary
 from rl360.config import ConfigError
+from rl360.core import Prompt, Sample, SamplingParams, TrajectorySummary
 from rl360.rewards import RewardItem, RewardPool, RewardResult
 from rl360.rollout.fleet import EngineFleet
 
