@@ -141,6 +141,7 @@ class _Query:
 class JudgeClient:
     path = "/chat/completions"  # what each request posts to, after the URL
     prefix = "judge"  # of the counts' names
+    env, env_types = ENV, _ENV_TYPES  # the variables `from_env` reads (option -> name) and their types
 
     def __init__(self, url: str | None = None, model: str | None = None, api_key: str | None = None, *,
                  api_key_env: str = "", template: str = "correctness", max_concurrency: int = 8,
@@ -198,13 +199,13 @@ class JudgeClient:
     def from_env(cls, **overrides: Any) -> JudgeClient:
         """From the RL360_JUDGE_* variables (`judge_env` writes them from a config)."""
         options: dict[str, Any] = {}
-        for name, var in ENV.items():
+        for name, var in cls.env.items():
             value = os.environ.get(var, "")
             if value:
                 try:
-                    options[name] = _ENV_TYPES.get(name, str)(value)
+                    options[name] = cls.env_types.get(name, str)(value)
                 except ValueError:
-                    raise ValueError(f"{var}={value!r} is not a valid {_ENV_TYPES[name].__name__}") from None
+                    raise ValueError(f"{var}={value!r} is not a valid {cls.env_types[name].__name__}") from None
         return cls(**{**options, **overrides})
 
     def __repr__(self) -> str:

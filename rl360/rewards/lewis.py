@@ -69,6 +69,7 @@ class ListenerClient(JudgeClient):
 
     path = "/batch_score"
     prefix = "listener"
+    env, env_types = ENV, _ENV_TYPES
 
     def __init__(self, url: str | None = None, api_key: str | None = None, *, api_key_env: str = "",
                  chunk_size: int = 4, max_concurrency: int = 4, timeout_s: float = 60.0, max_retries: int = 3,
@@ -89,18 +90,6 @@ class ListenerClient(JudgeClient):
                          max_retries=max_retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s,
                          deadline_s=deadline_s, cache_size=cache_size)
         self.chunk_size = chunk_size
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> ListenerClient:
-        options: dict[str, Any] = {}
-        for name, var in ENV.items():
-            value = os.environ.get(var, "")
-            if value:
-                try:
-                    options[name] = _ENV_TYPES.get(name, str)(value)
-                except ValueError:
-                    raise ValueError(f"{var}={value!r} is not a valid {_ENV_TYPES[name].__name__}") from None
-        return cls(**{**options, **overrides})
 
     def __repr__(self) -> str:
         return (f"ListenerClient(url={self.url!r}, api_key={self._api_key!r}, chunk_size={self.chunk_size}, "
