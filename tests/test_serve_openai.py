@@ -295,3 +295,34 @@ def test_text_grown_token_by_token_is_the_whole_decoding(kind):
         row.tokens.append(token)
         choice.advance()
     assert choice.text == TEXT[:20] and choice.finish_reason == "stop" and row.aborted is not None
+
+
+class _Watched(list):
+    """A row's token list that records, at each append, whether the token's log-probs were already there."""
+
+    def __init__(self, row):
+        super().__init__()
+        self.row, self.ready = row, []
+
+    def append(self, token):
+        i = len(self)
+        self.ready.append(len(self.row.logprobs) > i and len(self.row.top) > i)
+        super().append(token)
+
+
+def test_a_token_is_published_after_its_logprobs(served):
+    """A stream reads a row's tokens on the event loop while the decoder appends on its own thread: a token
+    must appear only once its log-probs and alternatives are stored, or a reader indexes past them."""
+    from rl360.core import SamplingParams
+    from rl360.engine.batching import BatchDecoder
+    from rl360.engine.generate_request import Row
+    from rl360.engine.hf_engine import HFEngine
+
+    engine = HFEngine(str(served[2]), dtype=torch.float32)
+    resume = threading.Event()
+    resume.set()
+    rows = [Row([5, 6, 7], SamplingParams(n=1, max_new_tokens=6), seed=s, rid="r", top_logprobs=2) for s in (1, 2)]
+    for row in rows:
+        row.tokens = _Watched(row)
+    BatchDecoder(engine, threading.Lock(), resume, lambda: "0", []).decode(rows)
+    assert all(row.tokens.ready == [True] * 6 for row in rows)

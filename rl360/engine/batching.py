@@ -83,8 +83,8 @@ class BatchDecoder:
                 if row.top_logprobs > 0:
                     values, ids = logp.topk(min(row.top_logprobs, logp.shape[-1]))
                     row.top.append(list(zip(ids.tolist(), values.tolist())))
-                row.tokens.append(token)
                 row.logprobs.append(float(logp[token]))
+                row.tokens.append(token)  # last: a reader on another thread that sees the token sees its log-probs
                 if penalties[i] is not None:
                     penalties[i].add(torch.tensor([token]))
                 next_tokens[i] = token
