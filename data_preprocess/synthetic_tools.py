@@ -4,8 +4,8 @@ Each prompt is one user message such as "123456*654321%7"; the ground truth is t
 `math` reward (math-verify on the last \\boxed{} of the response). Neither number is a multiple of 7, so the
 answers 1..6 are equally likely (guessing scores 1/6). Each row starts the python tool with `a` and `b` bound
 (verl's per-tool `extra_info.tools_kwargs.python.create_kwargs`, here `{"variables": {"a": ..., "b": ...}}`).
-`data_source` is `math__synthetic_tools`, scored with the `tool_bonus` metric (`extra_info.reward_metric`): the math
-reward's accuracy plus DeepEyes' tool bonus when a tool was called and the answer is right.
+`data_source` is `math__synthetic_tools`, scored by the math reward's accuracy; `--tool-bonus` adds DeepEyes' tool
+bonus when a tool was called and the answer is right (`extra_info.reward_metric: tool_bonus`).
 
     python -m data_preprocess.synthetic_tools --out data/tools
 """
@@ -22,8 +22,9 @@ DATA_SOURCE = "math__synthetic_tools"
 MODULUS = 7
 
 
-def make_rows(count: int, split: str, seed: int, modulus: int = MODULUS) -> list[dict]:
+def make_rows(count: int, split: str, seed: int, modulus: int = MODULUS, tool_bonus: bool = False) -> list[dict]:
     """`count` rows of two 6-digit numbers, neither a multiple of `modulus`, drawn with `seed`."""
+    metric = {"reward_metric": "tool_bonus"} if tool_bonus else {}
     rng = random.Random(seed)
 
     def draw() -> int:
@@ -39,7 +40,7 @@ def make_rows(count: int, split: str, seed: int, modulus: int = MODULUS) -> list
             "prompt": [{"role": "user", "content": f"{a}*{b}%{modulus}"}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(a * b % modulus)},
-            "extra_info": {"split": split, "index": index, "reward_metric": "tool_bonus",
+            "extra_info": {"split": split, "index": index, **metric,
                            "tools_kwargs": {"python": {"create_kwargs": {"variables": {"a": a, "b": b}}}}},
         })
     return rows
@@ -51,10 +52,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-rows", type=int, default=20_000, help="rows in train.parquet")
     parser.add_argument("--test-rows", type=int, default=500, help="rows in test.parquet")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tool-bonus", action="store_true", help="score with DeepEyes' tool bonus too")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    write_parquet(make_rows(args.train_rows, "train", args.seed), out / "train.parquet")
-    write_parquet(make_rows(args.test_rows, "test", args.seed + 1), out / "test.parquet")
+    write_parquet(make_rows(args.train_rows, "train", args.seed, tool_bonus=args.tool_bonus), out / "train.parquet")
+    write_parquet(make_rows(args.test_rows, "test", args.seed + 1, tool_bonus=args.tool_bonus), out / "test.parquet")
     print(f"wrote {out / 'train.parquet'} and {out / 'test.parquet'}")
 
 

@@ -37,11 +37,11 @@ def prepare_quickstart(cfg: RunConfig, task: str = "arithmetic") -> None:
         elif tools:
             from rl360.quickstart.tools_assets import build_tools_quickstart_model
 
-            rows = _script("synthetic_tools").make_rows(64, "prime", seed=cfg.seed + 2)
+            rows = _script("synthetic_tools").make_rows(512, "prime", seed=cfg.seed + 2)
             build_tools_quickstart_model(model_dir, [row["prompt"][0]["content"] for row in rows],
                                          [row["reward_model"]["ground_truth"] for row in rows], seed=cfg.seed)
             print(f"built a random-weight tiny Qwen2 model and its tokenizer (one token per tool call, written first "
-                  f"in about half its replies) in {model_dir}")
+                  f"in about half its replies; a tool's printed answer repeated about 40% of the time) in {model_dir}")
         elif vision:
             from rl360.quickstart.vision_assets import build_vision_quickstart_model
 

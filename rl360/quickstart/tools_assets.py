@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rl360.quickstart.assets import build_model, build_tokenizer, prime_first_token
+from rl360.quickstart.assets import build_model, build_tokenizer, prime_answers, prime_first_token
 
 MODULUS = 7
 # The tool prints the answer as the answer token itself (`\\boxed{3}`; chr(92) is the backslash, so the call's
@@ -31,8 +31,10 @@ CHAT_TEMPLATE = (
 )
 
 
-# The built model writes the call first in about this share of its replies, whatever the numbers asked about.
+# The built model writes the call first in about this share of its replies, whatever the numbers asked about,
+# and after a tool's reply repeats the reply's answer with about this probability.
 CALL_PRIOR = 0.5
+COPY_PRIOR = 0.4
 
 
 def first_turns(prompts: list[str]) -> list[list[dict]]:
@@ -47,16 +49,21 @@ def answer_turns(prompts: list[str], answers: list[str]) -> list[list[dict]]:
 
 
 def build_tools_quickstart_model(out_dir: str | Path, prompts: list[str], answers: list[str], seed: int = 0,
-                                 call_prior: float = CALL_PRIOR) -> Path:
-    """Tokenizer and model together in one Hugging Face directory; returns it. The model is primed
-    (`prime_first_token` over `prompts`, the task's user messages, and their `answers`) to write `CALL` first in
-    about `call_prior` of its replies, its probability of calling again after the tool's reply left as it was."""
+                                 call_prior: float = CALL_PRIOR, copy_prior: float = COPY_PRIOR) -> Path:
+    """Tokenizer and model together in one Hugging Face directory; returns it. The model is primed over
+    `prompts` (the task's user messages) and their `answers`, like an instruct model's habits, that tell nothing
+    about an answer it has not been shown: to repeat the answer a tool printed with probability about
+    `copy_prior` (`prime_answers` on the turn after a reply), then to write `CALL` first in about `call_prior` of
+    its replies (`prime_first_token`), its probability of calling again after the tool's reply left as it was."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir, max_answer=MODULUS - 1, words=WORDS, chat_template=CHAT_TEMPLATE)
     build_model(out_dir, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed)
+    if copy_prior:
+        prime_answers(out_dir, answer_turns(prompts, answers), [f"\\boxed{{{a}}}" for a in answers], copy_prior,
+                      seed=seed)
     if call_prior:
         prime_first_token(out_dir, CALL, first_turns(prompts), call_prior, keep=answer_turns(prompts, answers))
-    (out_dir / "rl360_quickstart.json").write_text(json.dumps({"seed": seed, "task": "tools",
-                                                               "call_prior": call_prior}) + "\n")
+    (out_dir / "rl360_quickstart.json").write_text(json.dumps({"seed": seed, "task": "tools", "call_prior": call_prior,
+                                                               "copy_prior": copy_prior}) + "\n")
     return out_dir
