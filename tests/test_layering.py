@@ -19,12 +19,13 @@ FLOORS = [
     # service layer, model directory checks, released models' shapes
     ["config"],  # the typed run config (validates against the algos' registries)
     ["data", "cluster", "weight_sync"],  # prompts from parquet, Ray placement, weights into engines
-    ["rewards", "actor", "engine", "checkpointing", "run_config", "quickstart"],  # scoring, the policy, the engines
-    # themselves, checkpoints and the config saved with a run
+    ["rewards", "actor", "engine", "checkpointing", "run_config"],  # scoring, the policy, the engines themselves,
+    # checkpoints and the config saved with a run
     ["rollout", "serve", "convert", "plan", "agents", "config_docs"],  # the engine fleet and the training sampler;
     # services; tools (the config reference among them); the multi-turn agent loop and its tools (engine-agnostic:
     # it never imports rollout)
-    ["eval"],  # batch evaluation against endpoints or engine servers it starts (fleet engines, reward pool)
+    ["eval", "quickstart"],  # batch evaluation against endpoints or engine servers it starts (fleet engines, reward
+    # pool); the quickstarts' tiny models and tasks (primed through the agent loop and its tools)
     ["trainer", "launch", "view", "alternate"],  # the RL loop; the browser viewer of runs, eval outputs and parquet
     # files; the Lewis game's phases (each a `rl360 train` subprocess)
     ["cli"],

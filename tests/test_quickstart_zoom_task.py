@@ -37,7 +37,8 @@ def test_the_call_and_the_reply_are_one_token_each(task):
     assert call.name == "image_zoom_in" and call.arguments == {"bbox_2d": zoom.BBOX} and not call.error
     agent = agent_from_config(cfg)  # the config's agent bounds fit the model's processor
     assert agent.settings == AgentSettings(max_turns=2, max_response_length=cfg.rollout.max_response_length,
-                                           min_pixels=784, max_pixels=12544, stop_after_call=True, batch_turns=True)
+                                           min_pixels=784, max_pixels=12544, stop_after_call=True, batch_turns=True,
+                                           max_turn_tokens=6)
 
 
 def test_only_the_crop_shows_the_colour(task):
@@ -67,3 +68,31 @@ def test_the_model_calls_first_in_about_half_its_replies_whatever_the_colour(tas
     probabilities = [first_token_probability(cfg.model.path, zoom.CALL, zoom.QUESTION, zoom.draw_image(answer))
                      for answer in (1, 2, 3, 4)]
     assert all(abs(p - zoom.CALL_PRIOR) < 0.02 for p in probabilities), probabilities
+
+
+def test_after_the_crop_the_model_names_its_colour_about_as_primed_and_seldom_calls_again(task):
+    """The reading habit, through the contexts the real agent loop and zoom tool give after a call: the crop's
+    colour named right about `READ_PRIOR` of the time, a second call rare."""
+    import torch
+
+    from rl360.data import PromptRenderer
+    from rl360.engine.hf_engine import HFEngine
+    from rl360.quickstart.priming import answer_contexts
+    from rl360.quickstart.zoom_assets import READ_PRIOR
+
+    cfg, zoom = task
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    rows = zoom.make_rows(8, "check", seed=5)
+    agent = agent_from_config(cfg)
+    renderer = PromptRenderer.for_model(cfg.model.path, tokenizer, 1 << 20)
+    contexts = answer_contexts([renderer.prompt(row) for row in rows], tokenizer.convert_tokens_to_ids(zoom.CALL),
+                               tokenizer.eos_token_id, tokenizer, agent.tools, agent.parser, agent.settings)
+    engine = HFEngine(cfg.model.path)
+    with torch.no_grad():
+        batch = engine.prefill(contexts)
+        probs = engine.model(attention_mask=batch.mask, position_ids=batch.positions,
+                             **batch.first_inputs()).logits[:, -1].softmax(-1)
+    answers = tokenizer.convert_tokens_to_ids([f"\\boxed{{{row['reward_model']['ground_truth']}}}" for row in rows])
+    right = probs[torch.arange(len(rows)), answers]
+    assert abs(float(right.mean()) - READ_PRIOR) < 0.15, right
+    assert float(probs[:, tokenizer.convert_tokens_to_ids(zoom.CALL)].mean()) < 0.1

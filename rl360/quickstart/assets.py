@@ -131,48 +131,6 @@ def prime_first_token(model_dir: str | Path, token: str, conversations: list[lis
     model.save_pretrained(str(model_dir))
 
 
-def prime_answers(model_dir: str | Path, conversations: list[list[dict]], answers: list[str], accuracy: float,
-                  lr: float = 3e-3, max_updates: int = 500, seed: int = 0) -> float:
-    """Teach the saved text model, by a short supervised pass (Adam, every weight), to write `answers[i]` next
-    after `conversations[i]`, stopping once its mean probability of the right answer there reaches `accuracy`;
-    returns that mean. A partial habit, like an instruct model's of repeating what a tool printed: the
-    conversations hold the answer already (a tool's reply), so this teaches copying, not the task."""
-    from transformers import AutoTokenizer
-
-    torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    ids = [tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
-           for messages in conversations]
-    groups: dict[int, list[int]] = {}  # by length: equal-length batches need no padding
-    for i, row in enumerate(ids):
-        groups.setdefault(len(row), []).append(i)
-    batches = [(torch.tensor([ids[i] for i in members]),
-                torch.tensor([tokenizer.convert_tokens_to_ids(answers[i]) for i in members])) for members in groups.values()]
-
-    def right_probability(grad: bool) -> torch.Tensor:
-        total = torch.zeros(())
-        with torch.set_grad_enabled(grad):
-            for inputs, targets in batches:
-                logits = model(input_ids=inputs).logits[:, -1].float()
-                total = total + logits.softmax(-1).gather(1, targets[:, None]).sum()
-        return total / len(ids)
-
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    reached = float(right_probability(False))
-    for _ in range(max_updates):
-        if reached >= accuracy:
-            break
-        optimizer.zero_grad()
-        loss = sum(torch.nn.functional.cross_entropy(model(input_ids=inputs).logits[:, -1].float(), targets,
-                                                     reduction="sum") for inputs, targets in batches) / len(ids)
-        loss.backward()
-        optimizer.step()
-        reached = float(right_probability(False))
-    model.save_pretrained(str(model_dir))
-    return reached
-
-
 def build_quickstart_model(out_dir: str | Path, seed: int = 0) -> Path:
     """Tokenizer and model together in one Hugging Face directory; returns it."""
     out_dir = Path(out_dir)

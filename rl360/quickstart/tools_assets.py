@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rl360.quickstart.assets import build_model, build_tokenizer, prime_answers, prime_first_token
+from rl360.quickstart.assets import build_model, build_tokenizer, prime_first_token
+from rl360.quickstart.priming import prime_answers
 
 MODULUS = 7
 # The tool prints the answer as the answer token itself (`\\boxed{3}`; chr(92) is the backslash, so the call's
@@ -60,8 +61,10 @@ def build_tools_quickstart_model(out_dir: str | Path, prompts: list[str], answer
     tokenizer = build_tokenizer(out_dir, max_answer=MODULUS - 1, words=WORDS, chat_template=CHAT_TEMPLATE)
     build_model(out_dir, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed)
     if copy_prior:
-        prime_answers(out_dir, answer_turns(prompts, answers), [f"\\boxed{{{a}}}" for a in answers], copy_prior,
-                      seed=seed)
+        contexts = [tokenizer.apply_chat_template(turns, add_generation_prompt=True, return_dict=True)["input_ids"]
+                    for turns in answer_turns(prompts, answers)]
+        prime_answers(out_dir, contexts, tokenizer.convert_tokens_to_ids([f"\\boxed{{{a}}}" for a in answers]),
+                      copy_prior, seed=seed)
     if call_prior:
         prime_first_token(out_dir, CALL, first_turns(prompts), call_prior, keep=answer_turns(prompts, answers))
     (out_dir / "rl360_quickstart.json").write_text(json.dumps({"seed": seed, "task": "tools", "call_prior": call_prior,

@@ -132,12 +132,12 @@ def build_vision_model(out_dir: str | Path, tokenizer: PreTrainedTokenizerFast, 
 def build_vision_quickstart_model(out_dir: str | Path, texts: Iterable[str] = (), seed: int = 0,
                                   min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
                                   family: str = "qwen2_5_vl", tie_word_embeddings: bool = True,
-                                  added_tokens: Iterable[str] = ()) -> Path:
-    """Tokenizer (spelling `texts`, `added_tokens` whole), image processor, chat template and model in one Hugging
-    Face directory; returns it."""
+                                  added_tokens: Iterable[str] = (), max_answer: int = 18) -> Path:
+    """Tokenizer (spelling `texts`, `added_tokens` whole, answers `\\boxed{0}` ... `\\boxed{max_answer}`), image
+    processor, chat template and model in one Hugging Face directory; returns it."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_vision_tokenizer(out_dir, texts, added_tokens=added_tokens)
+    tokenizer = build_vision_tokenizer(out_dir, texts, max_answer=max_answer, added_tokens=added_tokens)
     build_image_processor(out_dir, min_pixels, max_pixels)
     build_vision_model(out_dir, tokenizer, seed=seed, family=family, tie_word_embeddings=tie_word_embeddings)
     (out_dir / "rl360_quickstart.json").write_text(json.dumps({"seed": seed, "vision": True}) + "\n")
@@ -176,13 +176,15 @@ def first_token_probability(model_dir: str | Path, token: str, question: str, im
     return logits.softmax(-1)[tokenizer.convert_tokens_to_ids(token)].item()
 
 
-def prime_first_token(model_dir: str | Path, token: str, question: str, image_png: bytes, probability: float) -> None:
+def prime_first_token(model_dir: str | Path, token: str, question: str, image_png: bytes, probability: float,
+                      keep: torch.Tensor | None = None) -> None:
     """Raise the saved model's probability of writing `token` first in its reply to `question` about `image_png` to
     `probability`, by adding the final hidden state's direction there to the token's (tied) embedding: a prior like
-    an instruct model's habit of calling its tools, which tells nothing about the answer."""
+    an instruct model's habit of calling its tools, which tells nothing about the answer. `keep`: a final hidden
+    state where the token's probability is to stay about as it is (`raise_token_prior`)."""
     model, tokenizer, logits, hidden = _first_position(Path(model_dir), question, image_png)
     if not model.config.tie_word_embeddings:
         raise ValueError("prime_first_token: the model's input and output embeddings must be tied")
-    raise_token_prior(model.get_input_embeddings().weight, tokenizer.convert_tokens_to_ids(token), logits, hidden,
-                      probability)
+    raise_token_prior(model.get_input_embeddings().weight, tokenizer.convert_tokens_to_ids(token), logits.double(),
+                      hidden.double(), probability, None if keep is None else keep.double())
     model.save_pretrained(str(model_dir))
