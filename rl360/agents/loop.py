@@ -17,8 +17,9 @@
 3. runs the calls: different tools concurrently, calls of one tool in the order written (they may share the
    trajectory's state, e.g. the python tool's cells); a failing, hanging or unknown call becomes an error reply;
 4. renders the replies with the tokenizer's chat template, as the parser's `reply_format` writes them (default
-   `tool` messages; `rl360.agents.replies`), and appends exactly the tokens the template adds after the turn (the turn's closing, the tool block, the next assistant header), with loss mask
-   0 and log-prob 0 (`Sample.then`), so the trainer sees the very tokens the engine was fed;
+   `tool` messages; `rl360.agents.replies`), and appends exactly the tokens the template adds after the turn
+   (the turn's closing, the reply block, the next assistant header), with loss mask 0 and log-prob 0
+   (`Sample.then`), so the trainer sees the very tokens the engine was fed;
 5. goes on, up to `max_turns` generated turns and `max_response_length` response tokens (generated and
    inserted together; a reply that would leave no room for one more generated token ends the trajectory,
    finish reason "length").
