@@ -11,9 +11,9 @@ Accepted records, in PyVision's own fields:
 The prompt gives PyVision's task in PyVision's format, which the recipe's `pyvision` parser reads: the model
 writes its code in `<code>```python ...```</code>` blocks, the images are already loaded as `image_clue_0`, ...
 (PIL images), each image's width and height is stated as PyVision's prompt states it, results come back in
-`<interpreter>...</interpreter>` and the answer goes in `<answer>...</answer>`. Each row keeps the record's `data_source` and sets
-`extra_info.reward_metric = "pyvision"`, so PyVision's judge reward scores it even under names DeepEyes' data
-shares (`vstar`, `chart`); extra_info.question holds the question the judge reads.
+`<interpreter>...</interpreter>` and the answer goes in `<answer>...</answer>`. Each row keeps the record's
+`data_source` and sets `extra_info.reward_metric = "pyvision"`, so PyVision's judge reward scores it even under
+names DeepEyes' data shares (`vstar`, `chart`); extra_info.question holds the question the judge reads.
 
     python -m data_preprocess.agents.pyvision --input visual_search.json --out data
     # -> data/train/agent__pyvision.parquet
