@@ -270,7 +270,9 @@ class RewardConfig:
 class AgentConfig:
     # "": one response per prompt (no tools); tools: multi-turn, the policy calls `tools` between turns
     loop: str = ""
-    parser: str = "hermes"  # tool-call format: a registered parser (hermes: Qwen's <tool_call>) or "module:function"
+    # tool-call format: a registered parser (hermes: Qwen's <tool_call>; pyvision: PyVision's <code> blocks, with
+    # its <interpreter> replies) or "module:function"
+    parser: str = "hermes"
     tools: list[str] = field(default_factory=list)  # built-ins (python, image_zoom_in) or "module:Class"
     max_turns: int = 5  # generated turns per trajectory (rollout.max_response_length bounds all its tokens)
     tool_timeout_s: float = 30.0  # wall clock per tool call; past it the model gets an error reply
@@ -280,8 +282,9 @@ class AgentConfig:
     min_pixels: int = 3136  # an image a tool returns is resized to at least this area (Qwen-VL's rule)
     max_pixels: int = 1003520  # ... and at most this area
     python: str = ""  # interpreter the python tool runs ("": the sandbox's own; it needs PIL for image_clue_N)
-    # end a generated turn at a token that closes a tool call (its text ends with the parser's closing tag,
-    # hermes: </tool_call>): the calls run without waiting for the end of the turn (one call's block per turn)
+    # end a generated turn where a tool call closes (the parser's closing tag, hermes: </tool_call>, pyvision:
+    # </code>): the calls run without waiting for the end of the turn (one call's block per turn); a tag that is
+    # no single token is cut after (the engine generates on to its own stop)
     stop_after_call: bool = False
     # the trajectories' turns in step, each round one request (for an engine that decodes a batch at once: hf)
     batch_turns: bool = False
@@ -787,7 +790,7 @@ def validate(cfg: RunConfig) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"agent.tools[{index}]={name!r}: a tool name or 'module:Class'")
     if not cfg.agent.parser:
-        raise ConfigError("agent.parser is empty: hermes or 'module:function'")
+        raise ConfigError("agent.parser is empty: hermes, pyvision or 'module:function'")
     _check_lora(cfg)
     if cfg.agent.min_pixels > cfg.agent.max_pixels:
         raise ConfigError(f"agent.min_pixels={cfg.agent.min_pixels} must be <= agent.max_pixels={cfg.agent.max_pixels}")

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rl360.agents.build import agent_from_config
+from rl360.agents.parsers import parse_pyvision
 from rl360.config import context_length, load_config
 from rl360.data import validate_file_schema
 from rl360.plan import plan
@@ -60,7 +61,9 @@ def test_pyvision_rows_from_both_of_its_layouts(tmp_path):
     assert [row["images"][0]["bytes"] for row in rows] == [
         (FIXTURES / "pyvision_images" / name).read_bytes() for name in ("sign.png", "plate.png")]
     system, user = rows[0]["prompt"]
-    assert _tools_in(system["content"]) == ["python"]
+    assert "<code>\n```python\n" in system["content"] and "<tool_call>" not in system["content"]
+    example = system["content"].split("form and stop:\n", 1)[1].split("\nThe code runs", 1)[0]
+    assert [call.arguments for call in parse_pyvision(example).calls] == [{"code": "# your code"}]
     assert user["content"].startswith("<image>") and user["content"].count("<image>") == 1
     assert "image_clue_0: width 96, height 64" in user["content"]
     assert "Question: What colour is the small square in the bottom right?" in user["content"]
@@ -109,6 +112,8 @@ def test_pyvision_recipe_filters_partially_and_deepeyes_weights_its_reward(recip
     pyvision = load_config("configs/recipes/pyvision.yaml")
     assert pyvision.algorithm.filter_groups and pyvision.algorithm.partial_filter
     assert pyvision.algorithm.partial_filter_keep == ["done", "max_turns"]
+    agent = agent_from_config(pyvision)
+    assert agent.parser is parse_pyvision and agent.settings.stop_after_call
     deepeyes = load_config("configs/recipes/deepeyes.yaml", ["reward.deepeyes.tool_weight=0.5"])
     assert (deepeyes.reward.deepeyes.accuracy_weight, deepeyes.reward.deepeyes.format_weight,
             deepeyes.reward.deepeyes.tool_weight) == (0.8, 0.2, 0.5)

@@ -8,12 +8,12 @@ Accepted records, in PyVision's own fields:
   and PyVision's instructions around the question), `images`, `reward_model.ground_truth`, and the bare question
   in `extra_info.question`.
 
-The prompt gives PyVision's task in rl360's terms: the images are already loaded as `image_clue_0`, ... (PIL
-images) in the `python` tool, which the model calls through Qwen's `<tool_call>` format (PyVision's own model
-writes `<code>` blocks, which rl360's parser does not read), with each image's width and height as PyVision's
-prompt gives them; the answer goes in `<answer>...</answer>`. Each row keeps the record's `data_source` and sets
-`extra_info.reward_metric = "pyvision"`, so PyVision's judge reward scores it even under names DeepEyes' data
-shares (`vstar`, `chart`); extra_info.question holds the question the judge reads.
+The prompt gives PyVision's task in PyVision's format, which the recipe's `pyvision` parser reads: the model
+writes its code in `<code>```python ...```</code>` blocks, the images are already loaded as `image_clue_0`, ...
+(PIL images), each image's width and height is stated as PyVision's prompt states it, results come back in
+`<interpreter>...</interpreter>` and the answer goes in `<answer>...</answer>`. Each row keeps the record's
+`data_source` and sets `extra_info.reward_metric = "pyvision"`, so PyVision's judge reward scores it even under
+names DeepEyes' data shares (`vstar`, `chart`); extra_info.question holds the question the judge reads.
 
     python -m data_preprocess.agents.pyvision --input visual_search.json --out data
     # -> data/train/agent__pyvision.parquet
@@ -28,18 +28,26 @@ from typing import Any
 
 from PIL import Image
 
-from data_preprocess.agents.tools_prompt import tools_system_prompt
 from data_preprocess.common import Example, RecordError, require, run_script, user_prompt
 from data_preprocess.vision.images import input_dir, record_images, strip_placeholders, with_placeholders
 
-TOOLS = ["python"]
-INSTRUCTION = ("You are an agent that solves visual questions step by step, and you can run Python code with the "
-               "python tool. Plan before each call and reflect on its result before you go on.")
+SYSTEM = """\
+You are an agent that solves visual questions step by step by writing Python code over the images. To run code, \
+write one block in this form and stop:
+<code>
+```python
+# your code
+```
+</code>
+The code runs in a Python session that persists from one block to the next (variables and imports carry over). \
+Its result comes back in <interpreter>...</interpreter>: what it prints under "Text Result:", and the images it \
+shows (plt.show(), or an image's .show()) under "Image Result:", each tagged image_clue_N with the next number N \
+and loaded in the session under that name. Plan before each block and reflect on its result before you go on."""
 TASK = """\
-Solve the problem below step by step. The images are already loaded in the python tool: the i-th image is the PIL \
-image `image_clue_i` (also saved as a file of that name). Use the tool whenever zooming in, rotating, adjusting \
-contrast, measuring or computing could help you see better. Show an image you make with plt.show() (or its \
-.show()); print any value you want to see. Variables persist from one call to the next.
+Solve the problem below step by step. The images are already loaded in the Python session: the i-th image is \
+the PIL image `image_clue_i` (also saved as a file of that name). Write code whenever zooming in, rotating, \
+adjusting contrast, measuring or computing could help you see better. Show an image you make with plt.show() (or \
+its .show()); print any value you want to see.
 
 {sizes}
 
@@ -81,7 +89,7 @@ def convert(record: dict[str, Any], index: int, args: argparse.Namespace) -> Exa
         raise RecordError("the question or the answer is empty")
     text = with_placeholders(TASK.format(sizes=sizes_line(images), question=question), len(images))
     extra = {"question": question, "reward_metric": "pyvision", "subset": source}
-    return Example(user_prompt(text, tools_system_prompt(INSTRUCTION, TOOLS)), answer, extra, images=images,
+    return Example(user_prompt(text, SYSTEM), answer, extra, images=images,
                    data_source=source)
 
 

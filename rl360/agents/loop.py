@@ -8,15 +8,18 @@
 1. generates a turn from the prompt (then from the trajectory so far), at most the response tokens left (and at
    most `max_turn_tokens`, when set);
    with `stop_after_call`, a token that closes a call (its text ends with the parser's `call_end`) ends the turn
-   too, as the end-of-turn token does;
+   too, as the end-of-turn token does; where no single token closes a call (PyVision's `</code>` is three of
+   Qwen's tokens), the turn is cut after the first `call_end` of its text, as an engine's stop string would
+   have cut it (the tokens after it are generated and dropped);
 2. parses the turn's tool calls; none, or a turn cut by the length limit or aborted, ends the trajectory; so
    does a turn that sampled the image token (`<|image_pad|>`): an engine handed it back in the next turn's
    context would take it for an image's place (finish "image_token");
 3. runs the calls: different tools concurrently, calls of one tool in the order written (they may share the
    trajectory's state, e.g. the python tool's cells); a failing, hanging or unknown call becomes an error reply;
-4. renders the replies with the tokenizer's chat template as `tool` messages and appends exactly the tokens the
-   template adds after the turn (the turn's closing, the tool block, the next assistant header), with loss mask
-   0 and log-prob 0 (`Sample.then`), so the trainer sees the very tokens the engine was fed;
+4. renders the replies with the tokenizer's chat template, as the parser's `reply_format` writes them (default
+   `tool` messages; `rl360.agents.replies`), and appends exactly the tokens the template adds after the turn
+   (the turn's closing, the reply block, the next assistant header), with loss mask 0 and log-prob 0
+   (`Sample.then`), so the trainer sees the very tokens the engine was fed;
 5. goes on, up to `max_turns` generated turns and `max_response_length` response tokens (generated and
    inserted together; a reply that would leave no room for one more generated token ends the trajectory,
    finish reason "length").
@@ -49,6 +52,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from rl360.agents.parsers import Parser, ParseResult, ToolCall
+from rl360.agents.replies import ShownReply, tool_messages
 from rl360.agents.tools.base import Tool, ToolReply, TrajectoryState
 from rl360.agents.tools.images import IMAGE_PAD, qwen_vl_placeholder
 from rl360.core.prompt import ImagePrompt, Prompt, prompt_ids, prompt_images
@@ -140,7 +144,10 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
     ended_by, dropped, context = "done", 0, prompt
     pending: list[int] = []  # the tool tokens after the last turn, before the next
     image_pad = _token_id(tokenizer, IMAGE_PAD)
+    reply_format = getattr(parser, "reply_format", None) or tool_messages
+    call_end = ""
     if settings.stop_after_call:
+        call_end = parser_call_end(parser)
         params = replace(params, stop_token_ids=sorted({*params.stop_token_ids, *call_end_ids(tokenizer, parser)}))
     for turn in range(settings.max_turns):
         used = len(sample.response_ids) + len(pending) if sample else 0
@@ -148,6 +155,8 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
         if settings.max_turn_tokens:
             budget = min(budget, settings.max_turn_tokens)
         more = await generate_turn(context, replace(params, n=1, max_new_tokens=budget), _turn_seed(seed, turn))
+        if call_end:
+            more = cut_after_call(more, tokenizer, call_end)
         if sample is not None:
             sample = sample.then(pending, more)
         else:
@@ -165,13 +174,14 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
         started = time.monotonic()
         replies = await _run_calls(parsed.calls, tools, state, settings)
         seconds = time.monotonic() - started
-        messages, new_images = [], []
+        shown, new_images = [], []
         for call, (reply, _) in zip(parsed.calls, replies, strict=True):
-            shown = list(reply.images) if isinstance(prompt, ImagePrompt) else []
-            dropped += len(reply.images) - len(shown)
-            messages.append(_tool_message(call, reply, shown, len(reply.images) - len(shown), settings))
-            new_images += shown
-        pending = tool_tokens(tokenizer, text, messages)
+            kept = list(reply.images) if isinstance(prompt, ImagePrompt) else []
+            dropped += len(reply.images) - len(kept)
+            placeholders = tuple(qwen_vl_placeholder(image, settings.min_pixels, settings.max_pixels) for image in kept)
+            shown.append(ShownReply(call.name, reply, placeholders, len(reply.images) - len(kept)))
+            new_images += kept
+        pending = tool_tokens(tokenizer, text, reply_format(shown, len(images)))
         records = tuple(record for _, record in replies)
         turns.append(TurnRecord(len(more.response_ids), more.finish_reason, records, len(pending), seconds))
         if len(sample.response_ids) + len(pending) >= settings.max_response_length:
@@ -194,17 +204,42 @@ def _token_id(tokenizer: Any, token: str) -> int | None:
     return None if index is None or index == tokenizer.unk_token_id else index
 
 
-def call_end_ids(tokenizer: Any, parser: Parser) -> list[int]:
-    """The ids of the added tokens whose text ends with the parser's `call_end` (`</tool_call>` itself in Qwen's
-    tokenizers); `ValueError` when the parser names none or no token ends a call."""
+def parser_call_end(parser: Parser) -> str:
+    """The text that closes the parser's calls (`parser.call_end`); `ValueError` when it names none."""
     end = getattr(parser, "call_end", "")
     if not end:
         raise ValueError("agent.stop_after_call: the parser names no call_end (the text that closes a call)")
-    ids = sorted(index for token, index in tokenizer.get_added_vocab().items() if token.endswith(end))
-    if not ids:
-        raise ValueError(f"agent.stop_after_call: no token of the tokenizer ends with {end!r}, so no token can end "
-                         "a turn at a call; set agent.stop_after_call=false")
-    return ids
+    return end
+
+
+def call_end_ids(tokenizer: Any, parser: Parser) -> list[int]:
+    """The ids of the added tokens whose text ends with the parser's `call_end` (`</tool_call>` itself in Qwen's
+    tokenizers), [] when none does (`</code>` is three tokens of Qwen's: `cut_after_call` then ends the turn);
+    `ValueError` when the parser names no call_end."""
+    end = parser_call_end(parser)
+    return sorted(index for token, index in tokenizer.get_added_vocab().items() if token.endswith(end))
+
+
+def cut_after_call(sample: Sample, tokenizer: Any, end: str) -> Sample:
+    """A turn cut after the token that completes the first `end` of its text (finish "stop"), as an engine's stop
+    string would have ended it: the tokens kept are the ones such an engine returns, with the same log-probs (a
+    turn's first tokens do not depend on those sampled after them); the turn unchanged when `end` is not in it
+    or ends it, or the turn was aborted."""
+    ids = sample.response_ids
+    if sample.finish_reason not in ("stop", "length") or end not in tokenizer.decode(ids, skip_special_tokens=False):
+        return sample
+    low, high = 1, len(ids)  # the shortest prefix whose text holds `end`
+    while low < high:
+        middle = (low + high) // 2
+        if end in tokenizer.decode(ids[:middle], skip_special_tokens=False):
+            high = middle
+        else:
+            low = middle + 1
+    if low == len(ids):
+        return sample
+    versions = sample.token_versions[:low] if sample.token_versions else sample.token_versions
+    return replace(sample, response_ids=ids[:low], logprobs=sample.logprobs[:low], finish_reason="stop",
+                   token_versions=versions)
 
 
 def _turn_seed(seed: int, turn: int) -> int:
@@ -252,19 +287,6 @@ async def _run_call(call: ToolCall, tools: dict[str, Tool], state: TrajectorySta
     return reply, record
 
 
-def _tool_message(call: ToolCall, reply: ToolReply, images: list[bytes], dropped: int,
-                  settings: AgentSettings) -> dict[str, str]:
-    """The chat `tool` message of one reply: its images' placeholders, its text, its error."""
-    parts = [qwen_vl_placeholder(image, settings.min_pixels, settings.max_pixels) for image in images]
-    if reply.text:
-        parts.append(reply.text)
-    if dropped:
-        parts.append(f"[{dropped} image(s) not shown: this conversation has no images]")
-    if reply.error:
-        parts.append(f"Error: {reply.error}")
-    return {"role": "tool", "name": call.name or "unknown", "content": "\n".join(parts)}
-
-
 _DUMMY_REPLY = "rl360 dummy reply"
 _DUMMY = [{"role": "system", "content": "rl360 dummy system"}, {"role": "user", "content": "rl360 dummy user"},
           {"role": "assistant", "content": _DUMMY_REPLY}]
@@ -280,6 +302,11 @@ def tool_tokens(tokenizer: Any, generated: str, messages: list[dict[str, str]]) 
     if not full.startswith(base):
         raise ValueError("the chat template renders an assistant message differently when tool messages follow it; "
                          "the agent loop needs a template that renders earlier messages the same way")
+    if messages and full == tokenizer.apply_chat_template(_DUMMY, tokenize=False, add_generation_prompt=True):
+        roles = sorted({message["role"] for message in messages})
+        raise ValueError(f"the chat template renders no message of role {roles}: the tool replies would not reach "
+                         "the model; use a parser whose replies the model's template renders (a Qwen2.5 text "
+                         "template renders only system, user, assistant and tool)")
     closing = base[base.rindex(_DUMMY_REPLY) + len(_DUMMY_REPLY):]
     done = next(k for k in range(len(closing), -1, -1) if generated.endswith(closing[:k]))
     return tokenizer.encode(closing[done:] + full[len(base):], add_special_tokens=False)

@@ -15,6 +15,24 @@ Built in: `hermes`, the format of Qwen2.5 / Qwen3 (and Hermes) chat templates:
 
 several per turn, each a JSON object with a string `name` and an object `arguments` (a JSON string holding an
 object is accepted too, as some models write it).
+
+`pyvision`, the format PyVision's checkpoints write: code in a Markdown block inside `<code>` tags (a bare
+```python block is read too), the final answer in `<answer>...</answer>`:
+
+    <code>
+    ```python
+    print(image_clue_0.size)
+    ```
+    </code>
+
+The turn's last block is one call of the `python` tool (`{"code": ...}`); a turn with a closed
+`<answer>...</answer>` makes no call (it ends the trajectory, whatever else it holds); a turn with neither gets an
+error call, so the model is told "No Python code or final answer found" and goes on, as PyVision tells it.
+Its replies are PyVision's `<interpreter>` observations (`parser.reply_format`, `rl360.agents.replies`), and
+`</code>` closes a call.
+
+A parser may name how its replies are shown (`parser.reply_format`, see `rl360.agents.replies`); the default is
+one `tool` message per call.
 """
 
 from __future__ import annotations
@@ -25,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl360.agents.replies import interpreter_messages
 from rl360.algos.registry import Registry
 
 
@@ -98,3 +117,44 @@ def _hermes_call(body: str, closed: bool, raw: str) -> ToolCall:
         return ToolCall(name, {}, f"the arguments of {name!r} must be a JSON object, got "
                                   f"{type(arguments).__name__}", raw)
     return ToolCall(name, arguments, "", raw)
+
+
+_ANSWER = re.compile(r"<answer>.*?</answer>", re.DOTALL)
+_FENCE = re.compile(r"```python[ \t]*\n?(.*?)(```|\Z)", re.DOTALL)
+_CODE_TAG = re.compile(r"<code>(.*?)(</code>|\Z)", re.DOTALL)
+NO_CODE = "No Python code or final answer found. There is something wrong with the format."
+
+
+@register_parser("pyvision")
+def parse_pyvision(text: str) -> ParseResult:
+    """PyVision's `<code>```python ...```</code>` blocks (or bare ```python blocks): the last one is a `python`
+    call; a closed `<answer>` means no call; neither is an error call (see the module docstring). A block whose
+    Markdown fence is not closed, or a `<code>` block without a ```python block in it, is an error call."""
+    if _ANSWER.search(text):
+        return ParseResult((), text.strip())
+    tagged = list(_CODE_TAG.finditer(text))
+    fences = list(_FENCE.finditer(text))
+    if not tagged and not fences:
+        return ParseResult((ToolCall("", {}, NO_CODE, ""),), text.strip())
+    last_fence = fences[-1] if fences else None
+    last_tag = tagged[-1] if tagged else None
+    if last_tag is not None and (last_fence is None or last_fence.start() < last_tag.start()):
+        # the last <code> block holds no ```python block of its own
+        raw = last_tag.group(0)
+        return ParseResult((ToolCall("python", {}, "the <code> block holds no ```python ... ``` block", raw),),
+                           text.replace(raw, "", 1).strip())
+    assert last_fence is not None
+    raw, closed = last_fence.group(0), bool(last_fence.group(2))
+    if last_tag is not None and last_tag.start() <= last_fence.start() < last_tag.end():
+        raw = last_tag.group(0)  # the block with its <code> tags
+    content = text.replace(raw, "", 1).strip()
+    if not closed:
+        return ParseResult((ToolCall("python", {}, "the ```python block is not closed with ```", raw),), content)
+    code = last_fence.group(1).strip()
+    if not code:
+        return ParseResult((ToolCall("python", {}, "the ```python block is empty", raw),), content)
+    return ParseResult((ToolCall("python", {"code": code}, "", raw),), content)
+
+
+parse_pyvision.call_end = "</code>"
+parse_pyvision.reply_format = interpreter_messages
