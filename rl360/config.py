@@ -697,10 +697,13 @@ def validate(cfg: RunConfig) -> None:
     if unknown:
         raise ConfigError(f"algorithm.partial_filter_keep has {unknown}; a trajectory ends as one of {sorted(endings)}")
     if cfg.algorithm.partial_filter and not cfg.algorithm.filter_groups:
-        raise ConfigError("algorithm.partial_filter=true filters within dynamic sampling: set algorithm.filter_groups=true")
-    if cfg.algorithm.partial_filter and (cfg.algorithm.adv_estimator == "gae" or cfg.algorithm.kl_in_reward_coef > 0):
+        raise ConfigError("algorithm.partial_filter=true filters within dynamic sampling: "
+                          "set algorithm.filter_groups=true")
+    algo = cfg.algorithm
+    if algo.partial_filter and (algo.adv_estimator == "gae" or algo.kl_in_reward_coef > 0):
         raise ConfigError("algorithm.partial_filter=true computes group advantages from the scores alone, before any "
-                          "log-prob or value: use a group estimator (grpo, rloo, ...) and algorithm.kl_in_reward_coef=0")
+                          "log-prob or value: use a group estimator (grpo, rloo, ...) and "
+                          "algorithm.kl_in_reward_coef=0")
     if not cfg.model.path:
         raise ConfigError("model.path is empty: give a Hugging Face model directory (model.path=DIR); a config "
                           "that sets no model is a preset, to follow a base config: rl360 train BASE.yaml PRESET.yaml")

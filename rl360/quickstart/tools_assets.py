@@ -46,7 +46,8 @@ def first_turns(prompts: list[str]) -> list[list[dict]]:
 def answer_turns(prompts: list[str], answers: list[str]) -> list[list[dict]]:
     """The conversations before the turn after a call: the prompt, the call and the tool's reply (the answer)."""
     return [[{"role": "user", "content": prompt}, {"role": "assistant", "content": CALL},
-             {"role": "tool", "content": f"\\boxed{{{answer}}}"}] for prompt, answer in zip(prompts, answers, strict=True)]
+             {"role": "tool", "content": f"\\boxed{{{answer}}}"}]
+            for prompt, answer in zip(prompts, answers, strict=True)]
 
 
 def build_tools_quickstart_model(out_dir: str | Path, prompts: list[str], answers: list[str], seed: int = 0,

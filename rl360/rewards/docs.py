@@ -42,7 +42,8 @@ to start where the sandbox cannot isolate that code (unless `reward.require_isol
 
 Scores are 0 to 1 everywhere but in DeepEyes' reward (`vstar`, `chart`, ...: -0.2 to 2.0 with the
 default `reward.deepeyes.*` weights, as DeepEyes trains; its tool bonus reads the trajectory's tool calls,
-docs/agent-recipes.md). Where verl scores otherwise, here: `math_dapo` / `aime*` give 0 / 1 (verl -1 / 1); `codecontests`, `apps`, `codeforces`, `taco` give 1 only when every test passes (verl's
+docs/agent-recipes.md). Where verl scores otherwise, here: `math_dapo` / `aime*` give 0 / 1 (verl -1 / 1);
+`codecontests`, `apps`, `codeforces`, `taco` give 1 only when every test passes (verl's
 prime_code: the fraction of the first ten tests), with `pass_fraction` reported; `searchR1_*` counts
 only the last `<answer>` (verl: 0.25 for a right answer among more than 10 answer tags);
 `hiyouga/geometry3k` keeps verl's 0.9 x accuracy + 0.1 x format and reports `acc`.

@@ -10,7 +10,8 @@ and of what they require, from this Python's environment: nothing is downloaded.
 the same Python version with the same extension-module suffix (their compiled files are shared); else it stops,
 saying so, and a `pip install` into the environment does instead.
 
-    python -m rl360.agents.tools.python_env /opt/rl360-tool-python      # then agent.python=/opt/rl360-tool-python/bin/python
+    python -m rl360.agents.tools.python_env /opt/rl360-tool-python
+    # then agent.python=/opt/rl360-tool-python/bin/python
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from packaging.requirements import Requirement
 
 IMAGE_PACKAGES = ("pillow", "numpy", "matplotlib")
 IMAGE_MODULES = ("PIL", "numpy", "matplotlib")
-_ABI = "import json, sys, sysconfig; print(json.dumps([list(sys.version_info[:2]), sysconfig.get_config_var('EXT_SUFFIX')]))"
+_ABI = ("import json, sys, sysconfig; "
+        "print(json.dumps([list(sys.version_info[:2]), sysconfig.get_config_var('EXT_SUFFIX')]))")
 
 
 def requirement_closure(names: tuple[str, ...] | list[str]) -> list[metadata.Distribution]:
