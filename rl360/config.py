@@ -777,9 +777,6 @@ def validate(cfg: RunConfig) -> None:
                           "update meet requests in flight")
     if cfg.rollout.mem_fraction > 1:
         raise ConfigError(f"rollout.mem_fraction={cfg.rollout.mem_fraction} must be in (0, 1]")
-    if cfg.agent.loop and cfg.rollout.partial:
-        raise ConfigError("agent.loop=tools with rollout.partial=true: an aborted multi-turn trajectory is not "
-                          "continued; set rollout.partial=false")
     if cfg.agent.loop and not cfg.agent.tools:
         raise ConfigError(f"agent.loop={cfg.agent.loop!r} needs agent.tools: name at least one (python, image_zoom_in "
                           "or 'module:Class')")

@@ -496,8 +496,9 @@ def test_batched_turns_go_in_step_one_request_a_round(tokenizer):
     class Fleet:
         requests = []
 
-        async def generate(self, prompts, params, seed, metrics):
+        async def generate(self, prompts, params, seed, metrics, budgets=None):
             self.requests.append((len(prompts), params.max_new_tokens, seed))
+            assert budgets is None or max(budgets) == params.max_new_tokens
             out = []
             for prompt in prompts:
                 text = tokenizer.decode(prompt)
