@@ -91,7 +91,8 @@ class RolloutConfig:
     mode: str = "sync"
     max_staleness: int = 1  # async: steps generated ahead, so trained responses are at most this many updates old
     # async: a weight update aborts requests in flight and continues them under the new weights (tokens tagged
-    # with their version) instead of waiting for them (server/sglang engines)
+    # with their version) instead of waiting for them (server/sglang engines; an agent's cut turn goes on the same
+    # way and stays one turn)
     partial: bool = False
     request_timeout_s: float = 600.0  # an engine that answers no generate request in this long is restarted
     startup_timeout_s: float = 300.0  # an engine process must serve within this long

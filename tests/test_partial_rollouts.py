@@ -273,7 +273,17 @@ def agent_run(assets):
     return result, old, new, tokenizer
 
 
-def test_cut_agent_turns_go_on_under_the_new_weights_and_the_trajectories_go_on(agent_run):
+@pytest.fixture
+def one_thread():
+    """torch on one thread: the tiny model's 64 forwards here take seconds, not milliseconds, when two threads
+    contend for a busy machine's cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_cut_agent_turns_go_on_under_the_new_weights_and_the_trajectories_go_on(agent_run, one_thread):
     result, old, new, tokenizer = agent_run
     samples, rows, metrics = result.scored.samples, result.scored.rows, result.metrics
     assert len(samples) == 32 and metrics["reward/calls"] == 32  # each trajectory scored once
