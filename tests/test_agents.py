@@ -675,6 +675,10 @@ def test_agent_config_is_validated_and_built():
     stopping = agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]",
                                                            "agent.stop_after_call=true", "agent.batch_turns=true"]))
     assert stopping.settings.stop_after_call and stopping.settings.batch_turns
+    # partial rollouts continue an agent's cut turns (tests/test_partial_rollouts.py)
+    partial = load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]", "rollout.engine=server",
+                                        "rollout.mode=async", "rollout.partial=true"])
+    assert partial.rollout.partial and agent_from_config(partial) is not None
 
 
 @pytest.mark.slow
