@@ -91,7 +91,8 @@ class RolloutConfig:
     mode: str = "sync"
     max_staleness: int = 1  # async: steps generated ahead, so trained responses are at most this many updates old
     # async: a weight update aborts requests in flight and continues them under the new weights (tokens tagged
-    # with their version) instead of waiting for them (server/sglang engines)
+    # with their version) instead of waiting for them (server/sglang engines; an agent's cut turn goes on the same
+    # way and stays one turn)
     partial: bool = False
     request_timeout_s: float = 600.0  # an engine that answers no generate request in this long is restarted
     startup_timeout_s: float = 300.0  # an engine process must serve within this long
@@ -783,9 +784,6 @@ def validate(cfg: RunConfig) -> None:
                           "update meet requests in flight")
     if cfg.rollout.mem_fraction > 1:
         raise ConfigError(f"rollout.mem_fraction={cfg.rollout.mem_fraction} must be in (0, 1]")
-    if cfg.agent.loop and cfg.rollout.partial:
-        raise ConfigError("agent.loop=tools with rollout.partial=true: an aborted multi-turn trajectory is not "
-                          "continued; set rollout.partial=false")
     if cfg.agent.loop and not cfg.agent.tools:
         raise ConfigError(f"agent.loop={cfg.agent.loop!r} needs agent.tools: name at least one (python, image_zoom_in "
                           "or 'module:Class')")

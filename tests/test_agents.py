@@ -496,8 +496,9 @@ def test_batched_turns_go_in_step_one_request_a_round(tokenizer):
     class Fleet:
         requests = []
 
-        async def generate(self, prompts, params, seed, metrics):
+        async def generate(self, prompts, params, seed, metrics, budgets=None):
             self.requests.append((len(prompts), params.max_new_tokens, seed))
+            assert budgets is None or max(budgets) == params.max_new_tokens
             out = []
             for prompt in prompts:
                 text = tokenizer.decode(prompt)
@@ -522,6 +523,113 @@ def test_batched_turns_go_in_step_one_request_a_round(tokenizer):
     assert brief.finish_reason == "stop" and brief.trace.turns[1].generated_tokens == len(encode(tokenizer, answer)) + 1
     assert long.finish_reason == "length" and len(long.response_ids) == budget
     assert groups[0][1].response_ids == brief.response_ids
+
+
+class ScriptedEngine:
+    """An engine (the fleet's `Engine` protocol, in memory) that draws the scripted turns of one trajectory token
+    by token: the turn and the tokens already drawn of it are read off the context it is handed, which must hold
+    the turn's tokens so far exactly. It draws under its weight `version`, each token's log-prob -(version + 1).
+    Turn `cut_turn` stops halfway (`halfway` set) until a pause aborts it."""
+
+    kind, url, log_path, supports_pause = "scripted", "", None, True
+
+    def __init__(self, tok, turns, cut_turn):
+        self.tok, self.turns, self.cut_turn = tok, turns, cut_turn
+        self.index, self.version, self.usable = 0, 0, False
+        self.requests, self.halfway, self.aborting = [], asyncio.Event(), asyncio.Event()
+
+    async def generate(self, prompts, params, seed):
+        [prompt] = prompts
+        ids = prompt.ids if isinstance(prompt, ImagePrompt) else prompt
+        self.requests.append(prompt)
+        header = encode(self.tok, "<|im_start|>assistant\n")
+        starts = [i + len(header) for i in range(len(ids)) if ids[i:i + len(header)] == header]
+        turn, drawn = len(starts) - 1, ids[starts[-1]:]
+        script = encode(self.tok, self.turns[turn] + "<|im_end|>")
+        assert script[:len(drawn)] == drawn, "the context lost or repeated tokens of the turn"
+        out, version = [], self.version
+        for token in script[len(drawn):len(drawn) + params.max_new_tokens]:
+            if turn == self.cut_turn and not drawn and len(out) == len(script) // 2:
+                self.halfway.set()
+                await self.aborting.wait()
+                return [[Sample(list(ids), out, [-(version + 1.0)] * len(out), "abort", weight_version=version,
+                                images=getattr(prompt, "images", None))]]
+            out.append(token)
+            await asyncio.sleep(0)
+        finish = "stop" if out[-1:] == script[-1:] else "length"
+        return [[Sample(list(ids), out, [-(version + 1.0)] * len(out), finish, weight_version=version,
+                        images=getattr(prompt, "images", None))]]
+
+    async def pause(self):
+        self.aborting.set()
+        return True
+
+    async def sync_weights(self, policy, version, peers, args):
+        return {}
+
+    async def start(self): ...
+    async def resume_generation(self): ...
+    async def resume(self, tags): return False
+    async def release(self, tags): return False
+    def stop(self): ...
+
+
+def test_a_turn_a_weight_update_cuts_goes_on_under_the_new_weights_and_the_trajectory_goes_on(tokenizer, tmp_path):
+    """`rollout.partial` with the agent loop: a weight update aborts a turn halfway; the fleet continues it from
+    the trajectory's context (its images included) and the turn's tokens so far, under the new weights; the loop
+    parses the whole turn (its call lies after the cut), keeps the trajectory's images and records one turn."""
+    from rl360.agents.build import Agent
+    from rl360.agents.group import agent_group
+    from rl360.cluster.placement import make_placement
+    from rl360.config import RolloutConfig
+    from rl360.rollout.fleet import EngineFleet
+
+    picture, drawn = png(280, 140), png(56, 56, (30, 200, 30))
+
+    class Plot:
+        name, schema = "plot", {"type": "function", "function": {"name": "plot"}}
+
+        async def call(self, arguments, state):
+            return ToolReply("drawn", (drawn,))
+
+    turns = [call("plot", {}), "Let me look closely at what was drawn, then ask.\n" + call("echo", {"say": "green"}),
+             "Green."]
+    engine = ScriptedEngine(tokenizer, turns, cut_turn=1)
+    rollout = RolloutConfig(engine="server", mode="async", partial=True)
+    fleet = EngineFleet(rollout, None, make_placement(1, False, rollout, gpus=0), None, tmp_path, engines=[engine])
+    agent = Agent({"plot": Plot(), "echo": Echo()}, parse_hermes, AgentSettings(max_turns=4, max_response_length=4000))
+    prompt = ImagePrompt(encode(tokenizer, render(tokenizer, QUESTION, True)), (picture,))
+    metrics = {}
+
+    async def update_mid_turn():
+        await fleet.start()
+        try:
+            trajectories = asyncio.ensure_future(agent_group(agent, tokenizer)(
+                fleet, [prompt], SamplingParams(n=1, max_new_tokens=4000), 5, metrics))
+            await engine.halfway.wait()
+            await fleet.sync_weights(1)
+            return (await trajectories)[0][0]
+        finally:
+            fleet.close()
+
+    sample = run(update_mid_turn())
+    trace = sample.trace
+    assert trace.ended_by == "done" and [turn.resumed for turn in trace.turns] == [0, 1, 0]
+    assert [call.name for call in trace.calls] == ["plot", "echo"] and not any(call.error for call in trace.calls)
+    assert metrics["agent/cut_turns"] == 1 and sample.resumed == 1 and sample.images == (picture, drawn)
+    # four requests: turn 0, turn 1 until the cut, the rest of turn 1 from where it was, turn 2
+    first, cut, rest, last = engine.requests
+    assert isinstance(rest, ImagePrompt) and rest.images == (picture, drawn) == last.images
+    generated = [span for span in sample.turn_list() if span.generated]
+    spans = [sample.response_ids[span.start:span.end] for span in generated]
+    assert spans == [encode(tokenizer, text + "<|im_end|>") for text in turns]
+    assert rest.ids == cut.ids + spans[1][:len(spans[1]) // 2]
+    assert sample.prompt_ids + sample.response_ids == last.ids + spans[2]
+    versions, mask = sample.versions(), sample.mask()
+    half = generated[1].start + len(spans[1]) // 2  # old weights drew every generated token before it, new ones after
+    assert all(version == (i >= half) for i, (version, m) in enumerate(zip(versions, mask)) if m)
+    assert mask == [int(any(span.start <= i < span.end for span in generated)) for i in range(len(mask))]
+    assert all(lp == (-(v + 1.0) if m else 0.0) for lp, v, m in zip(sample.logprobs, versions, mask, strict=True))
 
 
 def test_agent_metrics_summarise_a_batch(tokenizer):
@@ -567,6 +675,10 @@ def test_agent_config_is_validated_and_built():
     stopping = agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]",
                                                            "agent.stop_after_call=true", "agent.batch_turns=true"]))
     assert stopping.settings.stop_after_call and stopping.settings.batch_turns
+    # partial rollouts continue an agent's cut turns (tests/test_partial_rollouts.py)
+    partial = load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]", "rollout.engine=server",
+                                        "rollout.mode=async", "rollout.partial=true"])
+    assert partial.rollout.partial and agent_from_config(partial) is not None
 
 
 @pytest.mark.slow

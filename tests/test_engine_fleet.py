@@ -78,11 +78,11 @@ def _fleet(tmp_path, engines) -> EngineFleet:
     return EngineFleet(rollout, None, make_placement(1, False, rollout, gpus=0), None, tmp_path, engines=engines)
 
 
-def _draw(fleet: EngineFleet, prompts, params, seed, metrics=None):
+def _draw(fleet: EngineFleet, prompts, params, seed, metrics=None, budgets=None):
     async def run():
         await fleet.start()
         try:
-            groups = await fleet.generate(prompts, params, seed, metrics)
+            groups = await fleet.generate(prompts, params, seed, metrics, budgets)
             await fleet._restarts_done()
             return groups
         finally:
@@ -135,6 +135,30 @@ def test_a_failed_engines_share_goes_to_another_and_its_restart_is_counted(tmp_p
     assert fleet.restart_metrics()["rollout/engine_restarts"] == 0  # counted once, at the next step's metrics
     assert engines[1].usable  # restarted before any weight update: it serves the weights the fleet expects
     assert all(engine.stopped for engine in engines)
+
+
+class CuttingEngine(MemoryEngine):
+    """Its first call comes back with 5 tokens of each sample, aborted (as an engine that failed does); later
+    calls draw what their budget allows, token `100 + position in the response`."""
+
+    async def generate(self, prompts, params, seed):
+        self.calls.append((len(prompts), params.max_new_tokens))
+        first = len(self.calls) == 1
+        count = 5 if first else params.max_new_tokens
+        return [[Sample(list(prompt), [99 + len(prompt) + k for k in range(count)], [0.0] * count,
+                        "abort" if first else "length")] for prompt in prompts]
+
+
+def test_an_aborted_sample_is_continued_up_to_its_own_budget_only(tmp_path):
+    """`budgets` (the agent's batched turns): a sample aborted past its own budget is not continued; one aborted
+    before it is continued up to it."""
+    engine = CuttingEngine(0)
+    groups = _draw(_fleet(tmp_path, [engine]), [[0], [1]], SamplingParams(n=1, max_new_tokens=12), 0,
+                   budgets=[4, 9])
+    [past], [short] = groups
+    assert past.response_ids == [100, 101, 102, 103, 104] and past.resumed == 0 and past.finish_reason == "length"
+    assert short.response_ids == list(range(100, 109)) and short.resumed == 1 and short.finish_reason == "length"
+    assert engine.calls == [(2, 12), (1, 4)]  # one continuation, with the 4 tokens left of its budget
 
 
 def test_more_restarts_than_allowed_stop_the_run(tmp_path):

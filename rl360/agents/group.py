@@ -8,7 +8,7 @@ Each turn is one request on the fleet's least-loaded engine; with `agent.batch_t
 step instead: once every unfinished trajectory waits for its next turn, those turns are one request (`TurnBatch`),
 which an engine that decodes a batch at once (the in-process HF engine) runs in the time of one.
 
-The fleet is used through its `generate(prompts, params, seed, metrics)` alone, so this room needs nothing of
+The fleet is used through its `generate(prompts, params, seed, metrics, budgets)` alone, so this room needs nothing of
 `rl360.rollout`.
 """
 
@@ -63,7 +63,8 @@ class TurnBatch:
     """Turns of `count` trajectories sent together: when every unfinished trajectory waits for a turn, they are
     one `fleet.generate` call, in trajectory order, seeded by the first one's turn seed, with the largest token
     budget among them; a turn that ran past its own budget is cut there (finish "length"), as the engine would
-    have cut it. The requests differ only in their budgets (one run's sampling settings)."""
+    have cut it, and a turn a weight update aborts (`rollout.partial`) is continued up to its own budget only
+    (`budgets`). The requests differ only in their budgets (one run's sampling settings)."""
 
     def __init__(self, fleet: Any, count: int, metrics: dict[str, float]):
         self.fleet, self.unfinished, self.metrics = fleet, count, metrics
@@ -96,7 +97,7 @@ class TurnBatch:
         params = replace(requests[0][1], n=1, max_new_tokens=budget)
         try:
             groups = await self.fleet.generate([context for context, _, _, _ in requests], params, requests[0][2],
-                                               self.metrics)
+                                               self.metrics, budgets=[own.max_new_tokens for _, own, _, _ in requests])
         except BaseException as error:  # every waiting trajectory fails with the request
             for *_, future in requests:
                 future.set_exception(error)

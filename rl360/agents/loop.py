@@ -11,7 +11,8 @@
    too, as the end-of-turn token does; where no single token closes a call (PyVision's `</code>` is three of
    Qwen's tokens), the turn is cut after the first `call_end` of its text, as an engine's stop string would
    have cut it (the tokens after it are generated and dropped);
-2. parses the turn's tool calls; none, or a turn cut by the length limit or aborted, ends the trajectory; so
+2. parses the turn's tool calls (of the whole turn, see partial rollouts below); none, or a turn cut by the
+   length limit or aborted, ends the trajectory; so
    does a turn that sampled the image token (`<|image_pad|>`): an engine handed it back in the next turn's
    context would take it for an image's place (finish "image_token");
 3. runs the calls: different tools concurrently, calls of one tool in the order written (they may share the
@@ -23,6 +24,15 @@
 5. goes on, up to `max_turns` generated turns and `max_response_length` response tokens (generated and
    inserted together; a reply that would leave no room for one more generated token ends the trajectory,
    finish reason "length").
+
+Partial rollouts (`rollout.partial`): a weight update that aborts a turn in flight does not end the trajectory.
+The training sampler's `generate_turn` is the engine fleet's `generate`, which continues every sample a pause
+aborted (`EngineFleet._continue`: it waits for the new weights and draws the rest of the turn from the
+trajectory's context + the turn's tokens so far, with the context's images, within the turn's token budget);
+so the loop gets the whole turn back, its tokens tagged with the version that drew each (`Sample.token_versions`,
+log-probs of that version) and `resumed` set, parses the whole turn's text, keeps its tool state and records
+one turn (`TurnRecord.resumed`, `agent/cut_turns`). Only a `generate_turn` that hands back an "abort" (one that
+does not continue, e.g. an engine called directly) ends the trajectory, ended_by "abort".
 
 The tool tokens are found as verl and slime do: render a fixed dummy conversation ending in an assistant
 message, with and without the tool messages (and the generation prompt), and take the difference. That needs
@@ -89,13 +99,16 @@ class CallRecord:
 
 @dataclass(frozen=True)
 class TurnRecord:
-    """One generated turn: its tokens, its finish reason, its calls and the tool tokens inserted after it."""
+    """One generated turn: its tokens, its finish reason, its calls and the tool tokens inserted after it, and
+    how many times it was cut (by a weight update under `rollout.partial`, or by a failed engine) and continued
+    from where it was: a cut turn is still one turn."""
 
     generated_tokens: int
     finish_reason: str
     calls: tuple[CallRecord, ...] = ()
     tool_tokens: int = 0
     tool_seconds: float = 0.0
+    resumed: int = 0
 
 
 @dataclass(frozen=True)
@@ -164,11 +177,11 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
         text = tokenizer.decode(more.response_ids, skip_special_tokens=False)
         parsed = parser(text) if more.finish_reason == "stop" else ParseResult()
         if not parsed.calls:
-            turns.append(TurnRecord(len(more.response_ids), more.finish_reason))
+            turns.append(TurnRecord(len(more.response_ids), more.finish_reason, resumed=more.resumed))
             ended_by = {"stop": "done", "length": "length"}.get(more.finish_reason, "abort")
             break
         if turn + 1 == settings.max_turns or (image_pad is not None and image_pad in more.response_ids):
-            turns.append(TurnRecord(len(more.response_ids), more.finish_reason))
+            turns.append(TurnRecord(len(more.response_ids), more.finish_reason, resumed=more.resumed))
             ended_by = "max_turns" if turn + 1 == settings.max_turns else "image_token"
             break
         started = time.monotonic()
@@ -183,7 +196,8 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
             new_images += kept
         pending = tool_tokens(tokenizer, text, reply_format(shown, len(images)))
         records = tuple(record for _, record in replies)
-        turns.append(TurnRecord(len(more.response_ids), more.finish_reason, records, len(pending), seconds))
+        turns.append(TurnRecord(len(more.response_ids), more.finish_reason, records, len(pending), seconds,
+                                more.resumed))
         if len(sample.response_ids) + len(pending) >= settings.max_response_length:
             ended_by = "budget"
             break

@@ -10,7 +10,9 @@ from rl360.agents.loop import AgentSample
 def agent_metrics(samples: list[AgentSample]) -> dict[str, float]:
     """`agent/turns` and `agent/tool_calls` (mean, max), per-tool calls and errors, errors, timeouts, time in
     tools, the share of trajectories that hit max_turns or the token budget, generated vs tool tokens (mean per
-    trajectory, and the tool share of all response tokens). Empty for no samples."""
+    trajectory, and the tool share of all response tokens), and `agent/cut_turns`: turns cut by a weight update
+    (`rollout.partial`) or a failed engine and continued (each counted once; the step's `rollout/aborted` counts
+    the trajectories with one, `rollout/resumed` the continuations). Empty for no samples."""
     if not samples:
         return {}
     count = len(samples)
@@ -43,6 +45,7 @@ def agent_metrics(samples: list[AgentSample]) -> dict[str, float]:
         "agent/generated_tokens/mean": generated / count, "agent/tool_tokens/mean": tool / count,
         "agent/tool_token_share": tool / max(generated + tool, 1),
         "agent/images_dropped": float(sum(sample.trace.images_dropped for sample in samples)),
+        "agent/cut_turns": float(sum(turn.resumed > 0 for sample in samples for turn in sample.trace.turns)),
     }
     for name in sorted(per_tool):
         metrics[f"agent/calls/{name}"] = float(per_tool[name])

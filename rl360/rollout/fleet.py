@@ -259,19 +259,24 @@ class EngineFleet:
 
     # ---- dispatch ----
     async def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int,
-                       metrics: dict[str, float] | None = None) -> list[list[Sample]]:
+                       metrics: dict[str, float] | None = None, budgets: list[int] | None = None
+                       ) -> list[list[Sample]]:
         """`params.n` samples per prompt over the usable engines, sample j of prompt i seeded `seed + i * n + j`;
         a failed part goes to another engine, aborted samples are continued. Prompts per engine go into
-        `metrics` (with several engines)."""
+        `metrics` (with several engines). `budgets`: each prompt's own token budget (at most
+        `params.max_new_tokens`, which the engines draw up to), for callers that cut each sample there (the agent's
+        batched turns): an aborted sample is continued only up to its own budget, none once it has reached it."""
         usable = [engine for engine in self.engines if engine.usable] or [await self._usable_engine()]
         usable = sorted(usable, key=lambda engine: self._load.get(engine.index, 0))[:max(1, len(prompts))]
         bounds = [len(prompts) * i // len(usable) for i in range(len(usable) + 1)]
-        parts = await asyncio.gather(*(self._part(prompts[a:b], params, seed + a * params.n, engine, metrics)
+        budgets = budgets or [params.max_new_tokens] * len(prompts)
+        parts = await asyncio.gather(*(self._part(prompts[a:b], params, seed + a * params.n, engine, metrics,
+                                                  budgets[a:b])
                                        for a, b, engine in zip(bounds, bounds[1:], usable) if b > a))
         return [group for part in parts for group in part]
 
     async def _part(self, prompts: list[Prompt], params: SamplingParams, seed: int, engine: Engine,
-                    metrics: dict[str, float] | None) -> list[list[Sample]]:
+                    metrics: dict[str, float] | None, budgets: list[int]) -> list[list[Sample]]:
         while True:
             try:
                 groups, paused = await self._request(engine, prompts, params, seed)
@@ -284,9 +289,10 @@ class EngineFleet:
             metrics[key] = metrics.get(key, 0) + len(prompts)
         if not paused and any(sample.finish_reason == "abort" for group in groups for sample in group):
             self.engine_down(engine, EngineDown(f"engine {engine.index} ({engine.url}) aborted requests"))
-        return [list(await asyncio.gather(*(self._continue(sample, params, seed + i * params.n + j)
+        return [list(await asyncio.gather(*(self._continue(sample, replace(params, max_new_tokens=budget),
+                                                           seed + i * params.n + j)
                                             for j, sample in enumerate(group))))
-                for i, group in enumerate(groups)]
+                for i, (group, budget) in enumerate(zip(groups, budgets, strict=True))]
 
     async def _continue(self, sample: Sample, params: SamplingParams, seed: int) -> Sample:
         """An aborted sample (cut by a weight update, or by an engine that failed) continued from the tokens it
