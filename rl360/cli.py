@@ -110,10 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     quick.add_argument("--task", choices=sorted(QUICKSTART_TASKS), default="arithmetic",
                        help="arithmetic (configs/quickstart.yaml); vision (configs/quickstart_vision.yaml: a tiny "
                             "Qwen2.5-VL names an image's main colour); vision-control (the same, images blanked); "
-                            "tools (configs/quickstart_tools.yaml: a tiny Qwen2 may call python for a*b%%7; it does not yet "
-                            "learn to); "
-                            "tools-control (the same, tools off); zoom (configs/quickstart_zoom.yaml: a tiny "
-                            "Qwen2.5-VL may zoom to read a mark only a crop shows; it does not yet learn to); "
+                            "tools (configs/quickstart_tools.yaml: a tiny Qwen2 learns to call python for a*b%%7 "
+                            "and repeat its answer); tools-control (the same, tools off); zoom "
+                            "(configs/quickstart_zoom.yaml: a tiny Qwen2.5-VL learns to zoom in to read a mark only "
+                            "a crop shows); "
                             "zoom-control (the same, no tool); lewis (configs/quickstart_lewis_*.yaml: a tiny listener "
                             "learns to match colour words to captions, then a tiny Qwen2.5-VL speaker learns to name "
                             "the target's colour for it)")

@@ -25,7 +25,7 @@ from rl360.agents.tools.images import image_tokens
 from rl360.core.prompt import ImagePrompt
 from rl360.core.sampling import SamplingParams
 from rl360.core.trajectory import Sample
-from tests.test_agents import QWEN25_TEMPLATE
+from tests.test_agents import QWEN25_TEMPLATE, encode, png
 
 # Qwen2.5-VL's chat template: every role rendered as <|im_start|>role\n...<|im_end|>\n, images as placeholders
 QWEN25_VL_TEMPLATE = (
@@ -60,15 +60,6 @@ def _tokenizer(path, template):
 def tokenizer(tmp_path_factory):
     return _tokenizer(tmp_path_factory.mktemp("qwen_vl_tok"), QWEN25_VL_TEMPLATE)
 
-
-def encode(tok, text):
-    return tok.encode(text, add_special_tokens=False)
-
-
-def png(width, height, colour=(200, 30, 30)):
-    out = io.BytesIO()
-    Image.new("RGB", (width, height), colour).save(out, format="PNG")
-    return out.getvalue()
 
 
 def block(code, tags=True):

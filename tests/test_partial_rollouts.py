@@ -63,15 +63,9 @@ def assets(tmp_path_factory):
     return root, model
 
 
-def _update_during_generation(assets, name: str, partial: bool):
-    """Step 1's rollouts with version 1 of the weights sent while they are drawn; the old and new models."""
-    root, model_dir = assets
-    cfg = load_config("configs/quickstart.yaml", [
-        f"output_dir={root / name}", f"model.path={model_dir}", f"data.train_files=[{root / 'train.parquet'}]",
-        "data.batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4", f"rollout.max_response_length={MAX_TOKENS}",
-        "rollout.engine=server",
-        "rollout.mode=async", f"rollout.partial={str(partial).lower()}", "rollout.weight_sync=tensor",
-        "trainer.num_threads=1", "reward.num_workers=1"])
+def _sampler_inputs(cfg, model_dir):
+    """What a RolloutSampler over the run's data needs (tokenizer, renderer, prompt stream, reward pool), and the
+    model as it is (version 0) and moved by a fixed random step (version 1, the weights the update sends)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     renderer = PromptRenderer(tokenizer, cfg.data.max_prompt_length)
     stream = PromptStream(cfg.data.train_files, cfg.data.batch_size, seed=0, filter_fn=renderer.fits)
@@ -82,6 +76,19 @@ def _update_during_generation(assets, name: str, partial: bool):
         for parameter in new.parameters():
             parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
     rewards = open_reward_pool(cfg.reward, announce=lambda line: None)
+    return tokenizer, renderer, stream, old, new, rewards
+
+
+def _update_during_generation(assets, name: str, partial: bool):
+    """Step 1's rollouts with version 1 of the weights sent while they are drawn; the old and new models."""
+    root, model_dir = assets
+    cfg = load_config("configs/quickstart.yaml", [
+        f"output_dir={root / name}", f"model.path={model_dir}", f"data.train_files=[{root / 'train.parquet'}]",
+        "data.batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4", f"rollout.max_response_length={MAX_TOKENS}",
+        "rollout.engine=server",
+        "rollout.mode=async", f"rollout.partial={str(partial).lower()}", "rollout.weight_sync=tensor",
+        "trainer.num_threads=1", "reward.num_workers=1"])
+    tokenizer, renderer, stream, old, new, rewards = _sampler_inputs(cfg, model_dir)
     sampler = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, HFPolicy(new))
     try:
         future = sampler.generate(1)
@@ -241,16 +248,7 @@ def agent_run(assets):
         "agent.loop=tools", f"agent.tools=['{__name__}:NoteTool']", f"agent.parser='{__name__}:parse_every_turn'",
         "agent.max_turns=4", "agent.batch_turns=true"])
     agent = agent_from_config(cfg)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    renderer = PromptRenderer(tokenizer, cfg.data.max_prompt_length)
-    stream = PromptStream(cfg.data.train_files, cfg.data.batch_size, seed=0, filter_fn=renderer.fits)
-    old = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
-    new = copy.deepcopy(old)
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(0)
-        for parameter in new.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    rewards = open_reward_pool(cfg.reward, announce=lambda line: None)
+    tokenizer, renderer, stream, old, new, rewards = _sampler_inputs(cfg, model_dir)
     sampler = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, HFPolicy(new),
                              generate_group=agent_group(agent, tokenizer))
     note = agent.tools["note"]
