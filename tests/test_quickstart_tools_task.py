@@ -37,10 +37,11 @@ def task(tmp_path_factory):
     return cfg, rows, root
 
 
-def test_the_call_is_one_token_that_ends_the_turn_and_the_tool_prints_the_answer_token(task):
+def test_the_call_is_one_token_that_ends_the_turn_and_the_tool_prints_the_answer_token(task, capsys):
     cfg, rows, _ = task
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     agent = agent_from_config(cfg)
+    assert "agent.tools" not in capsys.readouterr().out  # a text model's run says nothing of the tool's image modules
     [call_id] = tokenizer.encode(CALL, add_special_tokens=False)
     assert call_end_ids(tokenizer, agent.parser) == [call_id]
     row = rows[0]

@@ -39,7 +39,7 @@ def agent_from_config(cfg: RunConfig) -> Agent | None:
         tools = build_tools(list(section.tools), tool_settings)
     except (KeyError, ImportError, AttributeError, TypeError, ValueError) as error:
         raise ConfigError(f"agent.tools={list(section.tools)}: {str(error).strip(chr(34))}") from None
-    if "python" in tools:
+    if "python" in tools and _takes_images(cfg.model.path):  # a text model's trajectories hold no images
         _announce_tool_python(section.python)
     settings = AgentSettings(max_turns=section.max_turns, max_response_length=cfg.rollout.max_response_length,
                              tool_timeout_s=section.tool_timeout_s, min_pixels=section.min_pixels,
@@ -65,13 +65,19 @@ def _announce_tool_python(configured: str) -> None:
               "DIR` and set agent.python=DIR/bin/python", flush=True)
 
 
+def _takes_images(model_path: str) -> bool:
+    from rl360.data.images import is_vision_model
+
+    return os.path.isdir(model_path) and is_vision_model(model_path)
+
+
 def _check_pixel_bounds(cfg: RunConfig) -> None:
     """A tool's image is resized within `agent.min_pixels` ... `agent.max_pixels` and written as that many image
     tokens; the engines and the trainer expand it by the model's processor bounds, which must keep it as it is:
     a vision model's processor bounds must contain the agent's (`ConfigError` naming both otherwise)."""
-    from rl360.data.images import VisionProcessor, is_vision_model
+    from rl360.data.images import VisionProcessor
 
-    if not os.path.isdir(cfg.model.path) or not is_vision_model(cfg.model.path):
+    if not _takes_images(cfg.model.path):
         return
     try:
         processor = VisionProcessor.from_pretrained(cfg.model.path, min_pixels=cfg.model.min_pixels or None,
