@@ -13,6 +13,7 @@ in one `rl360: error: ...` line and exit status 2; `rl360 --debug ...` or RL360_
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -89,6 +90,36 @@ def _version() -> str:
         return rl360.__version__
 
 
+def _add_data_parser(commands) -> None:
+    from rl360.data.inspect import add_inspect_parser
+
+    data = commands.add_parser("data", help="look at prompt parquet files")
+    add_inspect_parser(data.add_subparsers(dest="data_command", required=True))
+
+
+# the commands whose parsers live in their own modules, each module imported only when its command runs (or for
+# `rl360 --help` and a command not among these)
+COMMAND_PARSERS = {
+    "data": "rl360.cli:_add_data_parser",
+    "reward": "rl360.rewards.check:add_reward_parser",
+    "convert": "rl360.convert:add_convert_parser",
+    "serve": "rl360.serve:add_serve_parser",
+    "plan": "rl360.plan:add_plan_parser",
+    "launch": "rl360.launch:add_launch_parser",
+    "alternate": "rl360.alternate:add_alternate_parser",
+    "eval": "rl360.eval:add_eval_parser",
+    "view": "rl360.view:add_view_parser",
+}
+
+
+def _command_named(argv: list[str]) -> str | None:
+    """The command of `argv` (its first word not an option): a name of COMMAND_PARSERS, "" for `train` and
+    `quickstart` (which need none of them), None otherwise (every parser is added: help, or a misspelt command
+    answered with the whole list)."""
+    word = next((arg for arg in argv if not arg.startswith("-")), None)
+    return word if word in COMMAND_PARSERS else "" if word in ("train", "quickstart") else None
+
+
 def main(argv: list[str] | None = None) -> int:
     from rl360.tracking.console import plain_when_piped, quiet_known_warnings
 
@@ -120,43 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     quick.add_argument("--config", default=None, help="config to use instead of the task's")
     quick.set_defaults(run=_quickstart)
 
-    data = commands.add_parser("data", help="look at prompt parquet files")
-    data_commands = data.add_subparsers(dest="data_command", required=True)
-    from rl360.data.inspect import add_inspect_parser
-
-    add_inspect_parser(data_commands)
-
-    from rl360.rewards.check import add_reward_parser
-
-    add_reward_parser(commands)
-
-    from rl360.convert import add_convert_parser
-
-    add_convert_parser(commands)
-
-    from rl360.serve import add_serve_parser
-
-    add_serve_parser(commands)
-
-    from rl360.plan import add_plan_parser
-
-    add_plan_parser(commands)
-
-    from rl360.launch import add_launch_parser
-
-    add_launch_parser(commands)
-
-    from rl360.alternate import add_alternate_parser
-
-    add_alternate_parser(commands)
-
-    from rl360.eval import add_eval_parser
-
-    add_eval_parser(commands)
-
-    from rl360.view import add_view_parser
-
-    add_view_parser(commands)
+    wanted = _command_named(sys.argv[1:] if argv is None else argv)
+    for name, reference in COMMAND_PARSERS.items():
+        if wanted in (None, name):  # only the command run: importing another's module can take seconds
+            module, function = reference.split(":")
+            getattr(importlib.import_module(module), function)(commands)
 
     args = parser.parse_args(argv)
     from rl360.errors import run_command

@@ -319,3 +319,11 @@ def test_the_page_shows_rows_in_chromium(servers, tmp_path, kind, expected):
 def test_a_keyed_page_opens_with_the_key_once(keyed, tmp_path):
     dom = _chromium(f"{keyed}/?key={KEY}", tmp_path, "--dump-dom")
     assert "question 0" in dom and "rows 1–50 of 230" in dom
+
+
+def test_the_view_command_starts_without_importing_the_training_stack():
+    """`rl360 view` adds only its own parser: torch, megatron and the engines stay unimported, so it starts at once."""
+    code = ("import sys\nfrom rl360.cli import main\ntry:\n    main(['view', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'megatron', 'rl360.engine', 'rl360.convert') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]", out
