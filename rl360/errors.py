@@ -57,8 +57,13 @@ def run_command(run: Callable[[Any], int], args: Any, prog: str = "rl360", debug
             raise
         if debug_enabled(debug):
             traceback.print_exc()
-        print(f"{prog}: {user_error.label}: {user_error}", file=sys.stderr, flush=True)
+        print(user_error_line(user_error, prog), file=sys.stderr, flush=True)
         return USAGE_EXIT
+
+
+def user_error_line(error: UserError, prog: str = "rl360") -> str:
+    """How the command line reports a user error: `PROG: KIND: MESSAGE`."""
+    return f"{prog}: {error.label}: {error}"
 
 
 def user_error_in(err: BaseException) -> UserError | None:

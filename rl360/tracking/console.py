@@ -8,7 +8,7 @@
   (So is a deprecation megatron raises about its own default, which no setting of ours changes.)
 - `RunLog`: everything the driver prints (its own lines and the worker lines Ray forwards) is also appended to
   `train.log`, a resumed run's after the earlier run's; a run stopped by an exception ends its log with the
-  exception's traceback.
+  exception's traceback (and, for a user error, the one line the command line shows).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import traceback
 import warnings
 from pathlib import Path
 from typing import TextIO
+
+from rl360.errors import user_error_in, user_error_line
 
 LOG_FILE = "train.log"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -88,8 +90,11 @@ class RunLog:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc is not None and self._file is not None:  # why the run stopped, in full, in the log (the console
-            with self._lock:  # shows it as the command line reports it)
+            with self._lock:  # shows it as the command line reports it), and a user error's line as shown
                 self._file.write("".join(traceback.format_exception(exc_type, exc, tb)))
+                user_error = user_error_in(exc)
+                if user_error is not None:
+                    self._file.write(user_error_line(user_error) + "\n")
         if self._saved is not None:
             sys.stdout, sys.stderr = self._saved
             self._saved = None
