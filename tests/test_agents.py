@@ -56,18 +56,23 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<
 ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
+def byte_level_tokenizer(path, template: str, special: list[str], added: list[str] = ()):
+    """A byte-level BPE tokenizer with no merges (every byte one token), Qwen's special tokens and chat
+    `template`, saved in `path` and loaded back as transformers loads it."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     core = Tokenizer(models.BPE(vocab={char: i for i, char in enumerate(alphabet)}, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  additional_special_tokens=SPECIAL[1:], chat_template=QWEN25_TEMPLATE)
-    tok.add_tokens(ADDED)
-    path = tmp_path_factory.mktemp("qwen_tok")
+                                  additional_special_tokens=special[1:], chat_template=template)
+    tok.add_tokens(list(added))
     tok.save_pretrained(str(path))
     return PreTrainedTokenizerFast.from_pretrained(str(path))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return byte_level_tokenizer(tmp_path_factory.mktemp("qwen_tok"), QWEN25_TEMPLATE, SPECIAL, ADDED)
 
 
 def encode(tok, text):

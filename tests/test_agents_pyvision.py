@@ -13,8 +13,6 @@ import sys
 
 import pytest
 from PIL import Image
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from rl360.agents import AgentSettings, get_parser, run_agent
 from rl360.agents.loop import call_end_ids, cut_after_call, tool_tokens
@@ -25,7 +23,7 @@ from rl360.agents.tools.images import image_tokens
 from rl360.core.prompt import ImagePrompt
 from rl360.core.sampling import SamplingParams
 from rl360.core.trajectory import Sample
-from tests.test_agents import QWEN25_TEMPLATE, encode, png
+from tests.test_agents import QWEN25_TEMPLATE, byte_level_tokenizer, encode, png
 
 # Qwen2.5-VL's chat template: every role rendered as <|im_start|>role\n...<|im_end|>\n, images as placeholders
 QWEN25_VL_TEMPLATE = (
@@ -46,14 +44,7 @@ PAD = "<|image_pad|>"
 
 
 def _tokenizer(path, template):
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    core = Tokenizer(models.BPE(vocab={char: i for i, char in enumerate(alphabet)}, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    core.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  additional_special_tokens=SPECIAL[1:], chat_template=template)
-    tok.save_pretrained(str(path))
-    return PreTrainedTokenizerFast.from_pretrained(str(path))
+    return byte_level_tokenizer(path, template, SPECIAL)
 
 
 @pytest.fixture(scope="module")
