@@ -149,12 +149,12 @@ def render_config() -> str:
 def render_verl() -> str:
     """The whole docs/from_verl.md text."""
     rows = []
+    keys = {key for key, *_ in config_keys()}
     for key, target in VERL_KEYS.items():
-        is_key = target.split(" ", 1)[0] in {k for k, *_ in config_keys()} or target == "output_dir"
+        is_key = target.split(" ", 1)[0] in keys or target == "output_dir"
         shown = f"`{target.split(' ', 1)[0]}`" + (f" {target.split(' ', 1)[1]}" if " " in target else "") \
             if is_key else target
         rows.append(f"| `{key}` | {_cell(shown)} |")
-    keys = {key for key, *_ in config_keys()}
     missing = [name for name in SAME_NAMES if name not in keys]
     if missing:
         raise ValueError(f"SAME_NAMES lists keys rl360 lacks: {missing}")

@@ -1,8 +1,8 @@
 """A run killed at any point and started again ends exactly where an unbroken run ends: the same weights, bit
-for bit (every tensor of the HF export), and the same value of every logged metric (all but the timings) at
-every step, for GRPO and PPO, and for GRPO sampling a step ahead on an engine process. A fresh run never
-touches another run's checkpoints, and the trainer's checkpoints convert to Hugging Face weights equal to the
-run's own export.
+for bit (every tensor of the HF export), and the same value of every logged metric (all but the timings; the
+engine process's log-prob figures within fp32 rounding) at every step, for GRPO and PPO, and for GRPO sampling a
+step ahead on an engine process. A fresh run never touches another run's checkpoints, and the trainer's checkpoints
+convert to Hugging Face weights equal to the run's own export.
 
 The kills are real: `rl360 train` runs as a process tree in its own session and is killed with SIGKILL
 while a chosen phase runs (rollout, policy update, checkpoint write), seen from outside in Ray's process
@@ -51,6 +51,11 @@ KILL_SEED = 13
 MAX_DELAY_S = {"rollout": 0.02, "update": 0.05, "checkpoint": 0.05}  # each lasts ~0.05-1 s here
 RUN_TIMEOUT_S = 600
 TIMINGS = ("timing/", "weight_sync/seconds")  # the metrics that measure time, the only ones a kill may change
+# An engine process batches the requests that arrive together, and which ones do depends on timing: its log-probs
+# round differently in the last bits of fp32 (the sampled tokens, and all training, stay the same). The metrics
+# made from them are compared within that rounding on the async run; all others exactly.
+ENGINE_LOGPROB_METRICS = ("rollout/logprob_abs_diff", "rollout/logprob_abs_diff_max", "rollout/k3_kl")
+ENGINE_BATCHING_TOLERANCE = 1e-6
 PREVIOUS_RUN_FILES = ("metrics.jsonl", "config.yaml", "train.log")
 
 
@@ -406,9 +411,13 @@ def test_a_killed_run_ends_exactly_as_the_unbroken_run(killed, unbroken, algorit
     ours, theirs = _records(run.out), _records(reference.out)
     assert [r["step"] for r in ours] == list(range(1, TOTAL_STEPS + 1))
     assert sorted(_evaluations(run.out)) == EVAL_STEPS  # evaluated where the unbroken run did, each step once
+    rounded = ENGINE_LOGPROB_METRICS if algorithm == ASYNC else ()
     for mine, other in zip(ours, theirs):
         compared = {key: value for key, value in mine.items() if not key.startswith(TIMINGS)}
-        assert compared == {key: value for key, value in other.items() if not key.startswith(TIMINGS)}, \
+        for key in rounded:
+            assert compared.pop(key) == pytest.approx(other[key], abs=ENGINE_BATCHING_TOLERANCE), (key, mine, other)
+        assert compared == {key: value for key, value in other.items()
+                            if not key.startswith(TIMINGS) and key not in rounded}, \
             [(key, value, other.get(key)) for key, value in compared.items() if other.get(key) != value]
     _assert_same_weights(run.out / "hf", reference.out / "hf")
 

@@ -3,6 +3,7 @@
 import ctypes
 import multiprocessing
 import os
+import sys
 import time
 from types import SimpleNamespace
 
@@ -278,6 +279,19 @@ def test_workers_get_the_allow_list_and_the_judges_key_and_nothing_else(monkeypa
         assert pool.score([RewardItem("test_dumpable", "", "")])[0].score == 0.0  # PR_GET_DUMPABLE in the worker
     with RewardPool(num_workers=1, timeout_s=30) as pool:  # no judge endpoint: no key
         assert pool.score([RewardItem("test_env", "MY_JUDGE_KEY", "")])[0].score == -1.0
+
+
+def latex_parser_built() -> bool:
+    """Whether math-verify's LaTeX parser (ANTLR, built on its first use) has been built in this process."""
+    return "antlr4.LL1Analyzer" in sys.modules
+
+
+def test_a_fresh_worker_starts_with_the_math_parser_built():
+    """The forkserver builds the parser before it forks: no worker's first reward call builds it in its timeout."""
+    with RewardPool(num_workers=1, timeout_s=30) as pool:
+        assert pool.run_in_worker(f"{__name__}:latex_parser_built") is True
+        pool._replace(0)
+        assert pool.run_in_worker(f"{__name__}:latex_parser_built") is True
 
 
 # --- asking a worker: what isolation code gets there, and the start of a run --------------------------------

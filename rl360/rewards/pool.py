@@ -10,7 +10,10 @@ Start method: "forkserver". Plain "fork" copies the parent's threads' locks in w
 in; the trainer process, a Ray actor (gRPC and Ray's own threads) and torch all run threads, so a
 forked child can deadlock. "forkserver" forks each worker from one small single-threaded server that
 has already imported `rl360.rewards` (math-verify and sympy, about a second), so it is as safe as
-"spawn" and a killed worker is replaced in milliseconds instead of a fresh interpreter's start-up.
+"spawn" and a killed worker is replaced in a fraction of a second instead of a fresh interpreter's start-up.
+The forkserver also makes the rewards' first-use caches before it forks (`rl360.rewards.warm_up`), and a
+call's timeout starts when its worker has said it is ready, so neither a worker's start-up nor a lazily
+built parser counts against a reward on a busy node.
 Workers receive the parent's `sys.path` and import reward functions by "module:qualname", which works
 the same from a CLI process, a pytest session or a Ray actor. "spawn" is the fallback where the
 platform has no forkserver.
@@ -88,6 +91,8 @@ ALLOWED_ENV = frozenset((
 ALLOWED_ENV_PREFIXES = ("LC_",)
 _PR_SET_DUMPABLE = 4
 _CODE_ISOLATION = "rl360.rewards.remote_sandbox:code_isolation"
+_READY = "ready"  # a worker's first message: set up, waiting for calls
+WORKER_START_TIMEOUT_S = 120.0  # a worker not ready by then (a node out of memory or processes) is an error
 
 
 @dataclass
@@ -269,6 +274,8 @@ class RewardPool:
         if self._workers[index].exited():  # died while idle: replace it before use
             self._replace(index)
         worker = self._workers[index]
+        if not worker.wait_ready():
+            return RewardResult(0.0, error=self._not_started(index))
         try:
             worker.conn.send(message)
         except OSError as err:
@@ -317,6 +324,8 @@ class RewardPool:
         if self._workers[0].exited():
             self._replace(0)
         worker = self._workers[0]
+        if not worker.wait_ready():
+            raise RuntimeError(f"{ref} could not be called: {self._not_started(0)}")
         worker.conn.send(_Call(ref))
         if not wait([worker.conn, worker.process.sentinel], timeout=timeout_s):
             self._replace(0)
@@ -328,6 +337,11 @@ class RewardPool:
         except (EOFError, OSError):
             ended = self._replace(0, grace_s=1.0)
             raise RuntimeError(f"reward worker died while calling {ref} ({ended})") from None
+
+    def _not_started(self, index: int) -> str:
+        """Replace worker `index`, which never said it was ready, and say so."""
+        ended = self._replace(index)
+        return f"a reward worker was not ready within {WORKER_START_TIMEOUT_S:.0f} s of its start ({ended})"
 
     def _replace(self, index: int, grace_s: float = 0.0) -> str:
         """Kill worker `index` (after `grace_s` to exit by itself) and start a new one; how the old one ended."""
@@ -445,7 +459,7 @@ def _context() -> mp.context.BaseContext:
     if _START_METHOD == "forkserver":
         # Takes effect when this process's forkserver starts (at the first pool); workers forked from it
         # find the built-in rewards already imported.
-        context.set_forkserver_preload(["rl360.rewards"])
+        context.set_forkserver_preload(["rl360.rewards", "rl360.rewards.warm_up"])
     return context
 
 
@@ -475,6 +489,16 @@ class _Worker:
         child_conn.close()
         self.task: int | None = None
         self.started = 0.0
+        self.ready = False
+
+    def wait_ready(self, timeout_s: float = WORKER_START_TIMEOUT_S) -> bool:
+        """Wait for the worker's ready message (read once); False if it ended or hung instead."""
+        if not self.ready and wait([self.conn, self.process.sentinel], timeout=timeout_s):
+            try:
+                self.ready = self.conn.poll() and self.conn.recv() == _READY
+            except (EOFError, OSError):
+                pass
+        return self.ready
 
     def exited(self) -> bool:
         """Whether the process has ended (read from its sentinel, so it is not reaped yet)."""
@@ -518,6 +542,7 @@ def _worker_main(conn: Connection, max_memory_bytes: int | None, environ: dict[s
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         limit = max_memory_bytes if hard == resource.RLIM_INFINITY else min(max_memory_bytes, hard)
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    conn.send(_READY)
     while True:
         try:
             message = conn.recv()
