@@ -39,10 +39,14 @@ LEWIS_OUT = "outputs/quickstart_lewis"
 
 def _train(args: argparse.Namespace) -> int:
     from rl360.config import load_config
-    from rl360.trainer import train
+    from rl360.run_checks import check_run
 
     cfg = load_config(args.config, args.overrides)
-    out = train(cfg)
+    checked = check_run(cfg)  # a mistake is answered before the trainer's modules (seconds) are imported
+
+    from rl360.trainer import train
+
+    out = train(cfg, checked)
     print(f"done: metrics in {out / 'metrics.jsonl'}" + (f", model in {out / 'hf'}" if cfg.trainer.save_hf else ""))
     return 0
 
@@ -50,13 +54,15 @@ def _train(args: argparse.Namespace) -> int:
 def _quickstart(args: argparse.Namespace) -> int:
     """Make the tiny model, tokenizer and task locally, then train on them with the task's config."""
     from rl360.config import load_config
-    from rl360.quickstart.prepare import prepare_quickstart
-    from rl360.trainer import train
 
     config, task_overrides = QUICKSTART_TASKS[args.task]
     if args.task == "lewis":
         return _quickstart_lewis(str(args.config or config), args.overrides)
     cfg = load_config(args.config or config, [*task_overrides, *args.overrides])
+
+    from rl360.quickstart.prepare import prepare_quickstart
+    from rl360.trainer import train
+
     prepare_quickstart(cfg, args.task)
     out = train(cfg)
     print(f"done: metrics in {out / 'metrics.jsonl'}, model in {out / 'hf'}")

@@ -15,14 +15,12 @@ from rl360.actor.batch import RolloutBatch
 from rl360.actor.critic import CriticWorker
 from rl360.actor.policy import PolicyWorker
 from rl360.actor.policy_group import PolicyGroup
-from rl360.agents.build import agent_from_config
 from rl360.agents.group import agent_group
 from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.kl_control import KLController
 from rl360.algos.losses import kl_penalty
 from rl360.checkpointing import (
     ConvertInfo,
-    latest_checkpoint,
     load_checkpoint,
     open_checkpoints,
     save_checkpoint,
@@ -33,47 +31,33 @@ from rl360.cluster.placement import make_placement
 from rl360.config import ConfigError, RunConfig, to_dict
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream
 from rl360.eval.during_training import TrainingEval
-from rl360.model_dir import check_model_dir
 from rl360.plan import GIB, plan
-from rl360.rewards import register_reward_path
-from rl360.rewards.check import check_reward_data, judge_configured
 from rl360.rewards.pool import open_reward_pool
 from rl360.rollout.ahead import keep_ahead, restore_ahead
 from rl360.rollout.sampler import RolloutSampler
-from rl360.run_config import check_resume, save_run_config
+from rl360.run_checks import CheckedRun, check_run
+from rl360.run_config import save_run_config
 from rl360.tracking.console import LOG_FILE, RunLog, dependency_note, plain_when_piped, quiet_known_warnings
 from rl360.tracking.rollout_dump import due, dump_rollouts
 from rl360.tracking.tracker import Tracker
 
 
-def train(cfg: RunConfig) -> Path:
-    """Run `cfg.trainer.total_steps` RL steps; returns the output directory."""
+def train(cfg: RunConfig, checked: CheckedRun | None = None) -> Path:
+    """Run `cfg.trainer.total_steps` RL steps; returns the output directory. `checked`: `check_run(cfg)` when the
+    caller already ran it (the CLI does, before importing this module)."""
     started = time.monotonic()
     quiet_known_warnings()  # megatron's Transformer Engine / Apex notices: one line below instead, every process
     plain_when_piped()  # no colour codes in Ray's worker prefixes when stdout is not a terminal
-    check_model_dir(cfg.model.path)  # a missing directory, weights or tokenizer: said now, before any loading
-    out = Path(cfg.output_dir)
-    # resuming: the saved config.yaml and this config compared now, changes a checkpoint cannot take refused
-    latest = latest_checkpoint(out / "checkpoints") if cfg.trainer.resume else None
-    resume_notes = check_resume(out, cfg, latest) if latest is not None else []
-    for prefix, path in cfg.reward.custom.items():
-        try:
-            register_reward_path(prefix, path)
-        except (ImportError, AttributeError, ValueError) as err:  # a typo in the reference, or its module's own
-            raise ConfigError(f"reward.custom.{prefix}={path!r}: {err}") from None
-    # every row now, before Ray starts: rows that would stop the run when reached (data.on_bad_row=error) or be
-    # skipped, an unknown data_source or reward_metric, a judge-scored row without reward.judge
-    agent = agent_from_config(cfg)  # an unknown tool or parser: said now
-    routes = check_reward_data([*cfg.data.train_files, *cfg.data.val_files], judge_configured(cfg.reward.judge),
-                               on_bad_row=cfg.data.on_bad_row)
+    checked = checked or check_run(cfg)  # model directory, resume, custom rewards, agent, every data row
+    out = checked.out
     out.mkdir(parents=True, exist_ok=True)
     # starting over: an earlier run's metrics, config, log and model are moved aside (its checkpoints below)
-    notes = resume_notes if latest is not None else set_previous_run_aside(out, cfg.trainer.resume)
+    notes = checked.resume_notes if checked.latest is not None else set_previous_run_aside(out, cfg.trainer.resume)
     save_run_config(out, cfg)
     with RunLog(out / LOG_FILE):  # what the console shows from here on, appended to train.log
         for line in [*notes, *filter(None, [dependency_note()])]:
             print(line, flush=True)
-        return _run(cfg, out, agent, routes, started)
+        return _run(cfg, out, checked.agent, checked.routes, started)
 
 
 def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:

@@ -1,0 +1,54 @@
+"""What a training run checks before anything slow starts: no model is loaded, no worker or Ray started, and
+none of the trainer's heavy modules (megatron-core, the engines) imported, so `rl360 train` answers a mistake in
+about two seconds.
+
+- the model directory (config.json, weights, tokenizer);
+- resuming: the config saved with the run against this one (changes a checkpoint cannot take are refused);
+- `reward.custom` references importable;
+- the agent's tools and parser known;
+- every row of every data file (prompt, data_source route, ground truth), on those columns only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rl360.agents.build import agent_from_config
+from rl360.checkpointing import latest_checkpoint
+from rl360.config import ConfigError, RunConfig
+from rl360.model_dir import check_model_dir
+from rl360.rewards import register_reward_path
+from rl360.rewards.check import check_reward_data, judge_configured
+from rl360.run_config import check_resume
+
+
+@dataclass
+class CheckedRun:
+    """What the checks found, for the run to start from."""
+
+    out: Path
+    latest: Path | None  # the checkpoint to resume from (None: starting over)
+    resume_notes: list[str]  # each config change a resume takes, one line each
+    agent: Any  # the multi-turn agent (None: one reply per prompt)
+    routes: dict  # data_source -> its reward route
+
+
+def check_run(cfg: RunConfig) -> CheckedRun:
+    """Check `cfg` and its files as the docstring above says; a `UserError` naming what is wrong."""
+    check_model_dir(cfg.model.path)  # a missing directory, weights or tokenizer: said now, before any loading
+    out = Path(cfg.output_dir)
+    latest = latest_checkpoint(out / "checkpoints") if cfg.trainer.resume else None
+    resume_notes = check_resume(out, cfg, latest) if latest is not None else []
+    for prefix, path in cfg.reward.custom.items():
+        try:
+            register_reward_path(prefix, path)
+        except (ImportError, AttributeError, ValueError) as err:  # a typo in the reference, or its module's own
+            raise ConfigError(f"reward.custom.{prefix}={path!r}: {err}") from None
+    agent = agent_from_config(cfg)  # an unknown tool or parser: said now
+    # rows that would stop the run when reached (data.on_bad_row=error) or be skipped, an unknown data_source or
+    # reward_metric, a judge-scored row without reward.judge
+    routes = check_reward_data([*cfg.data.train_files, *cfg.data.val_files], judge_configured(cfg.reward.judge),
+                               on_bad_row=cfg.data.on_bad_row)
+    return CheckedRun(out, latest, resume_notes, agent, routes)
