@@ -24,9 +24,9 @@ FLOORS = [
     ["rollout", "serve", "convert", "plan", "agents", "config_docs"],  # the engine fleet and the training sampler;
     # services; tools (the config reference among them); the multi-turn agent loop and its tools (engine-agnostic:
     # it never imports rollout)
-    ["eval", "quickstart", "run_checks"],  # batch evaluation against endpoints or engine servers it starts (fleet engines, reward
-    # pool); the quickstarts' tiny models and tasks (primed through the agent loop and its tools); a training
-    # run's checks before it starts (model directory, resume, data rows, agent)
+    ["eval", "quickstart", "run_checks"],  # batch evaluation against endpoints or engine servers it starts (fleet
+    # engines, reward pool); the quickstarts' tiny models and tasks (primed through the agent loop and its tools);
+    # a training run's checks before it starts (model directory, resume, data rows, agent)
     ["trainer", "launch", "view", "alternate"],  # the RL loop; the browser viewer of runs, eval outputs and parquet
     # files; the Lewis game's phases (each a `rl360 train` subprocess)
     ["cli"],
