@@ -24,6 +24,7 @@ from rl360.service.app import (
     is_loopback,
     json_object,
     service_app,
+    service_banner,
     sse_event,
 )
 from rl360.service.metrics import MetricsRegistry
@@ -48,6 +49,15 @@ def layer():
 
 
 # ---- parts, in this process ----
+def test_a_keyed_services_banner_says_how_to_send_the_key():
+    app = service_app()
+    assert service_banner(ServiceGuard("t", app, ServiceLimits()), "t on {url}") == "t on {url}"
+    assert service_banner(ServiceGuard("t", app, ServiceLimits(), KEY), "t on {url}") == "t on {url} (API key required)"
+    viewer = ServiceGuard("t", app, ServiceLimits(), KEY, browser_login=True)
+    assert service_banner(viewer, "t on {url}").format(url="http://h:1") == (
+        "t on http://h:1 (API key required: open http://h:1/?key=<key> once, or send 'Authorization: Bearer <key>')")
+
+
 
 def test_metrics_render_in_prometheus_text_format():
     registry = MetricsRegistry()

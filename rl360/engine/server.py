@@ -116,13 +116,11 @@ from rl360.service.app import (
     ServiceGuard,
     ServiceLimits,
     add_service_arguments,
-    api_key_from_env,
     json_object,
-    limits_from_args,
     number_field,
-    require_key_off_loopback,
     run_service,
     service_app,
+    service_options,
 )
 from rl360.service.metrics import MetricsRegistry
 from rl360.weight_sync.cuda_ipc import CUDA_IPC_LOAD_FORMAT, open_bucket
@@ -733,20 +731,17 @@ def _tokenizer(model_path: str) -> Any:
 
 
 def serve_rollout(args: argparse.Namespace) -> int:
-    api_key = api_key_from_env(args.api_key_env)
-    limits = limits_from_args(args)
+    api_key, limits = service_options(args, "rollout", "anyone who reaches it can generate and replace the weights")
     if args.batch_window_ms < 0 or args.max_batch_rows < 1:
         raise SystemExit("rl360 serve rollout: --batch-window-ms must be >= 0 and --max-batch-rows >= 1")
-    require_key_off_loopback("rollout", args.host, api_key,
-                             "anyone who reaches it can generate and replace the weights")
     check_model_dir(args.model, "--model", tokenizer=False)  # a server without a tokenizer takes input_ids
     if args.weight_sync_timeout_s <= 0:
         raise SystemExit("rl360 serve rollout: --weight-sync-timeout-s must be positive")
     service = RolloutService(args.model, limits, api_key, args.dtype, args.batch_window_ms / 1000.0,
                              args.max_batch_rows, args.weight_sync_timeout_s, args.min_pixels, args.max_pixels)
     return run_service(service.guard, args.host, args.port,
-                       f"rl360 serving rollout engine {Path(args.model).name!r} with SGLang's native API on {{url}}"
-                       f"{' (API key required)' if api_key else ''}", access_log=args.access_log)
+                       f"rl360 serving rollout engine {Path(args.model).name!r} with SGLang's native API on {{url}}",
+                       access_log=args.access_log)
 
 
 def add_rollout_parser(services) -> None:

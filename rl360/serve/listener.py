@@ -44,13 +44,11 @@ from rl360.service.app import (
     ServiceGuard,
     ServiceLimits,
     add_service_arguments,
-    api_key_from_env,
     json_object,
-    limits_from_args,
     number_field,
-    require_key_off_loopback,
     run_service,
     service_app,
+    service_options,
 )
 from rl360.service.metrics import MetricsRegistry
 
@@ -218,9 +216,7 @@ class ListenerService:
 
 
 def serve_listener(args: argparse.Namespace) -> int:
-    api_key = api_key_from_env(args.api_key_env)
-    limits = limits_from_args(args)
-    require_key_off_loopback("listener", args.host, api_key, "anyone who reaches it can have it read image files")
+    api_key, limits = service_options(args, "listener", "anyone who reaches it can have it read image files")
     check_model_dir(args.model, "--model")
     if args.max_batch < 1 or args.concurrency < 1:
         raise SystemExit("rl360 serve listener: --max-batch and --concurrency must be >= 1")
@@ -228,8 +224,8 @@ def serve_listener(args: argparse.Namespace) -> int:
                               args.concurrency)
     kind = "vision-language" if service.scorer.vision else "text (captions)"
     return run_service(service.guard, args.host, args.port,
-                       f"rl360 serving listener {args.model} ({kind}) on {{url}} (/score, /batch_score)"
-                       f"{' (API key required)' if api_key else ''}", access_log=args.access_log)
+                       f"rl360 serving listener {args.model} ({kind}) on {{url}} (/score, /batch_score)",
+                       access_log=args.access_log)
 
 
 def add_listener_parser(services) -> None:

@@ -66,14 +66,12 @@ from rl360.service.app import (
     ServiceGuard,
     ServiceLimits,
     add_service_arguments,
-    api_key_from_env,
     event_stream,
     json_object,
-    limits_from_args,
     number_field,
-    require_key_off_loopback,
     run_service,
     service_app,
+    service_options,
 )
 from rl360.service.metrics import MetricsRegistry
 
@@ -451,9 +449,7 @@ def _generation_failed(error: BaseException) -> ServiceError:
 
 
 def serve_model(args: argparse.Namespace) -> int:
-    api_key = api_key_from_env(args.api_key_env)
-    limits = limits_from_args(args)
-    require_key_off_loopback("model", args.host, api_key, "anyone who reaches it can use the model")
+    api_key, limits = service_options(args, "model", "anyone who reaches it can use the model")
     check_model_dir(args.model, "--model")
     name = args.served_model_name or Path(args.model).name
     if args.batch_window_ms < 0 or args.max_batch_rows < 1:
@@ -461,8 +457,7 @@ def serve_model(args: argparse.Namespace) -> int:
     service = ModelService(args.model, name, limits, api_key, args.dtype, args.batch_window_ms / 1000.0,
                            args.max_batch_rows)
     return run_service(service.guard, args.host, args.port,
-                       f"rl360 serving model {name!r} with the OpenAI API on {{url}}/v1"
-                       f"{' (API key required)' if api_key else ''}", access_log=args.access_log)
+                       f"rl360 serving model {name!r} with the OpenAI API on {{url}}/v1", access_log=args.access_log)
 
 
 def add_model_parser(services) -> None:

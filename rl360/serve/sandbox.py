@@ -45,12 +45,10 @@ from rl360.service.app import (
     ServiceGuard,
     ServiceLimits,
     add_service_arguments,
-    api_key_from_env,
     json_object,
-    limits_from_args,
-    require_key_off_loopback,
     run_service,
     service_app,
+    service_options,
 )
 from rl360.service.metrics import MetricsRegistry
 
@@ -205,13 +203,12 @@ class SandboxService:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    api_key = api_key_from_env(args.api_key_env)
-    require_key_off_loopback("sandbox", args.host, api_key, "it runs code for whoever reaches it")
-    service = SandboxService(args.workers, limits_from_args(args), api_key)
+    api_key, limits = service_options(args, "sandbox", "it runs code for whoever reaches it")
+    service = SandboxService(args.workers, limits, api_key)
     print(isolation().summary(), file=sys.stderr, flush=True)  # what the code gets here (stdout: the banner)
     return run_service(service.guard, args.host, args.port,
-                       f"rl360 sandbox serving SandboxFusion's POST /run_code on {{url}} ({args.workers} workers"
-                       f"{', API key required' if api_key else ''})", access_log=args.access_log)
+                       f"rl360 sandbox serving SandboxFusion's POST /run_code on {{url}} ({args.workers} workers)",
+                       access_log=args.access_log)
 
 
 def add_sandbox_parser(services) -> None:

@@ -261,6 +261,7 @@ class ServiceGuard:
         self.name, self.app, self.limits, self.error_format = name, app, limits, error_format
         self.open_paths = frozenset(open_paths)
         self._key_digest = hashlib.sha256(api_key.encode()).digest() if api_key else None
+        self.browser_login = browser_login
         self._session = None  # the cookie value standing for the key (browser_login)
         if browser_login and self._key_digest is not None:
             self._session = hmac.new(self._key_digest, b"rl360 browser session", hashlib.sha256).hexdigest()
@@ -430,6 +431,11 @@ class ServiceGuard:
             reply.error_kind = problem.kind  # a half-sent plain reply: uvicorn closes the connection
 
     # ---- helpers ----
+    @property
+    def requires_key(self) -> bool:
+        """Whether every route but the open ones needs the API key."""
+        return self._key_digest is not None
+
     def authorized(self, header: bytes | None) -> bool:
         """Whether `header` (the Authorization value) carries this service's key; always True without one."""
         if self._key_digest is None:
@@ -626,10 +632,14 @@ class _GracefulServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+KEY_NOTE = " (API key required)"
+BROWSER_KEY_NOTE = " (API key required: open {url}/?key=<key> once, or send 'Authorization: Bearer <key>')"
+
+
 def run_service(guard: ServiceGuard, host: str, port: int, banner: str, access_log: bool = False) -> int:
-    """Bind `host:port` (port 0: any free one), print `banner` with `{url}` filled in, then serve until
-    SIGTERM/SIGINT and a graceful shutdown. uvicorn's own log goes to stderr (warnings only unless
-    `access_log`, which adds one line per request: method, path, status; never headers)."""
+    """Bind `host:port` (port 0: any free one), print `banner` with `{url}` filled in (and, when the guard holds a
+    key, how to send it), then serve until SIGTERM/SIGINT and a graceful shutdown. uvicorn's own log goes to stderr
+    (warnings only unless `access_log`, which adds one line per request: method, path, status; never headers)."""
     sock = bind_socket(host, port)
     _raise_open_files_limit(guard.limits.max_connections + 256)
     bound_host, bound_port = sock.getsockname()[:2]
@@ -640,9 +650,16 @@ def run_service(guard: ServiceGuard, host: str, port: int, banner: str, access_l
                             log_level="info" if access_log else "warning", access_log=access_log,
                             timeout_keep_alive=limits.read_timeout_s, server_header=False, proxy_headers=False,
                             timeout_graceful_shutdown=max(0.1, limits.shutdown_grace_s - limits.cancel_margin_s / 2))
-    print(banner.format(url=f"http://{shown}:{bound_port}"), flush=True)
+    print(service_banner(guard, banner).format(url=f"http://{shown}:{bound_port}"), flush=True)
     _GracefulServer(config, guard).run(sockets=[sock])
     return 0
+
+
+def service_banner(guard: ServiceGuard, banner: str) -> str:
+    """`banner`, and when `guard` holds a key, how clients (or a browser, for `browser_login`) send it."""
+    if not guard.requires_key:
+        return banner
+    return banner + (BROWSER_KEY_NOTE if guard.browser_login else KEY_NOTE)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -670,6 +687,16 @@ def is_loopback(host: str) -> bool:
     except OSError:
         return False
     return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def service_options(args: argparse.Namespace, service: str, exposure: str,
+                    command: str = "") -> tuple[str | None, ServiceLimits]:
+    """The API key and limits a service's options (`add_service_arguments`) give, refusing (`UserError`) a
+    non-loopback `--host` without a key (`require_key_off_loopback`, with `service`, `exposure`, `command`)."""
+    api_key = api_key_from_env(args.api_key_env)
+    limits = limits_from_args(args)
+    require_key_off_loopback(service, args.host, api_key, exposure, command)
+    return api_key, limits
 
 
 def require_key_off_loopback(service: str, host: str, api_key: str | None, exposure: str,

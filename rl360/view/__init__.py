@@ -46,24 +46,15 @@ def open_source(path: str | Path) -> Any:
 
 
 def _view(args: argparse.Namespace) -> int:
-    from rl360.service.app import (
-        ServiceGuard,
-        api_key_from_env,
-        limits_from_args,
-        require_key_off_loopback,
-        run_service,
-    )
+    from rl360.service.app import ServiceGuard, run_service, service_options
     from rl360.view.app import viewer_app
 
-    api_key = api_key_from_env(args.api_key_env)
-    require_key_off_loopback("view", args.host, api_key, "anyone who reaches it can read the files it shows",
-                             command="view")
+    api_key, limits = service_options(args, "view", "anyone who reaches it can read the files it shows",
+                                      command="view")
     source = open_source(args.path)
-    guard = ServiceGuard("view", viewer_app(source), limits_from_args(args), api_key, browser_login=True)
-    login = " (API key required: open {url}/?key=<key> once, or send 'Authorization: Bearer <key>')" \
-        if api_key else ""
+    guard = ServiceGuard("view", viewer_app(source), limits, api_key, browser_login=True)
     return run_service(guard, args.host, args.port,
-                       f"rl360 view: {source.kind} {args.path} ({source.info()['total']} rows) on {{url}}{login}",
+                       f"rl360 view: {source.kind} {args.path} ({source.info()['total']} rows) on {{url}}",
                        access_log=args.access_log)
 
 
