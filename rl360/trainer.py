@@ -63,6 +63,9 @@ def train(cfg: RunConfig, checked: CheckedRun | None = None) -> Path:
 def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
     """The run itself, once its config and data have been checked and its output directory is its own."""
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    # multi-turn with tools (agent.loop=tools): each sample a trajectory of the agent loop; else one turn (a chat
+    # template that cannot carry the tool replies is refused here)
+    turns = {"generate_group": agent_group(agent, tokenizer)} if agent is not None else {}
     # reward workers with only the environment they need; a line says what isolation untrusted code gets, and
     # the run refuses to start when the data runs code that the sandbox here cannot isolate
     rewards = open_reward_pool(cfg.reward, routes)
@@ -107,8 +110,6 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
         critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, name="critic", **groups)) \
             if use_critic else None
         # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer
-        # multi-turn with tools (agent.loop=tools): each sample a trajectory of the agent loop; else one turn
-        turns = {"generate_group": agent_group(agent, tokenizer)} if agent is not None else {}
         rollouts = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy, placement, **turns)
         evaluation = TrainingEval(cfg, renderer, rollouts)  # data.val_files, sampled between steps by the engines
         estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)

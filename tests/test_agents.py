@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerFast
 
 from rl360.agents import AgentSettings, agent_metrics, get_parser, run_agent
 from rl360.agents.build import agent_from_config
+from rl360.agents.group import agent_group
 from rl360.agents.parsers import parse_hermes
 from rl360.agents.tools import ToolReply, ToolSettings, TrajectoryState, get_tool, tool_schemas
 from rl360.agents.tools.images import image_tokens
@@ -49,6 +50,36 @@ QWEN25_TEMPLATE = (
     "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}"
     "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
     "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# A chat template that renders as Qwen3's does where it matters here: tools as Qwen2.5's; the last user message
+# that is not a wrapped tool response is the query; assistant turns after it keep their reasoning when they have
+# one, and the conversation's last assistant turn gets an empty one when it has none; turns before it lose theirs.
+QWEN3_LIKE_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0].role == 'system' %}"
+    "{{- messages[0].content + '\\n\\n' }}{%- endif %}{{- '# Tools\\n\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}{{- '\\n</tools><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- set ns = namespace(query=-1) %}"
+    "{%- for message in messages %}{%- if message.role == 'user' and not (message.content.startswith("
+    "'<tool_response>') and message.content.endswith('</tool_response>')) %}{%- set ns.query = loop.index0 %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{%- set content = message.content %}{%- set thought = '' %}"
+    "{%- if '</think>' in content %}{%- set thought = content.split('</think>')[0].split('<think>')[-1].strip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+    "{%- if loop.index0 > ns.query and (loop.last or thought) %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + thought + '\\n</think>\\n\\n' + content }}"
+    "{%- else %}{{- '<|im_start|>assistant\\n' + content }}{%- endif %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
@@ -361,6 +392,33 @@ def test_the_trajectory_is_the_template_rendering_of_the_conversation(tokenizer)
                                                        for k, t in enumerate(trace.turns[:3])]
     assert len({seed for _, _, seed in replay.calls}) == 4
     assert [params.max_new_tokens for _, params, _ in replay.calls][0] == 4000
+
+
+def test_a_qwen3_template_trajectory_keeps_its_thinking_and_is_the_templates_rendering(tmp_path):
+    """Qwen3's template drops the reasoning of turns before the last query and adds an empty one to a last turn
+    without any: the loop's tool tokens still fit it, and the whole trajectory, thinking included, is the template's
+    rendering of the conversation."""
+    qwen3 = byte_level_tokenizer(tmp_path, QWEN3_LIKE_TEMPLATE, SPECIAL, ADDED)
+    history = [*QUESTION, {"role": "assistant", "content": "<think>\nhm\n</think>\n\nsure"},
+               {"role": "user", "content": "What is 6*7?"}]
+    dropped = render(qwen3, history, False)
+    assert "hm" not in dropped and dropped.endswith("<|im_start|>user\nWhat is 6*7?<|im_end|>\n")  # as Qwen3 does
+    turns = ["<think>\nI should ask the tool.\n</think>\n\n" + call("echo", {"say": "a"}),
+             "<think>\nIt said a; once more.\n</think>\n\n" + call("echo", {"say": "b"}),
+             "<think>\nDone.\n</think>\n\nThe answer is 42."]
+    replies = [["echo a"], ["echo b"], []]
+    conversation, contexts = list(QUESTION), []
+    for text, said in zip(turns, replies):
+        contexts.append(encode(qwen3, render(qwen3, conversation, True)))
+        conversation.append({"role": "assistant", "content": text})
+        conversation += [{"role": "tool", "content": content} for content in said]
+    replay = Replay(qwen3, turns, contexts)  # each turn's context checked against the template's rendering
+    settings = AgentSettings(max_turns=6, max_response_length=4000, tool_timeout_s=1)
+    sample = run(run_agent(replay, contexts[0], qwen3, TOOLS, parse_hermes, settings, SamplingParams(), seed=3))
+    whole = render(qwen3, conversation, False)
+    assert whole.count("<think>") == 3 and "I should ask the tool." in whole
+    assert sample.prompt_ids + sample.response_ids == encode(qwen3, whole[:-1])
+    assert sample.trace.ended_by == "done" and len(replay.calls) == 3
 
 
 def test_max_turns_and_the_token_budget_end_the_trajectory(tokenizer):
@@ -684,6 +742,17 @@ def test_agent_config_is_validated_and_built():
     partial = load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]", "rollout.engine=server",
                                         "rollout.mode=async", "rollout.partial=true"])
     assert partial.rollout.partial and agent_from_config(partial) is not None
+
+
+def test_a_chat_template_that_cannot_carry_the_replies_is_refused_when_the_agent_starts(tokenizer):
+    pyvision = agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]",
+                                                           "agent.parser=pyvision"]))
+    # Qwen2.5's text template renders no `observation` turn, PyVision's reply
+    with pytest.raises(ConfigError, match=r"agent.parser: the model's chat template does not fit the agent loop: "
+                                          r"the chat template renders no message of role \['observation'\]"):
+        agent_group(pyvision, tokenizer)
+    hermes = agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python]"]))
+    assert callable(agent_group(hermes, tokenizer))
 
 
 @pytest.mark.slow

@@ -20,8 +20,9 @@ from dataclasses import replace
 from typing import Any
 
 from rl360.agents.build import Agent
-from rl360.agents.loop import run_agent
+from rl360.agents.loop import check_chat_template, run_agent
 from rl360.agents.metrics import agent_metrics
+from rl360.config import ConfigError
 from rl360.core.prompt import Prompt
 from rl360.core.sampling import SamplingParams
 from rl360.core.trajectory import Sample
@@ -29,7 +30,12 @@ from rl360.core.trajectory import Sample
 
 def agent_group(agent: Agent, tokenizer: Any):
     """A `generate_group(fleet, prompts, params, seed, metrics, rows) -> list[list[Sample]]` running `agent`;
-    each prompt row's `extra_info.tools_kwargs.<tool>.create_kwargs` start its trajectories' tools."""
+    each prompt row's `extra_info.tools_kwargs.<tool>.create_kwargs` start its trajectories' tools. `ConfigError`
+    when the model's chat template cannot carry the agent's tool replies."""
+    try:
+        check_chat_template(tokenizer, agent.parser)
+    except ValueError as err:
+        raise ConfigError(f"agent.parser: the model's chat template does not fit the agent loop: {err}") from None
 
     async def generate_group(fleet: Any, prompts: list[Prompt], params: SamplingParams, seed: int,
                              metrics: dict[str, float], rows: list[Mapping[str, Any]] | None = None

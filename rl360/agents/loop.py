@@ -36,9 +36,13 @@ does not continue, e.g. an engine called directly) ends the trajectory, ended_by
 
 The tool tokens are found as verl and slime do: render a fixed dummy conversation ending in an assistant
 message, with and without the tool messages (and the generation prompt), and take the difference. That needs
-a template whose rendering of earlier messages does not depend on later ones (Qwen2.5's, Hermes', Llama's);
-Qwen3's, which drops the reasoning of earlier assistant turns, renders the history differently from what the
-engine generated, which this loop does not reproduce (the engine's tokens are kept as generated).
+a template whose rendering of an assistant message does not change once tool messages follow it. Qwen2.5's,
+Hermes' and Llama's render every message as it is. Qwen3's drops the reasoning (`<think>...</think>`) of the
+assistant turns before the last user message, and adds an empty `<think>` block to the last assistant turn
+when it has none; the dummy reply carries a reasoning block, so both renderings keep it and agree. A trajectory
+has one user message, so every turn in it comes after the last one: the context the loop builds, the engine's
+tokens as generated plus the tool tokens, is the template's rendering of the whole conversation, thinking
+included, as Qwen3 renders multi-step tool use.
 
 Images: a tool's images are attached to the trajectory in order (`Sample.images`, after the prompt's) and
 written into the tool message as Qwen-VL's placeholder (vision start, one image pad per merged patch, vision
@@ -302,8 +306,17 @@ async def _run_call(call: ToolCall, tools: dict[str, Tool], state: TrajectorySta
 
 
 _DUMMY_REPLY = "rl360 dummy reply"
+# a reasoning block: a template that renders it only when an assistant turn ends the conversation or has one
+# (Qwen3's) renders this turn the same with and without tool messages after it
 _DUMMY = [{"role": "system", "content": "rl360 dummy system"}, {"role": "user", "content": "rl360 dummy user"},
-          {"role": "assistant", "content": _DUMMY_REPLY}]
+          {"role": "assistant", "content": f"<think>\nrl360 dummy thought\n</think>\n\n{_DUMMY_REPLY}"}]
+
+
+def check_chat_template(tokenizer: Any, parser: Parser) -> None:
+    """`ValueError` when the tokenizer's chat template cannot carry `parser`'s tool replies (`tool_tokens`): said
+    when a run starts, not at its first tool call."""
+    reply_format = getattr(parser, "reply_format", None) or tool_messages
+    tool_tokens(tokenizer, "", reply_format([ShownReply("tool", ToolReply("rl360 dummy output"))], 0))
 
 
 def tool_tokens(tokenizer: Any, generated: str, messages: list[dict[str, str]]) -> list[int]:
