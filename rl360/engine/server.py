@@ -201,7 +201,7 @@ class RolloutService:
         eos = getattr(self.engine.model.generation_config, "eos_token_id", None)
         eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         decoder = BatchDecoder(self.engine, self.model_lock, self.resume, lambda: str(self.engine.version), eos_ids,
-                               self._unready)
+                               self._unready, self.tokenizer)
         registry = MetricsRegistry()
         self.batcher = Batcher(decoder, batch_window_s, max_batch_rows, registry)
         self.tokens = registry.counter("rl360_rollout_tokens_total", "Tokens read and written, by kind.", ["kind"])
@@ -278,6 +278,9 @@ class RolloutService:
                 meta["input_token_logprobs"] = [[lp, tok, text] for lp, tok, text in
                                                 zip(row.input_logprobs, prompt, texts)]
         text = self.tokenizer.decode(row.tokens, skip_special_tokens=True) if self.tokenizer is not None else ""
+        matched = row.finish_reason.get("matched")
+        if isinstance(matched, str) and not row.no_stop_trim and matched in text:  # SGLang trims the stop string
+            text = text[:text.index(matched)]
         reply = {"text": text, "output_ids": row.tokens, "meta_info": meta}
         if call.return_prompt_token_ids:  # the prompt as decoded: an image prompt's with its images expanded
             reply["prompt_token_ids"] = list(row.prompt)
