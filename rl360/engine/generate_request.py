@@ -280,7 +280,7 @@ def parse_sampling(options: Any, where: str = "sampling_params") -> tuple[Sampli
     if seed is not None and not is_int(seed):
         raise ServiceError(400, f"'{where}.sampling_seed' must be an integer, got {seed!r}", f"{where}.sampling_seed")
     for key in ("ignore_eos", "no_stop_trim"):
-        if options.get(key) not in (None, True, False):
+        if options.get(key) is not None and not isinstance(options[key], bool):
             raise ServiceError(400, f"'{where}.{key}' must be a boolean", f"{where}.{key}")
     return params, seed, bool(options.get("ignore_eos"))
 

@@ -68,7 +68,7 @@ class StopMatcher:
         found = [(i, order, s) for order, s in enumerate(self.stop)
                  if (i := window.find(s, max(0, len(self._tail) - len(s) + 1))) >= 0]
         self.length += len(piece)
-        self._tail = window[len(window) - self._keep:] if self._keep else ""
+        self._tail = window[-self._keep:] if self._keep else ""
         if not found:
             return piece, None
         start, _, string = min(found)
