@@ -9,6 +9,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rl360.config import ConfigError, load_config
 from rl360.core import Sample, SamplingParams
 from rl360.core.client import EngineClient, sampling_options
 from rl360.engine.hf_engine import HFEngine
@@ -90,6 +92,12 @@ def test_the_matcher_stops_at_the_token_completing_a_string_in_a_short_window(to
     assert "".join(matcher.push(token)[0] for token in ids) == text(tokenizer, ids) and counting.longest <= 3
 
 
+def test_rollout_stop_takes_non_empty_strings():
+    assert load_config("configs/quickstart.yaml", ["rollout.stop=[</answer>]"]).rollout.stop == ["</answer>"]
+    with pytest.raises(ConfigError, match=r"rollout.stop=\[''\] has an empty string"):
+        load_config("configs/quickstart.yaml", ["rollout.stop=['']"])
+
+
 # ---------------------------------------------------------------- the HF engine, in process
 
 def test_the_hf_engine_stops_at_a_string_of_several_tokens(model_dir, tokenizer):
@@ -97,10 +105,8 @@ def test_the_hf_engine_stops_at_a_string_of_several_tokens(model_dir, tokenizer)
     params = SamplingParams(n=3, max_new_tokens=16, temperature=1.0, seed=5)
     base = [sample for group in engine.generate(PROMPTS, params) for sample in group]
     stop = stop_of(tokenizer, base[0].response_ids, 3, 3)
-    stopped = [sample for group in engine.generate(PROMPTS, SamplingParams(**{**params.__dict__, "stop": [stop, NEVER]}))
-               for sample in group]
-    never = [sample for group in engine.generate(PROMPTS, SamplingParams(**{**params.__dict__, "stop": [NEVER]}))
-             for sample in group]
+    stopped = [sample for group in engine.generate(PROMPTS, replace(params, stop=[stop, NEVER])) for sample in group]
+    never = [sample for group in engine.generate(PROMPTS, replace(params, stop=[NEVER])) for sample in group]
     reference = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     cut = 0
     for prompt, before, after, unchanged in zip([p for p in PROMPTS for _ in range(3)], base, stopped, never):
@@ -179,7 +185,8 @@ def test_serve_rollout_stops_trims_and_names_the_string(served, tokenizer):
 
 def test_bad_stop_values_are_refused_naming_the_field(served):
     for settings, field in [({"stop": ""}, "stop"), ({"stop": [""]}, "stop"), ({"stop": ["</code>", 3]}, "stop"),
-                            ({"stop": 5}, "stop"), ({"stop": {"s": "x"}}, "stop"), ({"no_stop_trim": 1}, "no_stop_trim")]:
+                            ({"stop": 5}, "stop"), ({"stop": {"s": "x"}}, "stop"),
+                            ({"no_stop_trim": 1}, "no_stop_trim")]:
         reply = httpx.post(f"{served}/generate", json={"input_ids": [1, 5], "sampling_params": settings},
                            headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
         assert reply.status_code == 400 and reply.json()["error"]["param"] == f"sampling_params.{field}", settings
