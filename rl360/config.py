@@ -287,8 +287,8 @@ class AgentConfig:
     max_pixels: int = 1003520  # ... and at most this area
     python: str = ""  # interpreter the python tool runs ("": the sandbox's own; it needs PIL for image_clue_N)
     # end a generated turn where a tool call closes (the parser's closing tag, hermes: </tool_call>, pyvision:
-    # </code>): the calls run without waiting for the end of the turn (one call's block per turn); a tag that is
-    # no single token is cut after (the engine generates on to its own stop)
+    # </code>, an engine stop string): the calls run without waiting for the end of the turn (one call's block
+    # per turn)
     stop_after_call: bool = False
     # the trajectories' turns in step, each round one request (for an engine that decodes a batch at once: hf)
     batch_turns: bool = False
