@@ -162,7 +162,8 @@ def describe(speaker_model: str, speaker_config: tuple[str, list[str]], listener
     renderer = PromptRenderer.for_model(speaker_model, tokenizer, cfg.data.max_prompt_length)
     engine = HFEngine(speaker_model)
     params = SamplingParams(n=1, temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_response_length,
-                            stop_token_ids=sorted({tokenizer.eos_token_id} - {None}), seed=seed)
+                            stop_token_ids=sorted({tokenizer.eos_token_id} - {None}), stop=list(cfg.rollout.stop),
+                            seed=seed)
     texts = []
     for start in range(0, len(rows), 64):
         batch = rows[start:start + 64]

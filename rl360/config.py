@@ -77,6 +77,9 @@ class RolloutConfig:
     # tokens (their text, each one token of the tokenizer) that end a response, or an agent's turn, as the
     # end-of-turn token does, e.g. an answer token after which nothing more counts
     stop_tokens: list[str] = field(default_factory=list)
+    # strings that end a response, or an agent's turn, at the token whose text completes one (that token kept;
+    # any number of tokens, e.g. "</answer>"): SGLang's `stop`, for every engine
+    stop: list[str] = field(default_factory=list)
     num_engines: int = 1  # engines the fleet spreads each step's prompts over
     # how weights reach server/sglang engines after an update: distributed (a gloo/NCCL group between the
     # trainer's export rank and every engine, one broadcast per tensor), tensor (engine=server on the same host:
@@ -284,8 +287,8 @@ class AgentConfig:
     max_pixels: int = 1003520  # ... and at most this area
     python: str = ""  # interpreter the python tool runs ("": the sandbox's own; it needs PIL for image_clue_N)
     # end a generated turn where a tool call closes (the parser's closing tag, hermes: </tool_call>, pyvision:
-    # </code>): the calls run without waiting for the end of the turn (one call's block per turn); a tag that is
-    # no single token is cut after (the engine generates on to its own stop)
+    # </code>, an engine stop string): the calls run without waiting for the end of the turn (one call's block
+    # per turn)
     stop_after_call: bool = False
     # the trajectories' turns in step, each round one request (for an engine that decodes a batch at once: hf)
     batch_turns: bool = False
@@ -693,6 +696,9 @@ def validate(cfg: RunConfig) -> None:
     for name in ("wandb", "swanlab", "tensorboard"):
         if getattr(cfg.tracking, name) and (missing := missing_package(name)):
             raise ConfigError(missing)
+    if "" in cfg.rollout.stop:
+        raise ConfigError(f"rollout.stop={list(cfg.rollout.stop)!r} has an empty string, which every text holds: "
+                          "list non-empty stop strings")
     endings = {"done", "max_turns", "budget", "length", "abort"}
     unknown = sorted(set(cfg.algorithm.partial_filter_keep) - endings)
     if unknown:

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from rl360.agents import AgentSettings, get_parser, run_agent
-from rl360.agents.loop import call_end_ids, cut_after_call, tool_tokens
+from rl360.agents.loop import call_end_ids, tool_tokens
 from rl360.agents.parsers import NO_CODE, parse_hermes, parse_pyvision
 from rl360.agents.replies import ShownReply, interpreter_messages, tool_messages
 from rl360.agents.tools import ToolReply, ToolSettings, get_tool
@@ -23,6 +23,7 @@ from rl360.agents.tools.images import image_tokens
 from rl360.core.prompt import ImagePrompt
 from rl360.core.sampling import SamplingParams
 from rl360.core.trajectory import Sample
+from rl360.engine.stop_strings import first_stop
 from tests.test_agents import QWEN25_TEMPLATE, byte_level_tokenizer, encode, png
 
 # Qwen2.5-VL's chat template: every role rendered as <|im_start|>role\n...<|im_end|>\n, images as placeholders
@@ -136,34 +137,29 @@ def test_qwen25_vl_renders_the_observation_role_and_a_template_that_drops_it_is_
     assert tool_tokens(qwen25_text, "</tool_call>", tool_messages([ShownReply("python", ToolReply("7"))], 0))
 
 
-def test_a_turn_is_cut_after_its_first_call_end(tokenizer):
-    text = "Look.\n" + block("print(1)")
-    ids = encode(tokenizer, text + "\n<|im_start|>observation\nmade up<|im_end|>")
-    turn = Sample([1, 2], ids, [-0.5] * len(ids), "length", token_versions=[3] * len(ids))
-    cut = cut_after_call(turn, tokenizer, "</code>")
-    assert cut.response_ids == encode(tokenizer, text) and cut.finish_reason == "stop"
-    assert cut.logprobs == [-0.5] * len(cut.response_ids) and cut.token_versions == [3] * len(cut.response_ids)
-    done = Sample([1, 2], encode(tokenizer, text), [-0.5] * len(cut.response_ids), "stop")
-    assert cut_after_call(done, tokenizer, "</code>") is done  # it ends there already
-    plain = Sample([1], encode(tokenizer, "<answer>1</answer>"), [0.0] * 18, "stop")
-    assert cut_after_call(plain, tokenizer, "</code>") is plain
-    assert call_end_ids(tokenizer, parse_pyvision) == []  # no single token closes a <code> block
+def test_no_single_token_closes_a_code_block(tokenizer):
+    assert call_end_ids(tokenizer, parse_pyvision) == []  # </code> is a stop string of the engine's (below)
     assert call_end_ids(tokenizer, parse_hermes) == []
 
 
 # ---------------------------------------------------------------- a trajectory with the real python tool
 
 class Engine:
-    """Replays recorded engine output: turn k returns the tokens of `turns[k]`, and keeps the contexts it is
-    handed."""
+    """Replays recorded engine output: turn k returns the tokens of `turns[k]`, ended as the engines end a response
+    at its sampling params' stop strings (their shared `first_stop`: the token completing the first one is the
+    last), and keeps the contexts and params it is handed."""
 
     def __init__(self, tok, turns):
-        self.tok, self.turns, self.contexts = tok, turns, []
+        self.tok, self.turns, self.contexts, self.params = tok, turns, [], []
 
     async def __call__(self, prompt, params, seed):
         self.contexts.append(prompt)
+        self.params.append(params)
         out = encode(self.tok, self.turns[len(self.contexts) - 1])
-        return Sample(list(prompt.ids), out, [-0.25] * len(out), "stop", weight_version=7)
+        match = first_stop(out, self.tok, params.stop)
+        out = out[:match.tokens] if match else out
+        return Sample(list(prompt.ids), out, [-0.25] * len(out), "stop", weight_version=7,
+                      stop_matched=match.string if match else None)
 
 
 @pytest.fixture()
@@ -183,7 +179,7 @@ def test_a_pyvision_trajectory_with_the_python_tool(tokenizer, python_tool):
     head = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     pads = image_tokens(84, 112, 3136, 1003520)
     prompt = ImagePrompt(encode(tokenizer, head.replace(PAD, PAD * pads)), (picture,))
-    turns = [  # as the engine generates them: the first runs on past </code>, which the loop cuts
+    turns = [  # as the model would write them: the first runs on past </code>, where the engine stops
         "Crop the corner.\n" + block("print(image_clue_0.size)\nimage_clue_0.crop((0, 0, 56, 56)).show()")
         + "\n<|im_start|>observation\nmade up<|im_end|>",
         "Check the crop.\n" + block("print('unused')", tags=False) + "\n" + block("print(image_clue_1.size)"),
@@ -215,7 +211,8 @@ def test_a_pyvision_trajectory_with_the_python_tool(tokenizer, python_tool):
     assert inserted[2].startswith("<|im_end|>\n<|im_start|>observation\n<interpreter>Error: ZeroDivisionError: "
                                   "division by zero\n") and inserted[2].endswith("</interpreter>" + end)
     assert inserted[3] == f"\n<|im_start|>observation\n<interpreter>Error: {NO_CODE}</interpreter>" + end
-    assert generated[0] == turns[0][:turns[0].index("</code>") + len("</code>")]  # cut after the call
+    assert generated[0] == turns[0][:turns[0].index("</code>") + len("</code>")]  # the engine stopped at </code>
+    assert all(params.stop == ["</code>"] for params in engine.params)  # stop_after_call: </code> a stop string
     assert generated[1:] == turns[1:]
     # the trainer sees what the engine was fed, and trains only on what it generated
     contexts = [list(context.ids) for context in engine.contexts]

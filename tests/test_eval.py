@@ -22,7 +22,9 @@ import pytest
 
 from rl360.config import ConfigError
 from rl360.eval.config import PRESETS, load_eval_config, sampling_values
+from rl360.eval.inputs import EvalPrompt
 from rl360.eval.metrics import pass_at_k
+from rl360.eval.targets import OpenAIEndpoint
 from rl360.quickstart.assets import build_quickstart_model
 from rl360.rewards.judge import answer_for_judge
 from rl360.serve.loadgen import start_service, stop_service
@@ -279,6 +281,16 @@ def test_presets_and_config_errors(tmp_path):
     assert sampling_values(load_eval_config(None, [*base, "sampling.preset=greedy", "sampling.top_p=0.5"]).sampling
                            ) == {"temperature": 0.01, "top_p": 0.5, "top_k": -1, "repetition_penalty": 1.0,
                                  "presence_penalty": 0.0, "max_tokens": 16384}
+    assert sampling_values(load_eval_config(None, [*base, "sampling.stop=[</answer>]"]).sampling) == {
+        "temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+        "max_tokens": 16384, "stop": ["</answer>"]}
+    with pytest.raises(ConfigError, match=r"sampling.stop=\[''\] has an empty string"):
+        load_eval_config(None, [*base, "sampling.stop=['']"])
+    values = sampling_values(load_eval_config(None, [*base, "sampling.stop=[</answer>]"]).sampling)
+    endpoint = OpenAIEndpoint(0, "http://h/v1", "", "tiny", values, 10.0, 1)
+    assert endpoint.body(EvalPrompt(0, [{"role": "user", "content": "1+1"}], "math", "2"), 7)["stop"] == ["</answer>"]
+    assert "stop" not in OpenAIEndpoint(0, "http://h/v1", "", "tiny", {**values, "stop": []}, 10.0, 1).body(
+        EvalPrompt(0, [{"role": "user", "content": "1+1"}], "math", "2"), 7)
     assert set(PRESETS) == {"qwen_ins", "qwen_think", "mimo", "greedy"}
     for path in sorted((ROOT / "configs" / "eval").glob("*.yaml")):  # the examples load (given their files)
         load_eval_config(path, ["data.files=[x.parquet]", "eval.model=''", "eval.endpoints=[http://h/v1]"])

@@ -186,7 +186,8 @@ def _record_client_calls(replies: dict) -> list[tuple[str, str, dict | None]]:
         client = EngineClient("http://sglang.invalid", api_key="k" * 20)
         client._http = httpx.AsyncClient(base_url=client.url, headers=client._http.headers,
                                          transport=httpx.MockTransport(answer))
-        params = SamplingParams(n=1, temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=2, stop_token_ids=[3])
+        params = SamplingParams(n=1, temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=2, stop_token_ids=[3],
+                                stop=["</code>"])
         samples = await client.generate_samples([[1, 2]], params, seed=3, rid="r")
         await client.generate([[1, 2]], {"max_new_tokens": 1}, return_logprob=True, logprob_start_len=0, rid=["r"])
         await client.update_weights_from_tensor([("w", torch.zeros(2))], 1, last_bucket=True, abort_all_requests=True)

@@ -41,6 +41,7 @@ def run(tmp_path_factory):
         "reward.timeout_s=1", "tracking.wandb=true", "reward.custom={test_hang: 'tests.reward_fixtures:never_returns'}",
         "algorithm.kl_in_reward_coef=0.01", "algorithm.kl_in_reward_target=0.1", "data.on_bad_row=skip",
         "tracking.swanlab=true", "tracking.tensorboard=true", "trainer.dump_rollouts_every=2",
+        "rollout.stop=['\\boxed{1']",  # a stop string inside ten of the answer tokens: many responses end early
     ])
     try:
         out = train(cfg)
@@ -72,9 +73,14 @@ def test_kl_in_reward_is_applied_and_its_coefficient_adapts(run):
 
 
 def test_engine_samples_from_the_trainers_weights_at_every_step(run):
-    _, records = run
+    out, records = run
     assert all(r["rollout/logprob_abs_diff"] <= 1e-6 for r in records)  # the README's figure (mean, fp32)
     assert all(r["rollout/logprob_abs_diff_max"] <= 1e-5 for r in records)
+    # responses that ended at the stop string: at the token completing it, their log-probs the trainer's too
+    lines = [json.loads(line) for line in (out / "rollouts" / "step_000002.jsonl").read_text().splitlines()]
+    stopped = [line for line in lines if "\\boxed{1" in line["response_tokens"][-1]]
+    assert stopped and all(line["finish_reason"] == "stop" and line["logprob_diff_max"] <= 1e-5 for line in stopped)
+    assert not any("\\boxed{1" in token for line in lines for token in line["response_tokens"][:-1])
 
 
 def test_hanging_reward_costs_timeouts_and_the_run_goes_on(run):

@@ -7,10 +7,10 @@
 
 1. generates a turn from the prompt (then from the trajectory so far), at most the response tokens left (and at
    most `max_turn_tokens`, when set);
-   with `stop_after_call`, a token that closes a call (its text ends with the parser's `call_end`) ends the turn
-   too, as the end-of-turn token does; where no single token closes a call (PyVision's `</code>` is three of
-   Qwen's tokens), the turn is cut after the first `call_end` of its text, as an engine's stop string would
-   have cut it (the tokens after it are generated and dropped);
+   with `stop_after_call`, the parser's `call_end` is one of the engine's stop strings (`SamplingParams.stop`)
+   and an added token whose text ends with it (Qwen's `</tool_call>`) a stop token, so the turn ends at the
+   token that closes a call, as at the end-of-turn token, also where several tokens spell the closing
+   (PyVision's `</code>` is three of Qwen's tokens): the engine decodes nothing past it;
 2. parses the turn's tool calls (of the whole turn, see partial rollouts below); none, or a turn cut by the
    length limit or aborted, ends the trajectory; so
    does a turn that sampled the image token (`<|image_pad|>`): an engine handed it back in the next turn's
@@ -162,18 +162,15 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
     pending: list[int] = []  # the tool tokens after the last turn, before the next
     image_pad = _token_id(tokenizer, IMAGE_PAD)
     reply_format = getattr(parser, "reply_format", None) or tool_messages
-    call_end = ""
     if settings.stop_after_call:
-        call_end = parser_call_end(parser)
-        params = replace(params, stop_token_ids=sorted({*params.stop_token_ids, *call_end_ids(tokenizer, parser)}))
+        params = replace(params, stop_token_ids=sorted({*params.stop_token_ids, *call_end_ids(tokenizer, parser)}),
+                         stop=list(dict.fromkeys([*params.stop, parser_call_end(parser)])))
     for turn in range(settings.max_turns):
         used = len(sample.response_ids) + len(pending) if sample else 0
         budget = settings.max_response_length - used
         if settings.max_turn_tokens:
             budget = min(budget, settings.max_turn_tokens)
         more = await generate_turn(context, replace(params, n=1, max_new_tokens=budget), _turn_seed(seed, turn))
-        if call_end:
-            more = cut_after_call(more, tokenizer, call_end)
         if sample is not None:
             sample = sample.then(pending, more)
         else:
@@ -232,32 +229,10 @@ def parser_call_end(parser: Parser) -> str:
 
 def call_end_ids(tokenizer: Any, parser: Parser) -> list[int]:
     """The ids of the added tokens whose text ends with the parser's `call_end` (`</tool_call>` itself in Qwen's
-    tokenizers), [] when none does (`</code>` is three tokens of Qwen's: `cut_after_call` then ends the turn);
-    `ValueError` when the parser names no call_end."""
+    tokenizers), [] when none does (`</code>` is three tokens of Qwen's: the stop string `call_end` then ends
+    the turn); `ValueError` when the parser names no call_end."""
     end = parser_call_end(parser)
     return sorted(index for token, index in tokenizer.get_added_vocab().items() if token.endswith(end))
-
-
-def cut_after_call(sample: Sample, tokenizer: Any, end: str) -> Sample:
-    """A turn cut after the token that completes the first `end` of its text (finish "stop"), as an engine's stop
-    string would have ended it: the tokens kept are the ones such an engine returns, with the same log-probs (a
-    turn's first tokens do not depend on those sampled after them); the turn unchanged when `end` is not in it
-    or ends it, or the turn was aborted."""
-    ids = sample.response_ids
-    if sample.finish_reason not in ("stop", "length") or end not in tokenizer.decode(ids, skip_special_tokens=False):
-        return sample
-    low, high = 1, len(ids)  # the shortest prefix whose text holds `end`
-    while low < high:
-        middle = (low + high) // 2
-        if end in tokenizer.decode(ids[:middle], skip_special_tokens=False):
-            high = middle
-        else:
-            low = middle + 1
-    if low == len(ids):
-        return sample
-    versions = sample.token_versions[:low] if sample.token_versions else sample.token_versions
-    return replace(sample, response_ids=ids[:low], logprobs=sample.logprobs[:low], finish_reason="stop",
-                   token_versions=versions)
 
 
 def _turn_seed(seed: int, turn: int) -> int:

@@ -302,10 +302,12 @@ class EngineClient:
 
 
 def sampling_options(params: SamplingParams) -> dict:
-    """SGLang `sampling_params` for our `SamplingParams` (seed left to the caller: `sampling_seed`); a penalty
-    only when it is on."""
+    """SGLang `sampling_params` for our `SamplingParams` (seed left to the caller: `sampling_seed`); stop strings
+    (`stop`, a list) and a penalty only when set."""
     options = {"n": params.n, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
                "max_new_tokens": params.max_new_tokens, "stop_token_ids": list(params.stop_token_ids)}
+    if params.stop:
+        options["stop"] = list(params.stop)
     off = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1}
     return {**options, **{key: getattr(params, key) for key, value in off.items() if getattr(params, key) != value}}
 
@@ -346,11 +348,13 @@ def reply_sample(prompt: Prompt, reply: dict) -> Sample:
     tokens = list(reply["output_ids"])
     if len(logprobs) != len(tokens):
         raise EngineError("/generate", 200, f"{len(tokens)} output ids but {len(logprobs)} log-probs")
-    reason = meta["finish_reason"]["type"] if meta.get("finish_reason") else "abort"
+    finish = meta.get("finish_reason") or {"type": "abort"}
+    matched = finish.get("matched")  # a stop token's id, or the stop string that ended it
     version = str(meta.get("weight_version", ""))  # SGLang's is "default" until a trainer sets one
-    return Sample(prompt_ids=list(prompt_ids(prompt)), response_ids=tokens, logprobs=logprobs, finish_reason=reason,
-                  weight_version=int(version) if version.isdigit() else 0,
-                  images=prompt.images if isinstance(prompt, ImagePrompt) else None)
+    return Sample(prompt_ids=list(prompt_ids(prompt)), response_ids=tokens, logprobs=logprobs,
+                  finish_reason=finish["type"], weight_version=int(version) if version.isdigit() else 0,
+                  images=prompt.images if isinstance(prompt, ImagePrompt) else None,
+                  stop_matched=matched if isinstance(matched, str) else None)
 
 
 def _succeeded(url: str, route: str, reply: Any) -> str:

@@ -13,6 +13,9 @@ class SamplingParams:
     top_k: int = -1  # -1: no top-k
     max_new_tokens: int = 256
     stop_token_ids: list[int] = field(default_factory=list)  # generation ends after any of these
+    # stop strings: generation ends at the token whose text completes one of them (that token included; SGLang's
+    # `stop`, rl360/engine/stop_strings.py)
+    stop: list[str] = field(default_factory=list)
     seed: int = 0  # seeds this call's sampling
     # penalties on the logits before temperature (rl360/engine/penalties.py): per occurrence and once per token of
     # the generated text (OpenAI's), and HF's divide/multiply over the prompt and generated tokens (1: off)

@@ -73,6 +73,7 @@ class Sample:
     images: tuple[bytes, ...] | None = None  # the prompt's compressed images (None: a text prompt)
     loss_mask: list[int] | None = None  # per response token: 1 generated (trained on), 0 inserted (None: all 1)
     turns: list[Turn] | None = None  # the response's turns in order (None: one generated turn)
+    stop_matched: str | None = None  # the stop string (`SamplingParams.stop`) that ended it, None for any other end
 
     @property
     def status(self) -> str:
@@ -114,7 +115,7 @@ class Sample:
         return Sample(self.prompt_ids, self.response_ids + more.response_ids, self.logprobs + more.logprobs,
                       more.finish_reason, self.weight_version if self.response_ids else more.weight_version,
                       versions if len(set(versions)) > 1 else None, self.resumed + 1, self.images,
-                      self._joined_mask(more), self._joined_turns(more))
+                      self._joined_mask(more), self._joined_turns(more), more.stop_matched)
 
     def then(self, inserted: list[int], more: Sample) -> Sample:
         """This trajectory, then `inserted` tokens (a tool's output: in the context, not trained on, log-prob 0),
@@ -128,7 +129,8 @@ class Sample:
                       self.weight_version if self.response_ids else more.weight_version,
                       versions if len(set(versions)) > 1 else None, self.resumed + more.resumed, self.images,
                       self.mask() + [0] * len(inserted) + more.mask(),
-                      self.turn_list() + tool + [turn.shifted(tool_end) for turn in more.turn_list()])
+                      self.turn_list() + tool + [turn.shifted(tool_end) for turn in more.turn_list()],
+                      more.stop_matched)
 
     def continuation(self) -> Prompt:
         """The prompt that continues this sample: its prompt and response tokens, with the prompt's images."""

@@ -5,4 +5,6 @@
 - `server`: `rl360 serve rollout`, the HF engine behind SGLang's native HTTP API (generation, weight updates in
   every `rl360.weight_sync` format, pause/continue, memory release); `batching` (continuous batching) and
   `generate_request` (parsing `/generate`) are its parts.
+- `stop_strings`: stop strings found in incrementally decoded tokens (SGLang's `stop`, OpenAI's `stop`), for the
+  HF engine, the batching engine, `rl360 serve model`'s choices and the fleet's continued samples.
 """

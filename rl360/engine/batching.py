@@ -17,6 +17,7 @@ from rl360.core import ImagePrompt
 from rl360.engine.generate_request import Row
 from rl360.engine.hf_engine import _filtered_probs, next_positions
 from rl360.engine.penalties import PenaltyState
+from rl360.engine.stop_strings import StopMatcher
 from rl360.service.app import ServiceError
 from rl360.service.metrics import MetricsRegistry
 
@@ -27,12 +28,13 @@ class BatchDecoder:
     `model_lock` is held for each forward step and released between steps, so weight updates (which take it
     too) land between steps; `resume` is waited on between steps while generation is paused in place.
     `unready()` (under the lock, before each step) says why the model cannot run now (None: it can): the
-    batch then fails with 503 naming the reason."""
+    batch then fails with 503 naming the reason. `tokenizer` decodes the rows that have stop strings
+    (`SamplingParams.stop`: a row ends at the token completing one, finish reason `{"type": "stop", "matched": s}`)."""
 
     def __init__(self, engine: Any, model_lock: threading.Lock, resume: threading.Event,
-                 version: Any, eos_ids: list[int], unready: Any = lambda: None):
+                 version: Any, eos_ids: list[int], unready: Any = lambda: None, tokenizer: Any = None):
         self.engine, self.model_lock, self.resume, self.version = engine, model_lock, resume, version
-        self.eos_ids, self.unready = eos_ids, unready
+        self.eos_ids, self.unready, self.tokenizer = eos_ids, unready, tokenizer
 
     @torch.no_grad()
     def decode(self, rows: list[Row]) -> None:
@@ -41,6 +43,7 @@ class BatchDecoder:
         generators = [torch.Generator(device=device).manual_seed(
             row.seed if row.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1) for row in rows]
         stops = [set(row.params.stop_token_ids) | (set() if row.ignore_eos else set(self.eos_ids)) for row in rows]
+        matchers = [StopMatcher(self.tokenizer, row.params.stop) if row.params.stop else None for row in rows]
         running = [row.params.max_new_tokens > 0 for row in rows]
         for i, row in enumerate(rows):
             if not running[i]:
@@ -88,9 +91,13 @@ class BatchDecoder:
                 if penalties[i] is not None:
                     penalties[i].add(torch.tensor([token]))
                 next_tokens[i] = token
+                matched = matchers[i].push(token)[1] if matchers[i] is not None else None
                 if token in stops[i]:
                     running[i] = False
                     self._finish(row, {"type": "stop", "matched": token})
+                elif matched is not None:
+                    running[i] = False
+                    self._finish(row, {"type": "stop", "matched": matched.string})
                 elif len(row.tokens) >= row.params.max_new_tokens:
                     running[i] = False
                     self._finish(row, {"type": "length", "length": row.params.max_new_tokens})

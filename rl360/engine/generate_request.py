@@ -36,7 +36,7 @@ SAMPLING_FIELDS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", 
                              "no_stop_trim", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
                              "min_new_tokens", "stop"})
 # SGLang sampling keys accepted only at values that change nothing here (null is always fine)
-NEUTRAL_SAMPLING: dict[str, tuple] = {"min_p": (0,), "min_new_tokens": (0,), "stop": ([],)}
+NEUTRAL_SAMPLING: dict[str, tuple] = {"min_p": (0,), "min_new_tokens": (0,)}
 
 
 @dataclass
@@ -61,6 +61,7 @@ class Row:
     top_logprobs: int = 0  # alternatives to record per sampled token (`top`)
     top: list[list[tuple[int, float]]] = field(default_factory=list)  # per token: the k most likely (id, log-prob)
     on_token: Callable[[Row], None] | None = None  # called on the engine thread after each token and at the finish
+    no_stop_trim: bool = False  # the reply's text keeps the stop string that ended it (SGLang's `no_stop_trim`)
 
 
 @dataclass
@@ -105,10 +106,15 @@ def parse_generate(body: bytes, tokenizer: Any = None, vision: bool = False) -> 
     for index, (prompt, options, rid) in enumerate(zip(prompts, settings, rids)):
         where = "sampling_params" + (f"[{index}]" if len(prompts) > 1 else "")
         params, seed, ignore_eos = parse_sampling(options, where)
+        no_stop_trim = bool(options.get("no_stop_trim"))
+        if params.stop and tokenizer is None:
+            raise ServiceError(400, f"'{where}.stop' needs a tokenizer and the checkpoint has none: use "
+                                    "'stop_token_ids'", f"{where}.stop")
         for j in range(params.n):
             one = replace(params, n=1)
             rows.append(Row(prompt, one, None if seed is None else seed + j, rid,
-                            start if return_logprob else -1, ignore_eos, index, images[index]))
+                            start if return_logprob else -1, ignore_eos, index, images[index],
+                            no_stop_trim=no_stop_trim))
     field_name = "text" if data.get("text") is not None else "input_ids"
     fields = [field_name if single else f"{field_name}[{i}]" for i in range(len(prompts))]
     single = single and len(rows) == 1
@@ -265,16 +271,29 @@ def parse_sampling(options: Any, where: str = "sampling_params") -> tuple[Sampli
     if not isinstance(stops, list) or not all(is_int(t) and t >= 0 for t in stops):
         raise ServiceError(400, f"'{where}.stop_token_ids' must be a list of non-negative integers",
                            f"{where}.stop_token_ids")
+    stop = stop_strings(options.get("stop"), f"{where}.stop")
     n = int(number_field(options, "n", 1, 1, MAX_N, integer=True, where=where))
     max_new_tokens = int(number_field(options, "max_new_tokens", 128, 0, 1 << 20, integer=True, where=where))
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                            stop_token_ids=sorted(set(stops)), **penalty_fields(options, where))
+                            stop_token_ids=sorted(set(stops)), stop=stop, **penalty_fields(options, where))
     seed = options.get("sampling_seed")
     if seed is not None and not is_int(seed):
         raise ServiceError(400, f"'{where}.sampling_seed' must be an integer, got {seed!r}", f"{where}.sampling_seed")
-    if options.get("ignore_eos") not in (None, True, False):
-        raise ServiceError(400, f"'{where}.ignore_eos' must be a boolean", f"{where}.ignore_eos")
+    for key in ("ignore_eos", "no_stop_trim"):
+        if options.get(key) is not None and not isinstance(options[key], bool):
+            raise ServiceError(400, f"'{where}.{key}' must be a boolean", f"{where}.{key}")
     return params, seed, bool(options.get("ignore_eos"))
+
+
+def stop_strings(value: Any, where: str) -> list[str]:
+    """SGLang's `stop`: a string or a list of non-empty strings (null or []: none), as a list without repeats."""
+    if value is None:
+        return []
+    strings = [value] if isinstance(value, str) else value
+    if not isinstance(strings, list) or not all(isinstance(s, str) and s for s in strings):
+        raise ServiceError(400, f"'{where}' must be a non-empty string or a list of non-empty strings, got "
+                                f"{str(value)[:80]!r}", where)
+    return list(dict.fromkeys(strings))
 
 
 def is_int(value: Any) -> bool:

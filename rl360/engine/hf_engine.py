@@ -4,7 +4,9 @@ Sampling is a plain KV-cached decode loop over a left-padded batch, so the log-p
 token comes from exactly the distribution it was drawn from (frequency / presence / repetition penalties and
 temperature applied, before top-k/top-p; rl360/engine/penalties.py).
 Temperature 0 decodes greedily (the most likely token at every step, no randomness); its log-probs are
-those of the model's plain distribution (temperature 1).
+those of the model's plain distribution (temperature 1). A row ends at a stop token (`stop_token_ids`) or at the
+token whose text completes a stop string (`stop`, decoded incrementally by the checkpoint's tokenizer, loaded at
+the first call that has stop strings: rl360/engine/stop_strings.py); the sample's `stop_matched` names the string.
 
 Vision-language checkpoints (config `model_type` qwen2_vl / qwen2_5_vl) load as transformers' image-text-to-text
 model and sample from `ImagePrompt`s as well as from token ids, mixed in one batch. An image prompt's ids carry
@@ -38,6 +40,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from rl360.core import ImagePrompt, Prompt, Sample, SamplingParams, prompt_ids
 from rl360.core.wire import WeightBucket
 from rl360.engine.penalties import PenaltyState
+from rl360.engine.stop_strings import StopMatcher
 
 VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")  # config model_type of the vision-language models served
 
@@ -64,6 +67,8 @@ class HFEngine:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model_path = model_path
+        self._tokenizer: Any = None  # loaded for the first call with stop strings
         config = AutoConfig.from_pretrained(model_path)
         self.vision = None  # the VisionProcessor of a vision-language model
         self.image_token_id: int | None = None
@@ -99,7 +104,7 @@ class HFEngine:
             raise ValueError(f"temperature={params.temperature} must be >= 0 (0: greedy decoding)")
         expanded = [p for p in prompts for _ in range(params.n)]
         generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        tokens, logprobs, finished = self._decode(expanded, params, generator)
+        tokens, logprobs, finished, matched = self._decode(expanded, params, generator)
         samples = []
         for i, prompt in enumerate(expanded):
             length = int(finished[i]) if finished[i] > 0 else tokens.shape[1]
@@ -110,6 +115,7 @@ class HFEngine:
                 finish_reason="stop" if finished[i] > 0 else "length",
                 weight_version=self.version,
                 images=prompt.images if isinstance(prompt, ImagePrompt) else None,
+                stop_matched=matched[i],
             ))
         return [samples[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
@@ -119,6 +125,9 @@ class HFEngine:
         stop = torch.tensor(params.stop_token_ids or [-1], device=self.device)
         # finished[i] = response length once a stop token was sampled, 0 while still running
         finished = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
+        tokenizer = self.tokenizer() if params.stop else None
+        matchers = [StopMatcher(tokenizer, params.stop) for _ in prompts] if params.stop else None
+        matched: list[str | None] = [None] * len(prompts)
         out_tokens, out_logprobs = [], []
         cache = penalties = None
         for step in range(params.max_new_tokens):
@@ -142,6 +151,11 @@ class HFEngine:
             out_tokens.append(token)
             out_logprobs.append(torch.where(running, logp.gather(-1, token[:, None]).squeeze(-1), 0.0))
             finished = torch.where(running & torch.isin(token, stop), step + 1, finished)
+            if matchers is not None:  # stop strings, on the rows still running
+                for i, (value, ended) in enumerate(zip(token.tolist(), finished.tolist())):
+                    match = matchers[i].push(value)[1] if ended == 0 and matched[i] is None else None
+                    if match is not None:
+                        finished[i], matched[i] = step + 1, match.string
             if penalties is not None:
                 penalties.add(token, running)
             if bool((finished > 0).all()):
@@ -149,7 +163,19 @@ class HFEngine:
             step_inputs = {"input_ids": token[:, None]}
             mask = torch.cat([mask, running.long()[:, None]], dim=-1)
             positions = next_positions(positions)
-        return torch.stack(out_tokens, 1).cpu(), torch.stack(out_logprobs, 1).cpu(), finished.cpu()
+        return torch.stack(out_tokens, 1).cpu(), torch.stack(out_logprobs, 1).cpu(), finished.cpu(), matched
+
+    def tokenizer(self) -> Any:
+        """The checkpoint's tokenizer (for stop strings), loaded once; ValueError when the checkpoint has none."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            except (OSError, ValueError, TypeError) as err:
+                raise ValueError(f"stop strings need the tokenizer of {self.model_path}, which cannot be loaded "
+                                 f"({err}); use stop_token_ids") from None
+        return self._tokenizer
 
     def prefill(self, prompts: list[Prompt], pixels: list[dict | None] | None = None) -> Prefill:
         """The left-padded batch of `prompts` (token ids or `ImagePrompt`s, mixed) with its positions and, when

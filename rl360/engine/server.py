@@ -9,7 +9,9 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
 
 - `POST /generate`: `input_ids` (one prompt, a list of ints, or a batch, a list of lists) or `text` (when the
   checkpoint has a tokenizer); `sampling_params` (one object, or one per prompt) with `max_new_tokens`,
-  `temperature` (0: greedy), `top_p`, `top_k` (-1 or >= 2^30: none), `stop_token_ids`, `ignore_eos`, `n`,
+  `temperature` (0: greedy), `top_p`, `top_k` (-1 or >= 2^30: none), `stop_token_ids`, `stop` (a string or a
+  list of non-empty strings: the row ends at the token whose text completes one, that token its last, and the
+  reply's `text` is cut before the string unless `no_stop_trim`; rl360/engine/stop_strings.py), `ignore_eos`, `n`,
   `sampling_seed` (sample j of a prompt draws from a generator seeded with `sampling_seed + j`; without it
   the draws are random), `frequency_penalty`, `presence_penalty` (in [-2, 2]) and `repetition_penalty` (in
   (0, 2]) as SGLang applies them (rl360/engine/penalties.py), plus SGLang's knobs at values that change nothing
@@ -17,7 +19,8 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
   the first prompt token's log-prob being null as in SGLang), `return_text_in_logprobs`, `rid` (a string, or
   one per prompt). One prompt with n = 1 is answered with one object, anything else with a list (prompt-major:
   prompt i's sample j is entry i*n + j). Each object: `text`, `output_ids`, `meta_info` with `id`,
-  `finish_reason` (`{"type": "stop", "matched": token}`, `{"type": "length", "length": n}` or
+  `finish_reason` (`{"type": "stop", "matched": token}` for a stop token, `{"type": "stop", "matched": string}`
+  for a stop string, `{"type": "length", "length": n}` or
   `{"type": "abort", "message": ...}`), `prompt_tokens`, `completion_tokens`, `cached_tokens` (0),
   `weight_version` (the version served when the response ended), `e2e_latency` and, with `return_logprob`,
   `output_token_logprobs` (`[logprob, token_id, text or null]` per token: the log-prob under the distribution
@@ -199,7 +202,7 @@ class RolloutService:
         eos = getattr(self.engine.model.generation_config, "eos_token_id", None)
         eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         decoder = BatchDecoder(self.engine, self.model_lock, self.resume, lambda: str(self.engine.version), eos_ids,
-                               self._unready)
+                               self._unready, self.tokenizer)
         registry = MetricsRegistry()
         self.batcher = Batcher(decoder, batch_window_s, max_batch_rows, registry)
         self.tokens = registry.counter("rl360_rollout_tokens_total", "Tokens read and written, by kind.", ["kind"])
@@ -276,6 +279,9 @@ class RolloutService:
                 meta["input_token_logprobs"] = [[lp, tok, text] for lp, tok, text in
                                                 zip(row.input_logprobs, prompt, texts)]
         text = self.tokenizer.decode(row.tokens, skip_special_tokens=True) if self.tokenizer is not None else ""
+        matched = row.finish_reason.get("matched")
+        if isinstance(matched, str) and not row.no_stop_trim and matched in text:  # SGLang trims the stop string
+            text = text[:text.index(matched)]
         reply = {"text": text, "output_ids": row.tokens, "meta_info": meta}
         if call.return_prompt_token_ids:  # the prompt as decoded: an image prompt's with its images expanded
             reply["prompt_token_ids"] = list(row.prompt)

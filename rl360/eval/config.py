@@ -50,6 +50,8 @@ class EvalSamplingConfig:
     max_tokens: int | None = None  # tokens generated per sample at most (null: 16384)
     repetition_penalty: float | None = None  # null: the preset's, else 1.0 (off; sent only when not 1)
     presence_penalty: float | None = None  # null: the preset's, else 0.0 (off; sent only when not 0)
+    # strings that end a sample at the first one written (OpenAI's and SGLang's `stop`); the text scored ends before it
+    stop: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -102,11 +104,14 @@ def load_eval_config(path: str | Path | None, overrides: list[str] | tuple[str, 
 
 
 def sampling_values(sampling: EvalSamplingConfig) -> dict[str, float | int]:
-    """The sampling settings in force: the preset's values under those set explicitly, defaults for the rest."""
-    values = {**SAMPLING_DEFAULTS, **PRESETS.get(sampling.preset, {})}
+    """The sampling settings in force: the preset's values under those set explicitly, defaults for the rest;
+    `stop` only when some are set."""
+    values: dict = {**SAMPLING_DEFAULTS, **PRESETS.get(sampling.preset, {})}
     for name in SAMPLING_DEFAULTS:
         if getattr(sampling, name) is not None:
             values[name] = getattr(sampling, name)
+    if sampling.stop:
+        values["stop"] = list(sampling.stop)
     return values
 
 
@@ -129,6 +134,9 @@ def ks_for(n: int, given: list[int]) -> list[int]:
 def validate_eval(cfg: EvalConfig) -> None:
     """Value ranges, closed choices and the relations between keys, each error naming its key."""
     s, t = cfg.sampling, cfg.eval
+    if "" in s.stop:
+        raise ConfigError(f"sampling.stop={list(s.stop)!r} has an empty string, which every text holds: list "
+                          "non-empty stop strings")
     if s.preset and s.preset not in PRESETS:
         raise ConfigError(f"sampling.preset={s.preset!r}: choose one of {', '.join(PRESETS)} or '' (none)")
     if t.protocol not in PROTOCOLS:

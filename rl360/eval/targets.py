@@ -93,6 +93,8 @@ class OpenAIEndpoint(Endpoint):
             body["presence_penalty"] = v["presence_penalty"]
         if v["repetition_penalty"] != 1:
             body["repetition_penalty"] = v["repetition_penalty"]
+        if v.get("stop"):
+            body["stop"] = list(v["stop"])
         return body
 
     async def sample(self, prompt: EvalPrompt, seed: int) -> Reply:
@@ -149,7 +151,8 @@ class SGLangEndpoint(Endpoint):
         options = sampling_options(SamplingParams(n=1, temperature=v["temperature"], top_p=v["top_p"],
                                                   top_k=v["top_k"], max_new_tokens=v["max_tokens"],
                                                   stop_token_ids=stops, presence_penalty=v["presence_penalty"],
-                                                  repetition_penalty=v["repetition_penalty"]))
+                                                  repetition_penalty=v["repetition_penalty"],
+                                                  stop=list(v.get("stop", []))))
         options["sampling_seed"] = seed
         try:
             replies = await self.client.generate([ids], [options], True)
@@ -163,6 +166,8 @@ class SGLangEndpoint(Endpoint):
         if sample.finish_reason not in ("stop", "length"):
             raise RequestFailed(f"{self.url}/generate: sample ended with {sample.finish_reason!r}", True)
         text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+        if sample.stop_matched and sample.stop_matched in text:  # the text before the stop string, as OpenAI's
+            text = text[:text.index(sample.stop_matched)]
         return Reply(text, sample.finish_reason, len(sample.response_ids))
 
     async def restart(self) -> None:

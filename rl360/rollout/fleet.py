@@ -19,7 +19,10 @@ current weights into it. A restarted engine takes part again once a weight updat
 A weight update stops new generate requests until the engines serve the new weights. Requests in flight either
 finish under the weights they started with (the update waits for them) or, with `rollout.partial`, are aborted
 by the engines' `pause` and continued after the update from the tokens they had (prompt + tokens so far, the
-remaining token budget), their tokens tagged with the version that drew each (`Sample.token_versions`).
+remaining token budget), their tokens tagged with the version that drew each (`Sample.token_versions`). A
+continued sample still ends at its first stop string (`SamplingParams.stop`), one that spans the cut included,
+which the engine that continued it never saw whole: it is cut there as an engine would have cut it
+(`rl360.engine.stop_strings.cut_at_stop`, with the model's tokenizer).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 
 from rl360.cluster.placement import Placement
 from rl360.core import Prompt, Sample, SamplingParams
+from rl360.engine.stop_strings import cut_at_stop
 from rl360.rollout.engines import (
     ActorEngine,
     Engine,
@@ -68,6 +72,7 @@ class EngineFleet:
         self._weights_ready: asyncio.Event | None = None  # cleared while a weight update runs: new requests wait
         self._pauses = 0  # weight updates that paused generation (rollout.partial)
         self._sync_lock: asyncio.Lock | None = None
+        self._tokenizer: Any = None  # the model's, for stop strings over continued samples (loaded when needed)
 
     # ---- start, describe, close ----
     async def start(self) -> None:
@@ -296,7 +301,9 @@ class EngineFleet:
 
     async def _continue(self, sample: Sample, params: SamplingParams, seed: int) -> Sample:
         """An aborted sample (cut by a weight update, or by an engine that failed) continued from the tokens it
-        has, with the token budget it has left, until it stops or reaches the length limit."""
+        has, with the token budget it has left, until it stops or reaches the length limit (or its first stop
+        string, one spanning a cut included)."""
+        cut = sample.finish_reason == "abort"
         while sample.finish_reason == "abort":
             left = params.max_new_tokens - len(sample.response_ids)
             if left <= 0:
@@ -312,7 +319,17 @@ class EngineFleet:
             if more.finish_reason == "abort" and not paused:
                 self.engine_down(engine, EngineDown(f"engine {engine.index} ({engine.url}) aborted a request"))
             sample = sample.continued(more)
+        if cut and params.stop:
+            sample = cut_at_stop(sample, self.tokenizer(), params.stop)
         return sample
+
+    def tokenizer(self) -> Any:
+        """The model's tokenizer, loaded once."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model.path)
+        return self._tokenizer
 
     async def _request(self, engine: Engine, prompts: list[Prompt], params: SamplingParams,
                        seed: int) -> tuple[list[list[Sample]], bool]:

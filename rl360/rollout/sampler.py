@@ -359,7 +359,7 @@ class RolloutSampler:
         started = time.perf_counter()
         params = SamplingParams(n=n, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                                 max_new_tokens=rollout.max_response_length,
-                                stop_token_ids=self.stop_ids)
+                                stop_token_ids=self.stop_ids, stop=list(rollout.stop))
         groups = await self.generate_group(self.fleet, [self.renderer.prompt(row) for row in rows], params, seed,
                                            metrics, rows)
         _add(timing, "rollout", time.perf_counter() - started)

@@ -1,13 +1,10 @@
 """One choice of an OpenAI reply followed as its tokens are decoded: its text (cut before the first stop string,
 which also ends the decoding), the tokens and log-probs that text covers, and the pieces a stream sends next.
 
-The text grows token by token by incremental detokenization: each new token's text is the decoding of a short
-window of recent tokens (`skip_special_tokens`) past the decoding of the window without it, so a reply of n
-tokens costs O(n) decoding, a tokenizer's word-start markers decode as they do in the whole text, and a token
-that ends inside a UTF-8 character waits for the rest. This gives each token's character offset, finds a stop
-string as soon as it is complete, and makes the streamed pieces and the whole reply one text: a stream sends
-text up to where it may still change (the start of a stop string) and each token's log-probs once its text is
-sent.
+The text grows token by token by incremental detokenization (`skip_special_tokens`), and stop strings are found
+as soon as they are complete, by the engines' own `rl360.engine.stop_strings.StopMatcher`; this gives each
+token's character offset and makes the streamed pieces and the whole reply one text: a stream sends text up to
+where it may still change (the start of a stop string) and each token's log-probs once its text is sent.
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl360.engine.generate_request import Row
+from rl360.engine.stop_strings import StopMatcher
 
 STOP_STRING_ABORT = "stop string"
 
@@ -40,7 +38,7 @@ class ChoiceTracker:
         self.text = ""  # the text of the tokens checked so far, cut before a stop string
         self.end: int | None = None  # tokens in the reply once it is finished
         self.stopped_by_string = False
-        self._prefix = self._read = 0  # the detokenization window: tokens[prefix:read] are already in `text`
+        self._matcher = StopMatcher(tokenizer, stop, skip_special_tokens=True)
         self.finish_reason: str | None = None
         self.sent_text = 0  # characters of `text` already handed out
         self.sent_tokens = 0  # tokens whose log-probs were handed out
@@ -56,12 +54,11 @@ class ChoiceTracker:
         engine_finish = self.row.finish_reason  # read before the tokens: once set, the tokens are all there
         tokens = self.row.tokens[:]
         for k in range(len(self.offsets), len(tokens) + 1):
-            before = len(self.text)
-            self._extend(tokens, k)
+            piece, match = self._matcher.push(tokens[k - 1])
+            self.text += piece
             self.offsets.append(len(self.text))
-            found = [i for i in (self.text.find(s, max(0, before - len(s) + 1)) for s in self.stop) if i >= 0]
-            if found:  # a stop string: the reply ends before it; the engine stops decoding this row
-                self.text, self.end, self.stopped_by_string = self.text[:min(found)], k, True
+            if match is not None:  # a stop string: the reply ends before it; the engine stops decoding this row
+                self.text, self.end, self.stopped_by_string = self.text[:match.start], k, True
                 self.finish_reason = "stop"
                 self.row.aborted = self.row.aborted or STOP_STRING_ABORT
                 return self._piece(len(self.text), k)
@@ -77,15 +74,6 @@ class ChoiceTracker:
         if limit == self.sent_text and covered == self.sent_tokens:
             return None
         return self._piece(limit, covered)
-
-    def _extend(self, tokens: list[int], k: int) -> None:
-        """Add the text of token k - 1 (the window `tokens[prefix:k]` decoded, less `tokens[prefix:read]`)."""
-        decode = self.tokenizer.decode
-        known = decode(tokens[self._prefix:self._read], skip_special_tokens=True)
-        grown = decode(tokens[self._prefix:k], skip_special_tokens=True)
-        if len(grown) > len(known) and not grown.endswith("\ufffd"):
-            self.text += grown[len(known):]
-            self._prefix, self._read = self._read, k
 
     def _settled(self, text: str) -> int:
         """How much of `text` can no longer change: all but an end that may begin a stop string."""
