@@ -15,7 +15,7 @@ import torch
 
 from rl360.core import ImagePrompt
 from rl360.engine.generate_request import Row
-from rl360.engine.hf_engine import _filtered_probs, next_positions
+from rl360.engine.hf_engine import _filtered_probs, cached_forward, next_positions
 from rl360.engine.penalties import PenaltyState
 from rl360.engine.stop_strings import StopMatcher
 from rl360.service.app import ServiceError
@@ -59,9 +59,8 @@ class BatchDecoder:
                 if step == 0:  # under the lock: the vision tower runs on the weights being served
                     batch = self.engine.prefill(prompts, [row.pixels for row in rows])
                     mask, positions, step_inputs = batch.mask, batch.positions, batch.first_inputs()
-                output = self.engine.model(attention_mask=mask, position_ids=positions, past_key_values=cache,
-                                           use_cache=True, **step_inputs)
-            cache = output.past_key_values
+                output, cache = cached_forward(self.engine.model, cache, attention_mask=mask, position_ids=positions,
+                                               **step_inputs)
             if step == 0:
                 self._input_logprobs(rows, output.logits, batch.ids.shape[1])
             logits = output.logits[:, -1, :].float()

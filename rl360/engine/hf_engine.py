@@ -29,6 +29,7 @@ conversion mapping for the class, the one `from_pretrained` applies (before tran
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from dataclasses import dataclass
@@ -131,9 +132,8 @@ class HFEngine:
         out_tokens, out_logprobs = [], []
         cache = penalties = None
         for step in range(params.max_new_tokens):
-            output = self.model(attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
-                                **step_inputs)
-            cache = output.past_key_values
+            output, cache = cached_forward(self.model, cache, attention_mask=mask, position_ids=positions,
+                                           **step_inputs)
             logits = output.logits[:, -1, :].float()
             if step == 0:  # frequency / presence / repetition penalties (None: all off)
                 penalties = PenaltyState.start([prompt_ids(p) for p in prompts], params, logits.shape[-1],
@@ -296,6 +296,22 @@ class HFEngine:
     def health(self) -> dict:
         return {"version": self.version, "device": str(self.device), "engine": "hf",
                 "vision": self.vision is not None}
+
+
+def cached_forward(model: Any, cache: Any, **inputs: Any) -> tuple[Any, Any]:
+    """One forward step of `model` reusing the KV cache `cache` (None: start one); (its output, the cache to pass
+    next). transformers 5 takes and returns the cache as `cache` (`past_key_values` is deprecated there, with a
+    warning at every step); earlier versions as `past_key_values`."""
+    if _takes_cache(type(model)):
+        output = model(cache=cache, use_cache=True, **inputs)
+        return output, output.cache
+    output = model(past_key_values=cache, use_cache=True, **inputs)
+    return output, output.past_key_values
+
+
+@functools.cache
+def _takes_cache(model_class: type) -> bool:
+    return "cache" in inspect.signature(model_class.forward).parameters
 
 
 def next_positions(positions: torch.Tensor) -> torch.Tensor:
