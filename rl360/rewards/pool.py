@@ -11,9 +11,11 @@ in; the trainer process, a Ray actor (gRPC and Ray's own threads) and torch all 
 forked child can deadlock. "forkserver" forks each worker from one small single-threaded server that
 has already imported `rl360.rewards` (math-verify and sympy, about a second), so it is as safe as
 "spawn" and a killed worker is replaced in a fraction of a second instead of a fresh interpreter's start-up.
-The forkserver also makes the rewards' first-use caches before it forks (`rl360.rewards.warm_up`), and a
-call's timeout starts when its worker has said it is ready, so neither a worker's start-up nor a lazily
-built parser counts against a reward on a busy node.
+The rewards' first-use caches are built before a worker takes calls (`rl360.rewards.warm_up`, in the
+forkserver, or in the worker where another forkserver was started first), and a call's timeout starts when its
+worker has said it is ready, so neither a worker's start-up nor a lazily built parser counts against a reward
+on a busy node. A worker not ready within WORKER_START_TIMEOUT_S is replaced and its call scores 0 with an
+error.
 Workers receive the parent's `sys.path` and import reward functions by "module:qualname", which works
 the same from a CLI process, a pytest session or a Ray actor. "spawn" is the fallback where the
 platform has no forkserver.
@@ -274,24 +276,24 @@ class RewardPool:
         if self._workers[index].exited():  # died while idle: replace it before use
             self._replace(index)
         worker = self._workers[index]
-        if not worker.wait_ready():
-            return RewardResult(0.0, error=self._not_started(index))
         try:
-            worker.conn.send(message)
+            worker.conn.send(message)  # a worker still starting reads it once it is ready
         except OSError as err:
             self._replace(index)
             return RewardResult(0.0, error=f"reward worker died before the call: {err}")
         except Exception as err:  # the item cannot be pickled; nothing was written, the worker stays idle
             return RewardResult(0.0, error=f"reward item could not be sent to a worker: {error_text(err)}")
-        worker.task, worker.started = task, time.monotonic()
+        worker.task = task
+        worker.started = time.monotonic() if worker.ready else None
         return None
 
     def _collect(self, results: list[RewardResult | None]) -> None:
-        """Wait for a result, a dead worker or the earliest deadline, and settle every worker concerned."""
+        """Wait for a result, a ready message, a dead worker or the earliest deadline (a call's `timeout_s` from
+        its worker's ready message; a worker's start-up limit), and settle every worker concerned."""
         busy = [worker for worker in self._workers if worker.task is not None]
         if not busy:
             return
-        deadline = min(worker.started for worker in busy) + self.timeout_s
+        deadline = min(worker.deadline(self.timeout_s) for worker in busy)
         handles = [worker.conn for worker in busy] + [worker.process.sentinel for worker in busy]
         ready = set(wait(handles, timeout=max(0.0, deadline - time.monotonic())))
         now = time.monotonic()
@@ -299,11 +301,19 @@ class RewardPool:
             task = worker.task
             if task is None:
                 continue
-            if worker.conn in ready or worker.process.sentinel in ready:
+            if not worker.ready and (worker.conn in ready or worker.process.sentinel in ready):
+                if worker.read_ready():  # its call's clock starts now; the result comes later
+                    worker.started = now
+                else:
+                    results[task] = RewardResult(0.0, error=self._not_started(index))
+            elif worker.conn in ready or worker.process.sentinel in ready:
                 results[task] = self._receive(index)
-            elif now - worker.started >= self.timeout_s:
-                results[task] = RewardResult(0.0, timed_out=True)
-                self._replace(index)
+            elif now >= worker.deadline(self.timeout_s):
+                if worker.ready:
+                    results[task] = RewardResult(0.0, timed_out=True)
+                    self._replace(index)
+                else:
+                    results[task] = RewardResult(0.0, error=self._not_started(index))
 
     def _receive(self, index: int) -> RewardResult:
         """The result a worker sent, or an error if it died mid-call (then it is replaced)."""
@@ -341,7 +351,8 @@ class RewardPool:
     def _not_started(self, index: int) -> str:
         """Replace worker `index`, which never said it was ready, and say so."""
         ended = self._replace(index)
-        return f"a reward worker was not ready within {WORKER_START_TIMEOUT_S:.0f} s of its start ({ended})"
+        return f"a reward worker ended or hung before it was ready to take calls ({ended}; it has " \
+               f"{WORKER_START_TIMEOUT_S:.0f} s to start)"
 
     def _replace(self, index: int, grace_s: float = 0.0) -> str:
         """Kill worker `index` (after `grace_s` to exit by itself) and start a new one; how the old one ended."""
@@ -488,16 +499,26 @@ class _Worker:
         self.process.start()
         child_conn.close()
         self.task: int | None = None
-        self.started = 0.0
+        self.created = time.monotonic()
+        self.started: float | None = None  # when the running call's clock started (None: not ready yet)
         self.ready = False
 
-    def wait_ready(self, timeout_s: float = WORKER_START_TIMEOUT_S) -> bool:
-        """Wait for the worker's ready message (read once); False if it ended or hung instead."""
-        if not self.ready and wait([self.conn, self.process.sentinel], timeout=timeout_s):
-            try:
-                self.ready = self.conn.poll() and self.conn.recv() == _READY
-            except (EOFError, OSError):
-                pass
+    def deadline(self, timeout_s: float) -> float:
+        """When the running call times out, or, before the worker is ready, when its start-up does."""
+        return self.started + timeout_s if self.started is not None else self.created + WORKER_START_TIMEOUT_S
+
+    def read_ready(self) -> bool:
+        """Read the ready message, once the pipe or the process sentinel fired; False if the worker ended."""
+        try:
+            self.ready = bool(self.conn.poll()) and self.conn.recv() == _READY
+        except (EOFError, OSError):
+            self.ready = False
+        return self.ready
+
+    def wait_ready(self) -> bool:
+        """Wait (at most the start-up limit) for the worker to be ready; False if it ended or hung instead."""
+        if not self.ready and wait([self.conn, self.process.sentinel], timeout=WORKER_START_TIMEOUT_S):
+            self.read_ready()
         return self.ready
 
     def exited(self) -> bool:
@@ -542,6 +563,8 @@ def _worker_main(conn: Connection, max_memory_bytes: int | None, environ: dict[s
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         limit = max_memory_bytes if hard == resource.RLIM_INFINITY else min(max_memory_bytes, hard)
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    import rl360.rewards.warm_up  # noqa: F401  (a no-op where the forkserver imported it)
+
     conn.send(_READY)
     while True:
         try:
