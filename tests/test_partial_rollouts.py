@@ -34,6 +34,7 @@ from rl360.data import PromptRenderer, PromptStream
 from rl360.quickstart.assets import build_quickstart_model
 from rl360.rewards.pool import open_reward_pool
 from rl360.rollout.sampler import RolloutSampler
+from rl360.serve.loadgen import metric_total
 from rl360.weight_sync.sender import WeightSender
 
 pytestmark = pytest.mark.slow
@@ -79,6 +80,12 @@ def _sampler_inputs(cfg, model_dir):
     return tokenizer, renderer, stream, old, new, rewards
 
 
+def _decoding(fleet) -> bool:
+    """Whether an engine server of the fleet is decoding responses now (its `requests_running` gauge)."""
+    return any(metric_total(engine.url, "rl360_rollout_requests_running",
+                            {"Authorization": f"Bearer {engine.api_key}"}) > 0 for engine in fleet.engines)
+
+
 def _update_during_generation(assets, name: str, partial: bool):
     """Step 1's rollouts with version 1 of the weights sent while they are drawn; the old and new models."""
     root, model_dir = assets
@@ -93,7 +100,7 @@ def _update_during_generation(assets, name: str, partial: bool):
     try:
         future = sampler.generate(1)
         deadline = time.monotonic() + 60
-        while sampler.fleet.in_flight == 0 and time.monotonic() < deadline:
+        while not _decoding(sampler.fleet) and time.monotonic() < deadline:  # past the batch window, in the batch
             time.sleep(0.005)
         time.sleep(0.05)  # the engine is drawing tokens
         assert not future.done(), "step 1's rollouts ended before the update came"
