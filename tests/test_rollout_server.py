@@ -1,6 +1,7 @@
 """`rl360 serve rollout` as a real process on 127.0.0.1 (a tiny Qwen2), driven by `EngineClient`."""
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -191,7 +192,14 @@ def test_keys_are_required(served):
     ({"input_ids": [1], "sampling_params": {"repetition_penalty": 0}}, "sampling_params.repetition_penalty"),
     ({"input_ids": [1], "sampling_params": {"frequency_penalty": -2.5}}, "sampling_params.frequency_penalty"),
     ({"input_ids": [[1], [2]], "sampling_params": [{}]}, "sampling_params"),
-    ({"input_ids": [1], "stream": True}, "stream"),
+    ({"input_ids": [1], "modle": None}, "modle"),  # not a field of SGLang's GenerateReqInput
+    ({"input_ids": [1], "return_hidden_states": True}, "return_hidden_states"),
+    ({"input_ids": [[1], [2]], "return_routed_experts": [False, True]}, "return_routed_experts"),
+    ({"input_ids": [1], "lora_path": "/adapters/a"}, "lora_path"),
+    ({"input_ids": [1], "sampling_params": {"json_schema": "{}"}}, "sampling_params.json_schema"),
+    ({"input_ids": [1], "top_logprobs_num": 21, "return_logprob": True}, "top_logprobs_num"),
+    ({"input_ids": [[1], [2]], "return_logprob": [True]}, "return_logprob"),
+    ({"input_ids": [1], "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 0}, "top_logprobs_num"),
     ({"text": "hi"}, "text"),  # the tiny checkpoint has no tokenizer
 ])
 def test_bad_generate_requests_name_the_field(served, body, param):
@@ -206,3 +214,71 @@ def test_pickled_tensor_formats_are_refused(served):
                                                                   "load_format": "flattened_bucket"},
                        headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "load_format"
+
+
+# sglang-router 0.3.2's forwarded body around SGLang's own fields, with SGLang's other fields at their off values
+ROUTER_BODY = {"model": None, "return_text_in_logprobs": False, "stream": False, "log_metrics": True,
+               "return_hidden_states": False, "background": False, "no_logs": False, "return_bytes": False,
+               "return_entropy": False, "lora_path": None, "session_params": None, "priority": 3,
+               "custom_labels": {"team": "rl"}}
+
+
+def test_sglangs_whole_request_is_accepted_and_ignored_fields_change_nothing(served):
+    url, _ = served
+    body = {"input_ids": [4, 5, 6], "sampling_params": {"max_new_tokens": 4, "temperature": 0.8, "sampling_seed": 9,
+                                                        "stream_interval": 4, "logit_bias": None},
+            "return_logprob": True}
+    plain = httpx.post(f"{url}/generate", json=body, headers=AUTH, timeout=60).json()
+    full = httpx.post(f"{url}/generate", json={**ROUTER_BODY, **body}, headers=AUTH, timeout=60).json()
+    assert full["output_ids"] == plain["output_ids"] and len(plain["output_ids"]) == 4
+    assert full["meta_info"]["output_token_logprobs"] == plain["meta_info"]["output_token_logprobs"]
+
+
+def test_stream_sends_each_step_then_the_whole_reply_then_done(served):
+    url, _ = served
+    body = {"input_ids": [4, 5, 6], "sampling_params": {"max_new_tokens": 5, "temperature": 0.9, "sampling_seed": 2},
+            "return_logprob": True}
+    whole = httpx.post(f"{url}/generate", json=body, headers=AUTH, timeout=60).json()
+    with httpx.stream("POST", f"{url}/generate", json={**body, "stream": True}, headers=AUTH, timeout=60) as reply:
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+        events = [line.removeprefix("data: ") for line in reply.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    lengths = [len(chunk["output_ids"]) for chunk in chunks]
+    assert lengths == sorted(lengths) and len(chunks) >= 2  # grows step by step
+    assert all(chunk["meta_info"]["finish_reason"] is None for chunk in chunks[:-1])
+    assert chunks[-1]["output_ids"] == whole["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == whole["meta_info"]["finish_reason"]
+    assert chunks[-1]["meta_info"]["output_token_logprobs"] == whole["meta_info"]["output_token_logprobs"]
+
+
+def test_batch_stream_tags_each_chunk_with_its_row(served):
+    url, _ = served
+    body = {"input_ids": [[4, 5], [6, 7]], "sampling_params": {"max_new_tokens": 3, "n": 2}, "stream": True}
+    with httpx.stream("POST", f"{url}/generate", json=body, headers=AUTH, timeout=60) as reply:
+        events = [line.removeprefix("data: ") for line in reply.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(event) for event in events[:-1]]
+    finished = {chunk["index"]: chunk for chunk in chunks if chunk["meta_info"]["finish_reason"] is not None}
+    assert sorted(finished) == [0, 1, 2, 3] and all(len(c["output_ids"]) == 3 for c in finished.values())
+
+
+def test_top_logprobs_are_the_most_likely_tokens_of_each_step(served):
+    url, _ = served
+    body = {"input_ids": [4, 5, 6], "sampling_params": {"max_new_tokens": 3, "temperature": 0}, "return_logprob": True,
+            "top_logprobs_num": 3}
+    meta = httpx.post(f"{url}/generate", json=body, headers=AUTH, timeout=60).json()["meta_info"]
+    assert len(meta["output_top_logprobs"]) == 3
+    for chosen, top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
+        assert len(top) == 3 and [entry[0] for entry in top] == sorted((entry[0] for entry in top), reverse=True)
+        assert top[0][1] == chosen[1] and abs(top[0][0] - chosen[0]) < 1e-6  # greedy: the most likely token
+
+
+@pytest.mark.parametrize("path", ["/server_info", "/get_server_info", "/model_info", "/get_model_info"])
+def test_info_routes_answer_as_sglangs(served, path):
+    url, model_dir = served
+    assert httpx.get(f"{url}{path}").status_code == 401
+    info = httpx.get(f"{url}{path}", headers=AUTH, timeout=30).json()
+    assert info["model_path"] == model_dir and info["weight_version"].isdigit()
+    if "server_info" in path:
+        assert info["tp_size"] == info["dp_size"] == 1 and info["version"] == "0.5.17"
+        assert info["internal_states"][0]["num_running_reqs"] == 0

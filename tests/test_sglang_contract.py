@@ -415,3 +415,23 @@ def test_image_prompts_go_out_as_sglangs_image_data(sglang):
     assert [ast.unparse(node.value) for node in avoid] == ["EnvBool(True)"]  # on unless the engine turns it off
     # the reply carries the expanded prompt when asked for
     assert "out_dict['prompt_token_ids'] = state.prompt_token_ids" in ast.unparse(sglang["tokenizer"])
+
+
+def test_serve_rollout_sorts_every_generate_field_of_sglang(sglang):
+    """`rl360 serve rollout` accepts SGLang's whole `GenerateReqInput` (what sglang-router forwards): each field is
+    served, ignored, or accepted only at its off value; likewise every key of SGLang's `SamplingParams`. A field
+    the pinned release adds or drops fails here, so the server's tables follow SGLang."""
+    from rl360.engine import generate_request as schema
+
+    assert schema.SGLANG_SCHEMA_VERSION == SGLANG_PIN
+    sglang_fields = _class_fields(sglang["io_struct"])["GenerateReqInput"]
+    tables = [schema.SERVED_FIELDS, schema.IGNORED_FIELDS, schema.UNSERVED_FIELDS]
+    assert sum(len(table) for table in tables) == len(set().union(*tables))  # each field in one table
+    assert set().union(*tables) == sglang_fields, (sorted(set().union(*tables) - sglang_fields),
+                                                   sorted(sglang_fields - set().union(*tables)))
+    assert not schema.ROUTER_FIELDS & sglang_fields
+    sampling = {name for name in _class_fields(sglang["sampling"])["SamplingParams"]
+                if name not in ("stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len",
+                                "is_normalized")}  # set by SGLang's normalize(), never sent
+    ours = schema.SAMPLING_FIELDS | schema.IGNORED_SAMPLING | schema.UNSERVED_SAMPLING
+    assert ours == sampling, (sorted(ours - sampling), sorted(sampling - ours))

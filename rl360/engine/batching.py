@@ -6,9 +6,11 @@ features."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
@@ -158,6 +160,41 @@ class Batcher:
             for row in rows:
                 row.aborted = row.aborted or "request cancelled"
             raise
+
+    async def steps(self, rows: list[Row]) -> AsyncIterator[bool]:
+        """Decode `rows`, yielding after the engine thread has added tokens to any of them (at most one wake-up per
+        decode step) and once more, True, when every row is settled (finished or aborted). A decoding failure is
+        raised here; leaving early (the client hung up, the request was cancelled) aborts the rows at the next step."""
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+        signalled = threading.Event()  # a wake-up is on its way to the event loop: one per step, not one per row
+
+        def wake(_row: Row) -> None:  # on the engine thread
+            if not signalled.is_set():
+                signalled.set()
+                with contextlib.suppress(RuntimeError):  # the event loop is closing
+                    loop.call_soon_threadsafe(changed.set)
+
+        for row in rows:
+            row.on_token = wake
+        decoding = asyncio.create_task(self.submit(rows))
+        try:
+            while True:
+                waiter = asyncio.create_task(changed.wait())
+                await asyncio.wait({decoding, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                changed.clear()
+                signalled.clear()  # before the rows are read: a token added from now on wakes the loop again
+                if decoding.done() and decoding.exception() is not None:
+                    raise decoding.exception()
+                yield decoding.done()
+                if decoding.done():
+                    return
+        finally:
+            for row in rows:
+                row.aborted = row.aborted or "request ended"
+            if not decoding.done():
+                decoding.cancel()
 
     def busy(self) -> int:
         """Rows queued or decoding."""

@@ -28,16 +28,46 @@ from rl360.service.app import ServiceError, json_object, number_field
 
 TOP_K_ALL = 1 << 30  # SGLang's "no top-k"
 MAX_N = 64
-GENERATE_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len", "rid",
-                             "stream", "top_logprobs_num", "return_text_in_logprobs", "log_metrics", "image_data",
-                             "return_prompt_token_ids"})
+MAX_TOP_LOGPROBS = 20
+SGLANG_SCHEMA_VERSION = "0.5.17"  # the SGLang release whose request structs the tables below follow
+
+# SGLang's `GenerateReqInput` (srt/managers/io_struct.py), every field in one of three tables, plus what
+# sglang-router adds to the body it forwards. tests/test_sglang_contract.py checks the tables against the
+# pinned release's own source: a field SGLang adds or drops fails it.
+SERVED_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len",
+                           "top_logprobs_num", "return_text_in_logprobs", "rid", "stream", "image_data",
+                           "return_prompt_token_ids"})
+# meaningless for one HF engine (metrics, logging, tracing, routing hints, caching salts): any value is accepted
+IGNORED_FIELDS = frozenset({"log_metrics", "no_logs", "custom_labels", "external_trace_header", "received_time",
+                            "routing_key", "conversation_id", "priority", "extra_key", "http_worker_ipc",
+                            "routed_dp_rank", "disagg_prefill_dp_rank", "mm_hashes", "modalities",
+                            "need_wait_for_mm_inputs", "num_items_assigned", "images_config",
+                            "max_dynamic_patch", "min_dynamic_patch", "image_max_dynamic_patch",
+                            "video_max_dynamic_patch"})
+# features this server does not have: accepted only at their off value (null, false, 0 or empty), else a 400
+# naming the field
+UNSERVED_FIELDS = frozenset({"session_id", "input_embeds", "video_data", "audio_data", "use_audio_in_video",
+                             "token_ids_logprob", "return_sampling_mask", "return_flat_raw_top_logprobs",
+                             "return_flat_raw_top_logprobs_b64", "return_hidden_states", "return_routed_experts",
+                             "routed_experts_start_len", "return_indexer_topk", "session_params", "lora_path",
+                             "lora_id", "custom_logit_processor", "positional_embed_overrides", "bootstrap_host",
+                             "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
+                             "background", "require_reasoning", "max_thinking_tokens", "return_bytes",
+                             "return_entropy", "mm_data_mooncake", "encoder_urls", "multi_item_delimiter_indices"})
+ROUTER_FIELDS = frozenset({"model"})  # sglang-router 0.3.2 sends `"model": null` with every /generate it forwards
+GENERATE_FIELDS = SERVED_FIELDS | IGNORED_FIELDS | UNSERVED_FIELDS | ROUTER_FIELDS
+
+# SGLang's `SamplingParams` (srt/sampling/sampling_params.py), in the same three kinds
 SAMPLING_FIELDS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "ignore_eos", "n",
                              "sampling_seed", "skip_special_tokens", "spaces_between_special_tokens",
                              "no_stop_trim", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
                              "min_new_tokens", "stop"})
+IGNORED_SAMPLING = frozenset({"stream_interval"})  # every decode step is streamed
+UNSERVED_SAMPLING = frozenset({"stop_regex", "json_schema", "regex", "ebnf", "structural_tag", "logit_bias",
+                               "custom_params"})
 # SGLang sampling keys accepted only at values that change nothing here (null is always fine)
 NEUTRAL_SAMPLING: dict[str, tuple] = {"min_p": (0,), "min_new_tokens": (0,)}
-
+OFF_VALUES = (None, False, 0, "", [], {})
 
 @dataclass
 class Row:
@@ -62,16 +92,17 @@ class Row:
     top: list[list[tuple[int, float]]] = field(default_factory=list)  # per token: the k most likely (id, log-prob)
     on_token: Callable[[Row], None] | None = None  # called on the engine thread after each token and at the finish
     no_stop_trim: bool = False  # the reply's text keeps the stop string that ended it (SGLang's `no_stop_trim`)
+    return_logprob: bool = False  # the reply carries the sampled tokens' log-probs (and `top`'s alternatives)
 
 
 @dataclass
 class GenerateCall:
     rows: list[Row]
     single: bool  # one prompt with n = 1: answered with an object, not a list
-    return_logprob: bool
     text_in_logprobs: bool
     prompt_fields: list[str] = field(default_factory=list)  # where each prompt came from ("input_ids[1]", "text")
     return_prompt_token_ids: bool = False
+    stream: bool = False  # answered as server-sent events, one per decode step and row
 
     def has_images(self) -> bool:
         return any(row.images for row in self.rows)
@@ -81,45 +112,87 @@ def parse_generate(body: bytes, tokenizer: Any = None, vision: bool = False) -> 
     """The rows of a `/generate` body; `ServiceError(400)` naming the field at fault. `vision`: whether the model
     takes images (`image_data` is refused otherwise)."""
     data = json_object(body, GENERATE_FIELDS)
-    if data.get("stream"):
-        raise ServiceError(400, "'stream' is not supported by rl360 serve rollout", "stream")
-    if data.get("top_logprobs_num") not in (None, 0):
-        raise ServiceError(400, "'top_logprobs_num' is not supported by rl360 serve rollout (only 0)",
-                           "top_logprobs_num")
+    refuse_unserved(data, UNSERVED_FIELDS, "")
     prompts, single = _prompts(data, tokenizer)
-    images = parse_image_data(data.get("image_data"), len(prompts), single)
+    count = len(prompts)
+    images = parse_image_data(data.get("image_data"), count, single)
     if not vision and any(images):
         raise ServiceError(400, "'image_data': the served model is a text model (it takes no images)", "image_data")
     settings = data.get("sampling_params") or {}
     if isinstance(settings, list):
-        if len(settings) != len(prompts):
-            raise ServiceError(400, f"'sampling_params' has {len(settings)} entries for {len(prompts)} prompts",
+        if len(settings) != count:
+            raise ServiceError(400, f"'sampling_params' has {len(settings)} entries for {count} prompts",
                                "sampling_params")
     elif isinstance(settings, dict):
-        settings = [settings] * len(prompts)
+        settings = [settings] * count
     else:
         raise ServiceError(400, "'sampling_params' must be an object or a list of them", "sampling_params")
-    rids = _rids(data.get("rid"), len(prompts), single)
-    start = int(number_field(data, "logprob_start_len", -1, -1, 1 << 30, integer=True))
-    return_logprob = bool_field(data, "return_logprob")
+    rids = _rids(data.get("rid"), count, single)
+    return_logprob = per_prompt(data, "return_logprob", count, False, lambda v, where: _bool(v, where))
+    starts = per_prompt(data, "logprob_start_len", count, -1,
+                        lambda v, where: v if is_int(v) and v >= -1 else _bad(where, "an integer >= -1", v))
+    tops = per_prompt(data, "top_logprobs_num", count, 0,
+                      lambda v, where: v if is_int(v) and 0 <= v <= MAX_TOP_LOGPROBS
+                      else _bad(where, f"an integer in [0, {MAX_TOP_LOGPROBS}]", v))
     rows = []
     for index, (prompt, options, rid) in enumerate(zip(prompts, settings, rids)):
-        where = "sampling_params" + (f"[{index}]" if len(prompts) > 1 else "")
+        where = "sampling_params" + (f"[{index}]" if count > 1 else "")
         params, seed, ignore_eos = parse_sampling(options, where)
         no_stop_trim = bool(options.get("no_stop_trim"))
         if params.stop and tokenizer is None:
             raise ServiceError(400, f"'{where}.stop' needs a tokenizer and the checkpoint has none: use "
                                     "'stop_token_ids'", f"{where}.stop")
+        logprobs = return_logprob[index]
+        if logprobs and tops[index] and starts[index] >= 0:
+            raise ServiceError(400, "'top_logprobs_num' with 'logprob_start_len' >= 0 asks for the prompt's top "
+                                    "log-probs, which rl360 serve rollout does not compute (the sampled tokens' "
+                                    "are served)", "top_logprobs_num")
         for j in range(params.n):
             one = replace(params, n=1)
             rows.append(Row(prompt, one, None if seed is None else seed + j, rid,
-                            start if return_logprob else -1, ignore_eos, index, images[index],
-                            no_stop_trim=no_stop_trim))
+                            starts[index] if logprobs else -1, ignore_eos, index, images[index],
+                            no_stop_trim=no_stop_trim, top_logprobs=tops[index] if logprobs else 0,
+                            return_logprob=logprobs))
     field_name = "text" if data.get("text") is not None else "input_ids"
-    fields = [field_name if single else f"{field_name}[{i}]" for i in range(len(prompts))]
+    fields = [field_name if single else f"{field_name}[{i}]" for i in range(count)]
     single = single and len(rows) == 1
-    return GenerateCall(rows, single, return_logprob, bool_field(data, "return_text_in_logprobs"), fields,
-                        bool_field(data, "return_prompt_token_ids"))
+    return GenerateCall(rows, single, bool_field(data, "return_text_in_logprobs"), fields,
+                        bool_field(data, "return_prompt_token_ids"), bool_field(data, "stream"))
+
+
+def refuse_unserved(data: dict, unserved: frozenset[str], where: str) -> None:
+    """A 400 naming the first of `unserved` that `data` sets to anything but its off value."""
+    for key in data:
+        if key in unserved and not _is_off(data[key]):
+            name = f"{where}.{key}" if where else key
+            raise ServiceError(400, f"'{name}' = {str(data[key])[:60]} asks for what rl360 serve rollout does not "
+                                    "serve (it accepts the field only at null, false, 0 or empty)", name)
+
+
+def _is_off(value: Any) -> bool:
+    if isinstance(value, list) and value:
+        return all(_is_off(item) for item in value)  # per-prompt lists (`return_hidden_states: [false, false]`)
+    return any(value is off or (type(value) is type(off) and value == off) for off in OFF_VALUES)
+
+
+def per_prompt(data: dict, key: str, count: int, default: Any, check: Callable[[Any, str], Any]) -> list:
+    """SGLang's per-request-or-per-prompt field: one value for every prompt, or a list of one per prompt."""
+    value = data.get(key)
+    if value is None:
+        return [default] * count
+    if isinstance(value, list):
+        if len(value) != count:
+            raise ServiceError(400, f"'{key}' has {len(value)} entries for {count} prompts", key)
+        return [default if item is None else check(item, f"{key}[{i}]") for i, item in enumerate(value)]
+    return [check(value, key)] * count
+
+
+def _bool(value: Any, where: str) -> bool:
+    return value if isinstance(value, bool) else _bad(where, "a boolean", value)
+
+
+def _bad(where: str, wanted: str, value: Any) -> Any:
+    raise ServiceError(400, f"'{where}' must be {wanted}, got {str(value)[:60]}", where)
 
 
 def parse_image_data(value: Any, count: int, single: bool) -> list[tuple[bytes, ...] | None]:
@@ -251,10 +324,11 @@ def parse_sampling(options: Any, where: str = "sampling_params") -> tuple[Sampli
     """SGLang sampling settings as our `SamplingParams`, the seed (None: random draws) and `ignore_eos`."""
     if not isinstance(options, dict):
         raise ServiceError(400, f"'{where}' must be an object", where)
-    unknown = [key for key in options if key not in SAMPLING_FIELDS]
+    unknown = [key for key in options if key not in SAMPLING_FIELDS | IGNORED_SAMPLING | UNSERVED_SAMPLING]
     if unknown:
-        accepted = ", ".join(sorted(SAMPLING_FIELDS))
+        accepted = ", ".join(sorted(SAMPLING_FIELDS | IGNORED_SAMPLING | UNSERVED_SAMPLING))
         raise ServiceError(400, f"unknown field '{where}.{unknown[0]}' (accepted: {accepted})", f"{where}.{unknown[0]}")
+    refuse_unserved(options, UNSERVED_SAMPLING, where)
     for key, neutral in NEUTRAL_SAMPLING.items():
         value = options.get(key)
         if value is not None and value not in neutral:

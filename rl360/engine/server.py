@@ -107,11 +107,20 @@ from typing import Any
 
 import torch
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+import rl360
 from rl360.core import SamplingParams
 from rl360.engine.batching import BatchDecoder, Batcher
-from rl360.engine.generate_request import GenerateCall, Row, bool_field, expand_images, is_int, parse_generate
+from rl360.engine.generate_request import (
+    SGLANG_SCHEMA_VERSION,
+    GenerateCall,
+    Row,
+    bool_field,
+    expand_images,
+    is_int,
+    parse_generate,
+)
 from rl360.errors import run_command
 from rl360.model_dir import check_model_dir
 from rl360.service.app import (
@@ -124,6 +133,7 @@ from rl360.service.app import (
     run_service,
     service_app,
     service_options,
+    sse_event,
 )
 from rl360.service.metrics import MetricsRegistry
 from rl360.weight_sync.cuda_ipc import CUDA_IPC_LOAD_FORMAT, open_bucket
@@ -146,6 +156,7 @@ INIT_GROUP_FIELDS = frozenset({"master_address", "master_port", "rank_offset", "
 DISTRIBUTED_FIELDS = frozenset({"names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests",
                                 "weight_version", "load_format", "torch_empty_cache"})
 # SGLang's memory tags, with what releasing each does here
+FINISHED = -2  # a streamed row whose last reply was sent
 MEMORY_TAGS = {"kv_cache": "nothing is kept between requests", "weights": "parameter storage freed",
                "cuda_graph": "none captured"}
 
@@ -179,7 +190,7 @@ class RolloutService:
                  group_timeout_s: float = 600.0, min_pixels: int | None = None, max_pixels: int | None = None):
         from rl360.engine.hf_engine import HFEngine
 
-        self.model_path = model_path
+        self.model_path, self.dtype, self.startup_time = model_path, dtype, time.time()
         self.engine = HFEngine(model_path, dtype=getattr(torch, dtype), min_pixels=min_pixels, max_pixels=max_pixels)
         self.tokenizer = _tokenizer(model_path)
         self._parameters = dict(self.engine.model.named_parameters())  # tied weights once, by their first name
@@ -212,7 +223,10 @@ class RolloutService:
         app = service_app(sglang_error)
         app.add_api_route("/generate", self.generate, methods=["POST", "PUT"])
         app.add_api_route("/health_generate", self.health_generate, methods=["GET"])
-        app.add_api_route("/model_info", self.model_info, methods=["GET"])
+        for path in ("/model_info", "/get_model_info"):
+            app.add_api_route(path, self.model_info, methods=["GET"])
+        for path in ("/server_info", "/get_server_info"):
+            app.add_api_route(path, self.server_info, methods=["GET"])
         app.add_api_route("/flush_cache", self.flush_cache, methods=["GET", "POST"])
         app.add_api_route("/abort_request", self.abort_request, methods=["POST"])
         app.add_api_route("/pause_generation", self.pause_generation, methods=["POST"])
@@ -229,7 +243,7 @@ class RolloutService:
                                   open_paths=("/health", "/health_generate"))
 
     # ---- generation ----
-    async def generate(self, request: HTTPRequest) -> JSONResponse:
+    async def generate(self, request: HTTPRequest) -> Response:
         vision = self.engine.vision
         call = parse_generate(await request.body(), self.tokenizer, vision is not None)
         if vision is not None:  # images decoded off the event loop; each image token expanded to its image's
@@ -239,11 +253,32 @@ class RolloutService:
         if problem is not None:
             raise ServiceError(503, problem)
         started = time.monotonic()
+        if call.stream:
+            return StreamingResponse(self._stream(call, started), media_type="text/event-stream")
         await self._wait_while_paused(call.rows)
         await self.batcher.submit(call.rows)  # rows aborted while held are settled as aborted, not decoded
-        latency = time.monotonic() - started
-        replies = [self._reply(row, call, latency) for row in call.rows]
+        replies = [self._reply(row, call, time.monotonic() - started) for row in call.rows]
         return JSONResponse(replies[0] if call.single else replies)
+
+    async def _stream(self, call: GenerateCall, started: float):
+        """SGLang's stream: after each decode step, each row that grew as `data: {reply so far}` (its text and
+        ids whole so far, as SGLang streams by default; with `"index"` when the request has several rows), the
+        finished reply last, then `data: [DONE]`. A client that hangs up aborts its rows."""
+        await self._wait_while_paused(call.rows)
+        sent = [-1] * len(call.rows)
+        try:
+            async for _ in self.batcher.steps(call.rows):
+                for i, row in enumerate(call.rows):
+                    done = row.finish_reason is not None
+                    if len(row.tokens) == sent[i] and not done or sent[i] == FINISHED:
+                        continue
+                    sent[i] = FINISHED if done else len(row.tokens)
+                    reply = self._reply(row, call, time.monotonic() - started, partial=not done)
+                    yield sse_event(reply if call.single else {**reply, "index": i})
+        except Exception as err:  # decoding failed after the stream began: SGLang's error chunk
+            error = err if isinstance(err, ServiceError) else ServiceError(500, f"{type(err).__name__}: {err}")
+            yield sse_event(sglang_error(error))
+        yield sse_event("[DONE]")
 
     async def _wait_while_paused(self, rows: list[Row]) -> None:
         """New requests wait while generation is paused, until it continues or they are aborted."""
@@ -263,26 +298,34 @@ class RolloutService:
                 row.aborted = message
         self.batcher.abort(rid, message)
 
-    def _reply(self, row: Row, call: GenerateCall, latency: float) -> dict:
-        self.tokens.inc(len(row.prompt), kind="prompt")
-        self.tokens.inc(len(row.tokens), kind="completion")
-        self.finished.inc(reason=row.finish_reason["type"])
-        meta = {"id": row.rid, "finish_reason": row.finish_reason, "prompt_tokens": len(row.prompt),
-                "completion_tokens": len(row.tokens), "cached_tokens": 0, "weight_version": row.weight_version,
-                "e2e_latency": latency}
-        if call.return_logprob:
-            texts = self._token_texts(row.tokens, call.text_in_logprobs)
-            meta["output_token_logprobs"] = [[lp, tok, text] for lp, tok, text in zip(row.logprobs, row.tokens, texts)]
+    def _reply(self, row: Row, call: GenerateCall, latency: float, partial: bool = False) -> dict:
+        """SGLang's reply for `row` (`partial`: so far, while it decodes; counted once, when whole)."""
+        if not partial:
+            self.tokens.inc(len(row.prompt), kind="prompt")
+            self.tokens.inc(len(row.tokens), kind="completion")
+            self.finished.inc(reason=row.finish_reason["type"])
+        tokens = list(row.tokens)
+        meta = {"id": row.rid, "finish_reason": None if partial else row.finish_reason,
+                "prompt_tokens": len(row.prompt), "completion_tokens": len(tokens), "cached_tokens": 0,
+                "weight_version": row.weight_version or str(self.engine.version), "e2e_latency": latency}
+        if row.return_logprob:
+            texts = self._token_texts(tokens, call.text_in_logprobs)
+            meta["output_token_logprobs"] = [[lp, tok, text] for lp, tok, text in zip(row.logprobs, tokens, texts)]
+            if row.top_logprobs:
+                meta["output_top_logprobs"] = [
+                    [[lp, tok, text] for (tok, lp), text in zip(top, self._token_texts([t for t, _ in top],
+                                                                                       call.text_in_logprobs))]
+                    for top in row.top[:len(tokens)]]
             if row.logprob_start_len >= 0:
                 prompt = row.prompt[row.logprob_start_len:]
                 texts = self._token_texts(prompt, call.text_in_logprobs)
                 meta["input_token_logprobs"] = [[lp, tok, text] for lp, tok, text in
                                                 zip(row.input_logprobs, prompt, texts)]
-        text = self.tokenizer.decode(row.tokens, skip_special_tokens=True) if self.tokenizer is not None else ""
-        matched = row.finish_reason.get("matched")
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer is not None else ""
+        matched = None if partial else row.finish_reason.get("matched")
         if isinstance(matched, str) and not row.no_stop_trim and matched in text:  # SGLang trims the stop string
             text = text[:text.index(matched)]
-        reply = {"text": text, "output_ids": row.tokens, "meta_info": meta}
+        reply = {"text": text, "output_ids": tokens, "meta_info": meta}
         if call.return_prompt_token_ids:  # the prompt as decoded: an image prompt's with its images expanded
             reply["prompt_token_ids"] = list(row.prompt)
         return reply
@@ -301,6 +344,7 @@ class RolloutService:
         return Response(status_code=200)
 
     async def model_info(self) -> dict:
+        """SGLang's `/model_info` (and `/get_model_info`): the fields routers and trainers read."""
         config = self.engine.model.config
         return {"model_path": self.model_path, "tokenizer_path": self.model_path if self.tokenizer else None,
                 "is_generation": True, "preferred_sampling_params": None,
@@ -308,6 +352,23 @@ class RolloutService:
                 "has_image_understanding": self.engine.vision is not None,
                 "has_audio_understanding": False, "model_type": getattr(config, "model_type", None),
                 "architectures": getattr(config, "architectures", None)}
+
+    async def server_info(self) -> dict:
+        """SGLang's `/server_info` (and `/get_server_info`): its server arguments that describe this engine (one
+        rank: tp, pp and dp sizes 1), the scheduler's limits, `internal_states` and the SGLang API version served."""
+        config = self.engine.model.config
+        return {"model_path": self.model_path, "tokenizer_path": self.model_path if self.tokenizer else None,
+                "served_model_name": self.model_path, "dtype": self.dtype, "tp_size": 1, "pp_size": 1, "dp_size": 1,
+                "ep_size": 1, "skip_tokenizer_init": self.tokenizer is None,
+                "context_length": getattr(config, "max_position_embeddings", None),
+                "max_running_requests": self.batcher.max_rows, "page_size": 1, "disaggregation_mode": "null",
+                "weight_version": str(self.engine.version), "load_balance_method": "round_robin",
+                "enable_metrics": True, "kv_events": None, "startup_time": self.startup_time,
+                "internal_states": [{"dp_rank": 0, "num_running_reqs": len(self.batcher.running),
+                                     "num_waiting_reqs": self.batcher.busy() - len(self.batcher.running),
+                                     "weight_version": str(self.engine.version),
+                                     "memory_released": sorted(self.released)}],
+                "version": SGLANG_SCHEMA_VERSION, "engine": f"rl360 serve rollout {rl360.__version__}"}
 
     async def flush_cache(self) -> Response:
         return Response("Cache flushed.\n", status_code=200)

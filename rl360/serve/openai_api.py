@@ -45,8 +45,6 @@ client left), and the batcher's `rl360_model_batches_total`, `rl360_model_batch_
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import threading
 import time
 import uuid
@@ -335,39 +333,17 @@ class Reply:
     async def pieces(self):
         """(choice, piece) as the engine decodes, until every choice is finished; leaving early (the client
         hung up, the request was cancelled) stops the decoding of its rows."""
-        loop = asyncio.get_running_loop()
-        changed = asyncio.Event()
-        signalled = threading.Event()  # a wake-up is on its way to the event loop: one per step, not one per row
-
-        def wake(_row: Row) -> None:  # on the engine thread
-            if not signalled.is_set():
-                signalled.set()
-                with contextlib.suppress(RuntimeError):  # the event loop is closing
-                    loop.call_soon_threadsafe(changed.set)
-
-        for row in self.rows:
-            row.on_token = wake
-        decoding = asyncio.create_task(self.service.batcher.submit(self.rows))
         try:
-            while True:
-                waiter = asyncio.create_task(changed.wait())
-                await asyncio.wait({decoding, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                changed.clear()
-                signalled.clear()  # before reading the rows: a token added from now on wakes the loop again
-                if decoding.done() and decoding.exception() is not None:
-                    raise _generation_failed(decoding.exception())
+            async for settled in self.service.batcher.steps(self.rows):
                 for choice in self.choices:
                     piece = choice.advance()
                     if piece is not None:
                         yield choice, piece
-                if decoding.done():  # every row is finished (or aborted) once the batcher settles them
+                if settled:  # every row is finished (or aborted) once the batcher settles them
                     break
+        except Exception as err:  # raised by the decoding
+            raise _generation_failed(err) from err
         finally:
-            for row in self.rows:
-                row.aborted = row.aborted or "request ended"
-            if not decoding.done():
-                decoding.cancel()
             self._count()
 
     async def whole(self) -> dict:
