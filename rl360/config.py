@@ -106,6 +106,14 @@ class RolloutConfig:
     # server/sglang: where engine processes run: local (the trainer's node, on 127.0.0.1) or ray (each in a Ray
     # actor reserving engine_tensor_parallel GPUs on a node Ray picks, serving on that node's address)
     engine_hosts: str = "local"
+    # server/sglang: how generate requests reach the engines: fleet (the fleet sends each engine its share) or
+    # sglang (through sglang-router, `pip install 'rl360[router]'`, which the fleet starts on 127.0.0.1 in front
+    # of its engines; weight updates, pauses and restarts still go to each engine from the fleet, and an engine
+    # joins the router only while it serves the current weights)
+    router: str = "fleet"
+    # sglang-router's --policy: cache_aware (a prompt to the engine holding its prefix, unless loads differ too
+    # much), round_robin, random or power_of_two
+    router_policy: str = "cache_aware"
 
 
 @dataclass
@@ -379,6 +387,8 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "rollout.weight_sync": ("distributed", "tensor", "disk"),
     "rollout.mode": ("sync", "async"),
     "rollout.engine_hosts": ("local", "ray"),
+    "rollout.router": ("fleet", "sglang"),
+    "rollout.router_policy": ("cache_aware", "round_robin", "random", "power_of_two"),
     "actor.loss_agg_mode": AGG_MODES,
     "actor.rollout_correction": ("none", "tis", "mask"),
     "actor.recompute": ("none", "selective", "full"),
@@ -775,6 +785,9 @@ def validate(cfg: RunConfig) -> None:
                           "which rollout.engine=server reads and SGLang does not; with rollout.engine=sglang use "
                           "rollout.weight_sync=distributed or disk (SGLang's pickled 'flattened_bucket' format is "
                           "not sent)")
+    if cfg.rollout.router == "sglang" and cfg.rollout.engine == "hf":
+        raise ConfigError("rollout.router=sglang puts sglang-router in front of engine processes: it needs "
+                          "rollout.engine=server or sglang (rollout.engine=hf has no HTTP server)")
     if cfg.rollout.engine_hosts == "ray" and (cfg.rollout.engine == "hf" or cfg.rollout.colocate or
                                               cfg.rollout.weight_sync == "tensor"):
         raise ConfigError("rollout.engine_hosts=ray needs rollout.engine=server or sglang, rollout.colocate=false "

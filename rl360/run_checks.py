@@ -2,6 +2,7 @@
 none of the trainer's heavy modules (megatron-core, the engines) imported, so `rl360 train` answers a mistake in
 about two seconds.
 
+- what the config needs installed (SGLang, Transformer Engine, a CUDA device, sglang-router: rl360.installed);
 - the model directory (config.json, weights, tokenizer);
 - resuming: the config saved with the run against this one (changes a checkpoint cannot take are refused);
 - `reward.custom` references importable;
@@ -18,6 +19,7 @@ from typing import Any
 from rl360.agents.build import agent_from_config
 from rl360.checkpointing import latest_checkpoint
 from rl360.config import ConfigError, RunConfig
+from rl360.installed import check_installed
 from rl360.model_dir import check_model_dir
 from rl360.rewards import register_reward_path
 from rl360.rewards.check import check_reward_data, judge_configured
@@ -37,6 +39,7 @@ class CheckedRun:
 
 def check_run(cfg: RunConfig) -> CheckedRun:
     """Check `cfg` and its files as the docstring above says; a `UserError` naming what is wrong."""
+    check_installed(cfg)  # SGLang, Transformer Engine, a GPU, sglang-router: where the config asks for them
     check_model_dir(cfg.model.path)  # a missing directory, weights or tokenizer: said now, before any loading
     out = Path(cfg.output_dir)
     latest = latest_checkpoint(out / "checkpoints") if cfg.trainer.resume else None

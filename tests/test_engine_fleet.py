@@ -206,7 +206,7 @@ import asyncio, sys, time
 from pathlib import Path
 from rl360.rollout.engines import EngineProcess, engine_command, new_api_key
 key = new_api_key()
-engine = EngineProcess(0, engine_command("server", sys.argv[1], "float32", key), Path(sys.argv[2]), key, 120.0)
+engine = EngineProcess(0, engine_command("server", sys.argv[1], "float32"), Path(sys.argv[2]), key, 120.0)
 asyncio.run(engine.start())
 print(engine.pid(), flush=True)
 time.sleep(600)

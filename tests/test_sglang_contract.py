@@ -435,3 +435,37 @@ def test_serve_rollout_sorts_every_generate_field_of_sglang(sglang):
                                 "is_normalized")}  # set by SGLang's normalize(), never sent
     ours = schema.SAMPLING_FIELDS | schema.IGNORED_SAMPLING | schema.UNSERVED_SAMPLING
     assert ours == sampling, (sorted(ours - sampling), sorted(sampling - ours))
+
+
+def test_one_prompt_per_request_bodies_fit_sglang_and_its_router(sglang):
+    """Through sglang-router (whose `sampling_params` is one object) the client sends each prompt alone, in
+    SGLang's one-prompt forms, each seeded as its place in the batch would seed it."""
+    sent = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        n = body["sampling_params"]["n"]
+        return httpx.Response(200, json=[{"text": "", "output_ids": [4], "meta_info": {
+            "id": "r", "finish_reason": {"type": "length", "length": 1}, "prompt_tokens": 2, "completion_tokens": 1,
+            "weight_version": "1", "output_token_logprobs": [[-0.5, 4, None]]}}] * n)
+
+    async def scenario():
+        client = EngineClient("http://router.invalid", api_key="k" * 20, one_prompt_per_request=True)
+        client._http = httpx.AsyncClient(base_url=client.url, transport=httpx.MockTransport(answer))
+        groups = await client.generate_samples([[1, 2], [3], [4, 5, 6]], SamplingParams(n=2, max_new_tokens=1),
+                                               seed=10, rid="r")
+        await client.close()
+        return groups
+
+    groups = asyncio.run(scenario())
+    assert [len(group) for group in groups] == [2, 2, 2]
+    annotations = _class_annotations(sglang["io_struct"])["GenerateReqInput"]
+    by_prompt = {tuple(body["input_ids"]): body for body in sent}
+    assert sorted(by_prompt) == [(1, 2), (3,), (4, 5, 6)]
+    for i, prompt in enumerate([(1, 2), (3,), (4, 5, 6)]):
+        body = by_prompt[prompt]
+        assert isinstance(body["sampling_params"], dict) and body["sampling_params"]["sampling_seed"] == 10 + 2 * i
+        assert body["rid"] == f"r-{i}"
+        for key, value in body.items():
+            assert _accepts(annotations[key], value), (key, value)

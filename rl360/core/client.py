@@ -70,10 +70,13 @@ class EngineTimeout(EngineError):
 
 class EngineClient:
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0,
-                 max_connections: int = 256, image_token_id: int | None = None):
+                 max_connections: int = 256, image_token_id: int | None = None, one_prompt_per_request: bool = False):
+        """`one_prompt_per_request`: `generate_samples` sends each prompt as a request of its own, its fields in
+        their one-prompt forms (what sglang-router takes: its `sampling_params` is one object)."""
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
+        self.one_prompt_per_request = one_prompt_per_request
         self.image_token_id = image_token_id  # None: read from the served checkpoint's config at the first image
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=None,
@@ -89,10 +92,10 @@ class EngineClient:
         await self.close()
 
     # ---- generation ----
-    async def generate(self, input_ids: list[list[int]], sampling_params: dict | list[dict],
+    async def generate(self, input_ids: list[list[int]] | list[int], sampling_params: dict | list[dict],
                        return_logprob: bool = True, logprob_start_len: int | None = None,
                        rid: str | list[str] | None = None, timeout_s: float | None = None,
-                       image_data: list[list[str]] | None = None,
+                       image_data: list[list[str]] | list[str] | None = None,
                        return_prompt_token_ids: bool = False) -> list[dict]:
         """SGLang's `/generate` for a batch of prompts; its replies as a list (prompt-major when n > 1).
         `image_data`: one list of images (base64 strings or data URLs) per prompt."""
@@ -114,6 +117,11 @@ class EngineClient:
         """`params.n` samples for each prompt (token ids or `ImagePrompt`s, mixed), in prompt order, as the engine
         interface's `Sample`s (an image prompt's carry its expanded ids and its images). With `seed`, prompt i's
         samples draw from `seed + i * n + j` (on `rl360 serve rollout`: reproducible)."""
+        if self.one_prompt_per_request and len(prompts) > 1:
+            parts = await asyncio.gather(*(self.generate_samples(
+                [prompt], params, None if seed is None else seed + i * params.n,
+                None if rid is None else f"{rid}-{i}", timeout_s) for i, prompt in enumerate(prompts)))
+            return [group for part in parts for group in part]
         input_ids: list[list[int]] = [list(prompt_ids(prompt)) for prompt in prompts]
         image_data = None
         if any(isinstance(prompt, ImagePrompt) for prompt in prompts):
@@ -130,6 +138,9 @@ class EngineClient:
                 options["sampling_seed"] = seed + i * params.n
             settings.append(options)
         rids = None if rid is None else [f"{rid}-{i}" for i in range(len(prompts))]
+        if self.one_prompt_per_request:  # SGLang's one-prompt forms
+            input_ids, settings, rids = input_ids[0], settings[0], None if rid is None else rid
+            image_data = None if image_data is None else image_data[0]
         replies = await self.generate(input_ids, settings, True, rid=rids, timeout_s=timeout_s, image_data=image_data,
                                       return_prompt_token_ids=image_data is not None)
         if len(replies) != len(prompts) * params.n:

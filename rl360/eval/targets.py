@@ -219,7 +219,7 @@ async def open_endpoints(cfg: EvalConfig) -> tuple[list[Endpoint], list[Any]]:
 
         check_model_dir(t.model, "eval.model")
         key = new_api_key()
-        engines = [ProcessEngine(i, engine_command(t.engine, t.model, t.engine_dtype, key, t.engine_tensor_parallel,
+        engines = [ProcessEngine(i, engine_command(t.engine, t.model, t.engine_dtype, t.engine_tensor_parallel,
                                                    t.engine_mem_fraction, list(t.engine_args)),
                                  Path(cfg.output_dir) / "engines", key, t.startup_timeout_s, t.request_timeout_s,
                                  env=_engine_gpus(i, t.engine_tensor_parallel), kind=t.engine)

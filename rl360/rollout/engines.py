@@ -25,12 +25,14 @@ the processes as `EngineClient.generate_samples` sends them (SGLang's `image_dat
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,7 @@ from rl360.core.client import EngineClient, EngineError, EngineTimeout
 from rl360.network import free_port
 
 KEY_ENV = "RL360_ROLLOUT_API_KEY"
+KEY_FILE = "{rl360-engine-key-file}"  # in an engine command: the private file holding its key, written at its start
 _SERVING_LINE = re.compile(r"serving .* on (http://\S+)")
 
 
@@ -191,10 +194,16 @@ class EngineProcess:
         log.write(f"\n==== start {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(self.command)}\n".encode())
         log.flush()
         env = {**os.environ, **self.env, KEY_ENV: self.api_key}
-        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True, preexec_fn=_die_with_parent())
-        log.close()
-        return await self._wait_serving()
+        key_file = _key_file(self.api_key) if KEY_FILE in self.command else None
+        command = [key_file if part == KEY_FILE else part for part in self.command]
+        try:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True, preexec_fn=_die_with_parent())
+            log.close()
+            return await self._wait_serving()
+        finally:
+            if key_file is not None:  # read by the server at its start
+                Path(key_file).unlink(missing_ok=True)
 
     async def _wait_serving(self) -> str:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -331,15 +340,7 @@ class ProcessEngine:
         return self.process is not None and self.process.alive()
 
     async def generate(self, prompts: list[Prompt], params: SamplingParams, seed: int) -> list[list[Sample]]:
-        try:
-            groups = await self.client.generate_samples(prompts, params, seed=seed)
-        except (EngineTimeout, httpx.TransportError, OSError) as err:
-            raise EngineDown(f"engine {self.index} ({self.url}): {err}") from err
-        except EngineError as err:
-            if err.status >= 500:
-                raise EngineDown(f"engine {self.index} ({self.url}): {err}") from err
-            raise
-        return groups  # aborted samples included (with the tokens drawn before the abort): the fleet decides
+        return await generate_or_down(self.client, prompts, params, seed, f"engine {self.index} ({self.url})")
 
     async def pause(self) -> bool:
         if self.client is None or not self.usable:
@@ -435,18 +436,42 @@ class ProcessEngine:
                 **({"gpus": devices} if devices is not None else {})}
 
 
-def engine_command(kind: str, model_path: str, dtype: str, api_key: str, tensor_parallel: int = 1,
-                   mem_fraction: float = 0.8, extra_args: list[str] | None = None) -> list[str]:
-    """The command line of one engine process: `rl360 serve rollout` or SGLang's launcher."""
+async def generate_or_down(client: EngineClient, prompts: list[Prompt], params: SamplingParams, seed: int,
+                           who: str) -> list[list[Sample]]:
+    """`client.generate_samples`, a failure that says the server is gone (no connection, no answer in time, a
+    5xx) raised as `EngineDown` naming `who`. Aborted samples are returned (with the tokens drawn before the
+    abort): the fleet decides."""
+    try:
+        return await client.generate_samples(prompts, params, seed=seed)
+    except _DOWN as err:
+        raise EngineDown(f"{who}: {err}") from err
+    except EngineError as err:
+        if err.status >= 500:
+            raise EngineDown(f"{who}: {err}") from err
+        raise
+
+
+def engine_command(kind: str, model_path: str, dtype: str, tensor_parallel: int = 1, mem_fraction: float = 0.8,
+                   extra_args: list[str] | None = None) -> list[str]:
+    """The command line of one engine process: `rl360 serve rollout` or SGLang's launcher. It holds no key: the
+    process reads it from its environment (`KEY_ENV`) or from a private file made at its start (`KEY_FILE`)."""
     extra = list(extra_args or [])
     if kind == "server":
         return [sys.executable, "-m", "rl360.engine.server", "--model", model_path, "--port", "0", "--host",
                 "127.0.0.1", "--dtype", dtype, "--api-key-env", KEY_ENV, *extra]
-    if kind == "sglang":  # SGLang takes its key on the command line only; the port is fixed before the start
-        return [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "127.0.0.1",
-                "--port", str(free_port()), "--dtype", dtype, "--tp-size", str(tensor_parallel),
-                "--mem-fraction-static", str(mem_fraction), "--api-key", api_key, "--skip-server-warmup", *extra]
+    if kind == "sglang":  # the key in SGLang's --config file (never on a command line); the port fixed before
+        return [sys.executable, "-m", "sglang.launch_server", "--config", KEY_FILE, "--model-path", model_path,
+                "--host", "127.0.0.1", "--port", str(free_port()), "--dtype", dtype, "--tp-size", str(tensor_parallel),
+                "--mem-fraction-static", str(mem_fraction), "--skip-server-warmup", *extra]
     raise ValueError(f"no engine process for rollout.engine={kind!r}")
+
+
+def _key_file(api_key: str) -> str:
+    """A new file only this user can read, holding SGLang's `api-key` option as YAML (SGLang's `--config`)."""
+    handle, path = tempfile.mkstemp(prefix="rl360-engine-key-", suffix=".yaml")
+    with os.fdopen(handle, "w") as file:  # mkstemp makes it mode 0600
+        file.write(f"api-key: {json.dumps(api_key)}\n")
+    return path
 
 
 def new_api_key() -> str:

@@ -51,6 +51,7 @@ from rl360.rollout.engines import (
     engine_command,
     new_api_key,
 )
+from rl360.rollout.router import SGLangRouter
 
 
 class EngineFleet:
@@ -73,6 +74,7 @@ class EngineFleet:
         self._pauses = 0  # weight updates that paused generation (rollout.partial)
         self._sync_lock: asyncio.Lock | None = None
         self._tokenizer: Any = None  # the model's, for stop strings over continued samples (loaded when needed)
+        self.router: SGLangRouter | None = None  # rollout.router=sglang: generate requests go through it
 
     # ---- start, describe, close ----
     async def start(self) -> None:
@@ -84,6 +86,11 @@ class EngineFleet:
         await asyncio.gather(*(engine.start() for engine in self.engines))
         for engine in self.engines:
             engine.usable = True
+        if self.rollout.router == "sglang":
+            self.router = SGLangRouter(self.rollout.router_policy, self.api_key, self.log_dir / "router.log",
+                                       self.rollout.request_timeout_s)
+            await self.router.start()
+            await self._route_usable()
         self._write_engine_list()
 
     def _build(self) -> list[Engine]:
@@ -106,7 +113,7 @@ class EngineFleet:
                                                              ("max-pixels", model.max_pixels)) if value]
         threads = {"OMP_NUM_THREADS": str(per_engine)} if self.num_threads else {}
         return [
-            ProcessEngine(i, engine_command(kind, model.path, model.dtype, self.api_key,
+            ProcessEngine(i, engine_command(kind, model.path, model.dtype,
                                             rollout.engine_tensor_parallel, rollout.mem_fraction,
                                             [*pixel_args, *rollout.engine_args]),
                           self.log_dir, self.api_key, rollout.startup_timeout_s, rollout.request_timeout_s,
@@ -135,14 +142,18 @@ class EngineFleet:
         path.with_suffix(".tmp").replace(path)
 
     def close(self) -> None:
-        """Stop every engine (synchronous: callable from any thread once the loop no longer runs them)."""
+        """Stop the router and every engine (synchronous: callable from any thread once the loop no longer runs
+        them)."""
+        if self.router is not None:
+            self.router.stop()
         for engine in self.engines:
             engine.stop()
 
     # ---- metrics ----
     def step_metrics(self) -> dict[str, float]:
-        """A step's engine counters before its generate calls: prompts per engine (several engines)."""
-        if len(self.engines) > 1:
+        """A step's engine counters before its generate calls: prompts per engine (several engines, without a
+        router: the router picks the engine)."""
+        if len(self.engines) > 1 and self.router is None:
             return {f"rollout/engine{engine.index}_prompts": 0 for engine in self.engines}
         return {}
 
@@ -168,8 +179,11 @@ class EngineFleet:
 
     async def _restart(self, engine: Engine) -> None:
         try:
+            if self.router is not None:  # before the restart, which gives the engine a new address
+                await self.router.remove(engine.url)
             await engine.restart()
             engine.usable = self.version == 0  # otherwise at the next weight update
+            await self._route_usable()
             self._write_engine_list()
         finally:
             self._restarting.pop(engine.index, None)
@@ -188,6 +202,28 @@ class EngineFleet:
                 raise RuntimeError("no rollout engine is usable and none is restarting")
             await self._restarts_done()
             await self._sync(self.version, only_if_none_usable=True)
+
+    async def _route_usable(self) -> None:
+        """Every usable engine (it serves the current weights) into the router, the others out of it."""
+        if self.router is None:
+            return
+        for engine in self.engines:
+            if engine.usable:
+                await self.router.add(engine.url)
+
+    async def _failed(self, engine: Engine, error: EngineDown) -> None:
+        """A generate request to `engine` failed (no answer, a 5xx, aborted samples). Through the router the
+        engine that failed is not known: the engines whose process is gone are restarted, and a failure with none
+        gone (and none restarting) is the router's own and stops the run."""
+        if self.router is None:
+            self.engine_down(engine, error)
+            return
+        alive = await asyncio.gather(*(candidate.alive() for candidate in self.engines))
+        dead = [candidate for candidate, running in zip(self.engines, alive) if not running]
+        if not dead and not self._restarting:
+            raise RuntimeError(f"{error}; every engine process is running: see {self.router.log_path}") from error
+        for candidate in dead:
+            self.engine_down(candidate, error)
 
     async def _each(self, call: str, engines: list[Engine], *args) -> list[Engine]:
         """`call` on each of `engines`; those that did (a true or None answer), restarting the ones found gone.
@@ -241,6 +277,7 @@ class EngineFleet:
                 self.version = version
                 for engine in self.engines:
                     engine.version, engine.usable = version, True
+                await self._route_usable()
                 if self.rollout.partial:
                     await self._each("resume_generation", paused)
             finally:
@@ -287,13 +324,13 @@ class EngineFleet:
                 groups, paused = await self._request(engine, prompts, params, seed)
                 break
             except EngineDown as err:
-                self.engine_down(engine, err)
+                await self._failed(engine, err)
                 engine = await self._usable_engine()
-        if metrics is not None and len(self.engines) > 1:
+        if metrics is not None and len(self.engines) > 1 and self.router is None:
             key = f"rollout/engine{engine.index}_prompts"
             metrics[key] = metrics.get(key, 0) + len(prompts)
         if not paused and any(sample.finish_reason == "abort" for group in groups for sample in group):
-            self.engine_down(engine, EngineDown(f"engine {engine.index} ({engine.url}) aborted requests"))
+            await self._failed(engine, EngineDown(f"engine {engine.index} ({engine.url}) aborted requests"))
         return [list(await asyncio.gather(*(self._continue(sample, replace(params, max_new_tokens=budget),
                                                            seed + i * params.n + j)
                                             for j, sample in enumerate(group))))
@@ -314,10 +351,10 @@ class EngineFleet:
                                                        replace(params, n=1, max_new_tokens=left),
                                                        seed + 104_729 * (sample.resumed + 1))
             except EngineDown as err:
-                self.engine_down(engine, err)
+                await self._failed(engine, err)
                 continue
             if more.finish_reason == "abort" and not paused:
-                self.engine_down(engine, EngineDown(f"engine {engine.index} ({engine.url}) aborted a request"))
+                await self._failed(engine, EngineDown(f"engine {engine.index} ({engine.url}) aborted a request"))
             sample = sample.continued(more)
         if cut and params.stop:
             sample = cut_at_stop(sample, self.tokenizer(), params.stop)
@@ -341,7 +378,7 @@ class EngineFleet:
         self._drained.clear()
         self._load[engine.index] = self._load.get(engine.index, 0) + len(prompts)
         try:
-            groups = await engine.generate(prompts, params, seed)
+            groups = await (self.router or engine).generate(prompts, params, seed)
         finally:
             self._load[engine.index] -= len(prompts)
             self.in_flight -= 1
