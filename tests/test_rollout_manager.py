@@ -261,3 +261,69 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_through_sglang_router_an_engine_killed_mid_run_rejoins_with_current_weights_and_nothing_changes(
+        assets, two_engines):
+    """The same run with sglang-router in front of the two engines (rollout.router=sglang): engine 1 is SIGKILLed
+    while it decodes in step 3. The run ends exactly as the unbroken run without a router (samples are seeded by
+    their position, whichever engine the router picked), every sample from the step's weights (staleness 0), the
+    restart counted; the engines' key is on no process's command line and in no file the run wrote."""
+    pytest.importorskip("sglang_router")
+    unbroken_out, unbroken = two_engines
+    out = assets[0] / "routed_killed"
+    command = [sys.executable, "-m", "rl360.cli", "train", "configs/quickstart.yaml",
+               *_overrides(assets, out, "rollout.num_engines=2", "rollout.weight_sync=distributed",
+                             "rollout.colocate=true", "trainer.save_hf=true", "rollout.router=sglang")]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = _wait_for_engine(out, 1, run)
+        key = _engine_key(victim)
+        while _steps_logged(out) < 2 and run.poll() is None:
+            time.sleep(0.02)
+        _wait_until_decoding(victim, run)
+        os.kill(victim["pid"], signal.SIGKILL)
+        command_lines = _command_lines_holding(key)
+        output, _ = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, output[-12000:]
+    assert not command_lines, command_lines
+    assert "rollout engine 1 failed" in output, output[-6000:]
+    metrics = _metrics(out)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    assert metrics[-1]["rollout/engine_restarts_total"] >= 1
+    assert all(m["rollout/staleness_max"] == 0 and m["rollout/logprob_abs_diff"] <= 1e-6 for m in metrics)
+    # engine log-probs round in their last bits by what a request was batched with (the router sends each prompt
+    # alone): the figures made from them within fp32 rounding, everything else exact
+    engine_figures = ("rollout/logprob_abs_diff", "rollout/logprob_abs_diff_max", "rollout/k3_kl")
+    for routed, whole in zip(metrics, unbroken):
+        changed = {k for k in whole if not k.startswith(("timing/", "rollout/engine", "weight_sync/seconds"))
+                   and k not in engine_figures and routed.get(k) != whole[k]}
+        assert not changed, (routed["step"], sorted(changed))
+        assert all(abs(routed[k] - whole[k]) <= 1e-6 for k in engine_figures if k in whole), routed["step"]
+    trained, reference = _hf_weights(out), _hf_weights(unbroken_out)
+    assert all(torch.equal(trained[name], reference[name]) for name in reference)
+    router_log = (out / "rollout" / "router.log").read_text()
+    assert "rl360.rollout.router" in router_log  # the router ran, and logged where the run writes
+    holding = [str(path) for path in out.rglob("*") if path.is_file() and key.encode() in path.read_bytes()]
+    assert not holding, holding
+
+
+def _engine_key(engine: dict) -> str:
+    environ = dict(item.split("=", 1) for item in
+                   open(f"/proc/{engine['pid']}/environ").read().split("\0") if "=" in item)
+    return environ["RL360_ROLLOUT_API_KEY"]
+
+
+def _command_lines_holding(key: str) -> list[str]:
+    """Command lines of this machine's processes that hold `key`."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        if key in line:
+            found.append(line)
+    return found
