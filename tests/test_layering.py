@@ -18,7 +18,8 @@ FLOORS = [
     ["algos", "tracking", "service", "model_dir", "model_shapes"],  # pure torch algorithms, metric sinks, the HTTP
     # service layer, model directory checks, released models' shapes
     ["config"],  # the typed run config (validates against the algos' registries)
-    ["data", "cluster", "weight_sync"],  # prompts from parquet, Ray placement, weights into engines
+    ["data", "cluster", "weight_sync", "installed"],  # prompts from parquet, Ray placement, weights into engines,
+    # what a config needs installed
     ["rewards", "actor", "engine", "checkpointing", "run_config"],  # scoring, the policy, the engines themselves,
     # checkpoints and the config saved with a run
     ["rollout", "serve", "convert", "plan", "agents", "config_docs"],  # the engine fleet and the training sampler;
