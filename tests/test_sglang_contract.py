@@ -15,6 +15,7 @@ import ast
 import asyncio
 import base64
 import json
+import os
 import zipfile
 
 import httpx
@@ -33,7 +34,9 @@ SOURCES = {"io_struct": "sglang/srt/managers/io_struct.py", "http": "sglang/srt/
            "sampling": "sglang/srt/sampling/sampling_params.py", "common": "sglang/srt/utils/common.py",
            "updater": "sglang/srt/model_executor/model_runner_components/weight_updater.py",
            "constants": "sglang/srt/constants.py", "environ": "sglang/srt/environ.py",
-           "processor": "sglang/srt/multimodal/processors/base_processor.py"}
+           "processor": "sglang/srt/multimodal/processors/base_processor.py",
+           "schedule_batch": "sglang/srt/managers/schedule_batch.py", "server_args": "sglang/srt/server_args.py",
+           "config_parser": "sglang/srt/server_args_config_parser.py"}
 
 
 @pytest.fixture(scope="module")
@@ -469,3 +472,68 @@ def test_one_prompt_per_request_bodies_fit_sglang_and_its_router(sglang):
         assert body["rid"] == f"r-{i}"
         for key, value in body.items():
             assert _accepts(annotations[key], value), (key, value)
+
+
+def _finish_reasons(tree: ast.Module) -> dict[str, dict]:
+    """SGLang's finish reasons as its `to_json` writes them: class name -> {key: the value's expression}."""
+    reasons = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name.startswith("FINISH"):
+            method = next(item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "to_json")
+            returned = next(item.value for item in ast.walk(method) if isinstance(item, ast.Return))
+            reasons[node.name] = {key.value: value for key, value in zip(returned.keys, returned.values)}
+    return reasons
+
+
+def test_client_reads_sglangs_own_replies(sglang):
+    """`/generate` replies as the pinned SGLang writes them, every meta_info key its tokenizer manager sets present
+    and every finish reason its scheduler can give: the client reads text-independent tokens, log-probs (SGLang's
+    `[logprob, id, text]` triples), the finish type, a stop string, and SGLang's `weight_version` "default" (no
+    trainer update yet) as version 0."""
+    from rl360.core.client import reply_sample
+
+    reasons = _finish_reasons(sglang["schedule_batch"])
+    assert {"FINISH_MATCHED_TOKEN", "FINISH_MATCHED_STR", "FINISH_LENGTH", "FINISH_ABORT"} <= set(reasons)
+    values = {"self.matched": None, "self.length": 3, "self.message": "Aborted", "self.status_code": 503,
+              "self.err_type": "AbortError"}
+    meta_keys = _meta_info_keys(sglang["tokenizer"])
+    for name, fields in reasons.items():
+        finish = {key: (value.value if isinstance(value, ast.Constant) else values.get(ast.unparse(value)))
+                  for key, value in fields.items()}
+        if name == "FINISH_MATCHED_TOKEN":
+            finish["matched"] = 2
+        elif "matched" in finish:
+            finish["matched"] = "</answer>"
+        meta = dict.fromkeys(meta_keys, 0)  # every key SGLang may set, as numbers where the client reads none
+        meta.update({"id": "r", "finish_reason": finish, "prompt_tokens": 2, "completion_tokens": 3,
+                     "weight_version": "default", "output_token_logprobs": [[-0.5, 7, "a"], [-1.5, 8, None],
+                                                                            [-0.25, 2, "</s>"]],
+                     "input_token_logprobs": [[None, 1, None], [-2.0, 5, None]], "output_top_logprobs": [],
+                     "cached_tokens_details": None, "dp_rank": 0})
+        sample = reply_sample([1, 5], {"text": "ab", "output_ids": [7, 8, 2], "meta_info": meta})
+        assert sample.response_ids == [7, 8, 2] and sample.logprobs == [-0.5, -1.5, -0.25], name
+        assert sample.finish_reason == finish["type"] and sample.weight_version == 0, name
+        assert sample.stop_matched == (finish.get("matched") if isinstance(finish.get("matched"), str) else None)
+
+
+def test_sglang_engines_read_their_key_from_the_config_file_the_fleet_writes(sglang, tmp_path):
+    """The fleet gives an SGLang engine its key in a YAML file named by `--config` (never on the command line):
+    SGLang's `prepare_server_args` merges `--config` files, turning each `key: value` into `--key value`, and
+    `api_key` is one of its server arguments."""
+    from rl360.rollout.engines import KEY_FILE, _key_file, engine_command
+
+    command = engine_command("sglang", "/m", "bfloat16")
+    assert command[command.index("--config") + 1] == KEY_FILE and "--api-key" not in command
+    prepare = _function(sglang["server_args"], "prepare_server_args")
+    assert "'--config' in argv" in ast.unparse(prepare) and "merge_config_with_args" in ast.unparse(prepare)
+    assert "api_key" in _class_fields(sglang["server_args"])["ServerArgs"]
+    scalar = _function(sglang["config_parser"], "_add_scalar_arg")
+    assert "f'--{key}'" in ast.unparse(scalar)  # `api-key: K` becomes `--api-key K`
+    import yaml
+
+    path = _key_file("k-ey_123")
+    try:
+        assert yaml.safe_load(open(path).read()) == {"api-key": "k-ey_123"}
+        assert os.stat(path).st_mode & 0o777 == 0o600
+    finally:
+        os.unlink(path)
