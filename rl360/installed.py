@@ -23,15 +23,20 @@ def has_cuda_device() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
+def check_sglang(key: str) -> None:
+    """SGLang engines, asked for by `key` (`rollout.engine=sglang`, `eval.engine=sglang`), need SGLang and a GPU."""
+    if not has_package("sglang"):
+        raise ConfigError(f"{key}=sglang needs SGLang, which is not installed here: {GPU_EXTRA}; or use "
+                          f"{key}=server (rl360 serve rollout: SGLang's API on the HF engine, CPU or GPU)")
+    if not has_cuda_device():
+        raise ConfigError(f"{key}=sglang needs a CUDA GPU and this machine shows none (no /dev/nvidia*); use "
+                          f"{key}=server on a CPU machine")
+
+
 def check_installed(cfg: Any) -> None:
-    """A `ConfigError` for the first thing `cfg` asks for that this machine lacks."""
+    """A `ConfigError` for the first thing a run's `cfg` asks for that this machine lacks."""
     if cfg.rollout.engine == "sglang":
-        if not has_package("sglang"):
-            raise ConfigError(f"rollout.engine=sglang needs SGLang, which is not installed here: {GPU_EXTRA}; or use "
-                              "rollout.engine=server (rl360 serve rollout: SGLang's API on the HF engine, CPU or GPU)")
-        if not has_cuda_device():
-            raise ConfigError("rollout.engine=sglang needs a CUDA GPU and this machine shows none (no /dev/nvidia*); "
-                              "use rollout.engine=server or hf on a CPU machine")
+        check_sglang("rollout.engine")
     if cfg.model.attention == "te":
         if not has_package("transformer_engine"):
             raise ConfigError(f"model.attention=te needs Transformer Engine, which is not installed here: {GPU_EXTRA};"

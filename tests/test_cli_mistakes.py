@@ -76,6 +76,11 @@ def _mistakes(tmp: Path) -> dict[str, tuple[tuple[str, ...], str]]:
             "rl360: config error: model.attention=te needs Transformer Engine, which is not installed here: pip "
             "install 'rl360[gpu]' (sglang==0.5.17, transformer-engine==2.11.0: launchers/versions.env); or use "
             "model.attention=auto (Transformer Engine where it runs, else torch)"),
+        "SGLang eval engines where SGLang is not installed": (
+            ("eval", str(REPO / "configs" / "eval" / "quickstart.yaml"), "--model", str(model), "eval.engine=sglang"),
+            "rl360: config error: eval.engine=sglang needs SGLang, which is not installed here: pip install "
+            "'rl360[gpu]' (sglang==0.5.17, transformer-engine==2.11.0: launchers/versions.env); or use "
+            "eval.engine=server (rl360 serve rollout: SGLang's API on the HF engine, CPU or GPU)"),
         "a preset that is not there": (
             (*train, "configs/algorithms/grpoo.yaml"),
             "rl360: config error: config file not found: configs/algorithms/grpoo.yaml"),
@@ -108,7 +113,8 @@ MISTAKES = [
     "reward.custom module missing", "reward.custom function missing", "data file missing",
     "jsonl instead of parquet", "image column wrong", "unknown algorithm", "negative batch size",
     "a number that is not one", "an engine rl360 does not have", "a preset that is not there",
-    *(["SGLang engines where SGLang is not installed"] if not has_package("sglang") else []),
+    *(["SGLang engines where SGLang is not installed", "SGLang eval engines where SGLang is not installed"]
+      if not has_package("sglang") else []),
     *(["Transformer Engine attention where it is not installed"] if not has_package("transformer_engine") else []),
     "an override without a value", "convert into a directory already used",
     "convert from a checkpoint that is not there",

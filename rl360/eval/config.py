@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rl360.config import ConfigError, JudgeConfig, RewardConfig, load_structured, schema_keys
+from rl360.installed import check_sglang
 
 # preset -> sampling values (DeepVision-103k's eval_scripts: qwen_ins, qwen_think, mimo, greedy)
 PRESETS: dict[str, dict[str, float | int]] = {
@@ -143,6 +144,8 @@ def validate_eval(cfg: EvalConfig) -> None:
         raise ConfigError(f"eval.protocol={t.protocol!r}: choose one of {', '.join(PROTOCOLS)}")
     if t.engine not in ENGINES:
         raise ConfigError(f"eval.engine={t.engine!r}: choose one of {', '.join(ENGINES)}")
+    if t.model and t.engine == "sglang":
+        check_sglang("eval.engine")
     if t.engine_dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"eval.engine_dtype={t.engine_dtype!r}: choose float32 or bfloat16")
     if cfg.data.prompt_field and not isinstance(cfg.data.prompt_field, str):
