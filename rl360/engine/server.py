@@ -24,8 +24,14 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
   `{"type": "abort", "message": ...}`), `prompt_tokens`, `completion_tokens`, `cached_tokens` (0),
   `weight_version` (the version served when the response ended), `e2e_latency` and, with `return_logprob`,
   `output_token_logprobs` (`[logprob, token_id, text or null]` per token: the log-prob under the distribution
-  the token was drawn from, temperature applied; greedy: temperature 1) and `input_token_logprobs`.
-  `stream: true` is refused (400).
+  the token was drawn from, temperature applied; greedy: temperature 1), `input_token_logprobs` and, with
+  `top_logprobs_num` k (one value or one per prompt, at most 20), `output_top_logprobs` (per sampled token the k
+  most likely `[logprob, id, text]`). `stream: true` answers with server-sent events: after each decode step,
+  each row that grew as `data: {reply so far}` (text and ids whole so far, finish reason null until the last;
+  `"index"` on each chunk when the request has several rows), then `data: [DONE]`. Every other field of SGLang's
+  `GenerateReqInput` (and sglang-router's `model`) is accepted: ignored where it changes nothing here, or taken
+  only at its off value (null, false, 0, empty) where it asks for what this server does not do (400 naming it);
+  the lists are `rl360.engine.generate_request`'s.
   Vision-language checkpoints (Qwen2-VL / Qwen2.5-VL) take `image_data` as SGLang does: per prompt a list of
   images, each a base64 string or a data URL (URLs, paths and SGLang's dict forms are refused with 400 naming
   `image_data[i][j]`), with ONE image token per image in the prompt's ids (the chat template's collapsed
@@ -34,7 +40,7 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
   `prompt_token_ids`, the prompt with its images expanded, to each reply (SGLang's field). The exact shapes:
   `rl360.engine.generate_request`.
 - `GET /health` (no key), `GET /health_generate` (no key; a one-token generation through the batcher),
-  `GET /model_info`, `GET|POST /flush_cache` (the HF engine keeps no prefix cache between requests: always
+  `GET /model_info` and `/server_info` (and their `/get_*` forms; SGLang's fields that routers and trainers read), `GET|POST /flush_cache` (the HF engine keeps no prefix cache between requests: always
   200), `POST /abort_request` (`rid` or `abort_all`), `POST /pause_generation` (`mode`: "abort" ends every
   queued and running request with finish reason abort; "in_place" and "retract" hold running requests between
   decode steps, keeping their KV cache, which here also stands in for SGLang's recomputation under "retract")
