@@ -155,6 +155,17 @@ def test_hermes_accepts_string_arguments_and_reads_an_unclosed_last_call():
     assert "not closed" in cut.calls[0].error
 
 
+def test_hermes_reads_a_close_tag_inside_a_string_as_text_and_keeps_only_text_before_the_calls():
+    """As vLLM's and SGLang's Hermes parsers: the JSON object is read whole, so a `</tool_call>` in a string
+    argument does not end the call, and the turn's content is what precedes its first call."""
+    code = 'print("</tool_call> is a tag")'
+    result = parse_hermes("Run it.\n" + call("python", {"code": code}) + "\nDone, waiting.")
+    assert [(c.name, c.arguments, c.error) for c in result.calls] == [("python", {"code": code}, "")]
+    assert result.content == "Run it."
+    cut = parse_hermes('<tool_call>{"name": "python", "arguments": {"code": "1"}}')  # complete JSON, cut close
+    assert cut.calls[0].arguments == {"code": "1"} and not cut.calls[0].error
+
+
 def test_parsers_by_name_and_by_reference():
     assert get_parser("hermes") is parse_hermes
     assert get_parser("rl360.agents.parsers:parse_hermes") is parse_hermes
@@ -256,16 +267,21 @@ def test_python_sees_the_images_and_returns_the_ones_it_shows(monkeypatch):
 
 # ---------------------------------------------------------------- image_zoom_in
 
-def test_check_bbox_validates_clamps_and_enlarges():
+def test_check_bbox_follows_deepeyes_clamp_check_and_scale():
     assert check_bbox([10, 20, 110, 220], 640, 480) == (10, 20, 110, 220)
     assert check_bbox([-50, 400, 300, 900], 640, 480) == (0, 400, 300, 480)  # clamped
-    assert check_bbox([100, 100, 110, 104], 640, 480) == (91, 88, 119, 116)  # enlarged to 28 about the centre
-    assert check_bbox([0, 470, 5, 480], 640, 480) == (0, 452, 28, 480)  # enlarged, pushed back inside
+    assert check_bbox([-5000, 0, 50, 40], 640, 480) == (0, 0, 50, 40)  # clamped before the aspect check
+    assert check_bbox([300, 200, 310, 220], 640, 480) == (291, 182, 319, 238)  # 10 x 20 -> 28 x 56, same centre
+    assert check_bbox([100, 100, 110, 104], 640, 480) == (70, 88, 140, 116)  # shorter side to 28, aspect kept
+    assert check_bbox([0, 470, 5, 480], 640, 480) == (0, 424, 28, 480)  # scaled, pushed back inside
     for bad, why in [([1, 2, 3], "4 numbers"), ("0,0,5,5", "4 numbers"), ([0, "a", 5, 5], "finite"),
-                     ([50, 10, 20, 40], "x1 < x2"), ([700, 10, 800, 90], "outside"), ([0, 0, 1000, 2], "thin"),
+                     ([50, 10, 20, 40], "x1 < x2"), ([700, 10, 800, 90], "x1 < x2"), ([0, 0, 1000, 2], "thin"),
                      ([0, 0, float("nan"), 5], "finite")]:
         with pytest.raises(ValueError, match=why):
             check_bbox(bad, 640, 480)
+    for box, size in [([0, 0, 9, 9], 20), ([0, 0, 5, 30], 30)]:  # scaled up, then down to fit: under 28 again
+        with pytest.raises(ValueError, match="under the minimum 28 x 28"):
+            check_bbox(box, size, size)
 
 
 def test_zoom_crops_resizes_and_charges_the_budget():
@@ -277,13 +293,13 @@ def test_zoom_crops_resizes_and_charges_the_budget():
     tool = get_tool("image_zoom_in", settings)
     state = TrajectoryState(images=[out.getvalue()])
     reply = run(tool.call({"bbox_2d": [100, 100, 300, 200], "label": "red box"}, state))
-    assert not reply.failed and "red box" in reply.text and "[100, 100, 300, 200]" in reply.text
+    assert reply.text == "Zoomed in on the image to the region [100, 100, 300, 200] with label red box."
     crop = Image.open(io.BytesIO(reply.images[0]))
     assert crop.width * crop.height <= 200 * 200 and crop.width % 28 == 0 and crop.height % 28 == 0
     assert crop.getpixel((crop.width // 2, crop.height // 2)) == (255, 0, 0)
     assert state.image_tokens == (crop.width // 28) * (crop.height // 28)
     small = run(tool.call({"bbox_2d": [100, 100, 105, 103]}, state))
-    assert "[88, 87, 116, 115]" in small.text  # under 28 px: enlarged
+    assert Image.open(io.BytesIO(small.images[0])).size == (84, 56)  # under 28 px: 47 x 29 cropped, then resized
     assert run(tool.call({"bbox_2d": [5, 5, 1, 1]}, state)).error.startswith("bbox_2d")
     assert "no image" in run(tool.call({"bbox_2d": [0, 0, 9, 9]}, TrajectoryState())).error
     spent = run(tool.call({"bbox_2d": [0, 0, 640, 480]}, state))
@@ -726,7 +742,8 @@ def test_agent_config_is_validated_and_built():
     cfg = load_config(None, BASE + ["agent.loop=tools", "agent.tools=[python,image_zoom_in]", "agent.max_turns=4",
                                     "rollout.max_response_length=2048"])
     agent = agent_from_config(cfg)
-    assert sorted(agent.tools) == ["image_zoom_in", "python"] and agent.parser is parse_hermes
+    assert sorted(agent.tools) == ["image_zoom_in", "image_zoom_in_tool", "python"] and agent.parser is parse_hermes
+    assert agent.tools["image_zoom_in_tool"] is agent.tools["image_zoom_in"]  # DeepEyes' name reaches the tool
     assert agent.settings.max_turns == 4 and agent.settings.max_response_length == 2048
     with pytest.raises(ConfigError, match="agent.tools.*unknown tool 'calculator'"):
         agent_from_config(load_config(None, BASE + ["agent.loop=tools", "agent.tools=[calculator]"]))

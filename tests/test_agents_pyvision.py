@@ -105,15 +105,16 @@ def test_interpreter_replies_are_pyvisions_observations():
     failed = ShownReply("python", ToolReply("Traceback ...\nZeroDivisionError: division by zero\n",
                                             error="ZeroDivisionError: division by zero"))
     late = ShownReply("python", ToolReply("", (b"c",), error="1 image(s) were not returned"), ("<C>",))
-    contents = [m["content"] for m in interpreter_messages([text, images, failed, late], 3)]
-    assert contents == [
-        "<interpreter>Text Result:\n(96, 64)</interpreter>",
+    unread = ShownReply("", ToolReply(error=NO_CODE))
+    contents = [m["content"] for m in interpreter_messages([text, images, failed, late, unread], 3)]
+    assert contents == [  # PyVision-RL's: each ends "</interpreter>\n"; errors as it words them
+        "<interpreter>Text Result:\n(96, 64)</interpreter>\n",
         "<interpreter>Text Result:\n\nImage Result:\n<image_clue_3><A></image_clue_3><image_clue_4><B></image_clue_4>"
         "</interpreter>\n",
-        "<interpreter>Error: ZeroDivisionError: division by zero\nTraceback ...\nZeroDivisionError: division by "
-        "zero</interpreter>",
-        "<interpreter>Error: 1 image(s) were not returned\nImage Result:\n<image_clue_5><C></image_clue_5>"
+        "<interpreter>Execution error: ZeroDivisionError: division by zero</interpreter>\n",
+        "<interpreter>Execution error: 1 image(s) were not returned\nImage Result:\n<image_clue_5><C></image_clue_5>"
         "</interpreter>\n",
+        f"<interpreter>Error: {NO_CODE}</interpreter>\n",
     ]
     assert {m["role"] for m in interpreter_messages([text], 1)} == {"observation"}
     # the default stays one tool message per call, as Hermes' replies always were
@@ -127,7 +128,7 @@ def test_qwen25_vl_renders_the_observation_role_and_a_template_that_drops_it_is_
     message = interpreter_messages([ShownReply("python", ToolReply("7"))], 1)
     after = tokenizer.decode(tool_tokens(tokenizer, "```\n</code><|im_end|>", message), skip_special_tokens=False)
     # exactly PyVision's text observation (it follows the turn's <|im_end|>, which the engine generated)
-    assert after == "\n<|im_start|>observation\n<interpreter>Text Result:\n7</interpreter><|im_end|>\n" \
+    assert after == "\n<|im_start|>observation\n<interpreter>Text Result:\n7</interpreter>\n<|im_end|>\n" \
                     "<|im_start|>assistant\n"
     cut = tokenizer.decode(tool_tokens(tokenizer, "```\n</code>", message), skip_special_tokens=False)
     assert cut == "<|im_end|>" + after  # a turn cut at </code>: the template closes it
@@ -207,10 +208,11 @@ def test_a_pyvision_trajectory_with_the_python_tool(tokenizer, python_tool):
     assert inserted[0] == ("<|im_end|>\n<|im_start|>observation\n<interpreter>Text Result:\n(112, 84)\nImage Result:\n"
                            "<image_clue_1><|vision_start|>" + PAD * crop_pads + "<|vision_end|></image_clue_1>"
                            "</interpreter>\n" + end)
-    assert inserted[1] == "<|im_end|>\n<|im_start|>observation\n<interpreter>Text Result:\n(56, 56)</interpreter>" + end
-    assert inserted[2].startswith("<|im_end|>\n<|im_start|>observation\n<interpreter>Error: ZeroDivisionError: "
-                                  "division by zero\n") and inserted[2].endswith("</interpreter>" + end)
-    assert inserted[3] == f"\n<|im_start|>observation\n<interpreter>Error: {NO_CODE}</interpreter>" + end
+    assert inserted[1] == ("<|im_end|>\n<|im_start|>observation\n<interpreter>Text Result:\n(56, 56)</interpreter>\n"
+                           + end)
+    assert inserted[2] == ("<|im_end|>\n<|im_start|>observation\n<interpreter>Execution error: ZeroDivisionError: "
+                           "division by zero</interpreter>\n" + end)
+    assert inserted[3] == f"\n<|im_start|>observation\n<interpreter>Error: {NO_CODE}</interpreter>\n" + end
     assert generated[0] == turns[0][:turns[0].index("</code>") + len("</code>")]  # the engine stopped at </code>
     assert all(params.stop == ["</code>"] for params in engine.params)  # stop_after_call: </code> a stop string
     assert generated[1:] == turns[1:]

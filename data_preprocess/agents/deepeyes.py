@@ -7,10 +7,10 @@ and the question after "Question:"), `images` (one image each), `reward_model.gr
 option letter or a number).
 
 Each row keeps the record's `data_source`, so DeepEyes' reward scores it (`rl360.rewards.agentic:deepeyes_score`:
-judge accuracy, format, tool bonus), and its user message as DeepEyes wrote it, the tool's name changed to
-rl360's `image_zoom_in`. The system message is the verl recipe's instruction (one call at a time, wait for its
-result) with the `image_zoom_in` description in Qwen's tools layout. extra_info.question holds the bare
-question, which the judge reads; extra_info.subset the source's data_source.
+judge accuracy, format, tool bonus), and its user message as DeepEyes wrote it, tool name included
+(`image_zoom_in_tool`, rl360's name for the tool too). The system message is the verl recipe's instruction (one
+call at a time, wait for its result) with the `image_zoom_in_tool` description in Qwen's tools layout.
+extra_info.question holds the bare question, which the judge reads; extra_info.subset the source's data_source.
 
 `--skip-sources chart` leaves out the chart subset, as the verl recipe does: its very large images, cropped,
 stay large (rl360 bounds a trajectory's crops by agent.max_image_tokens and model.max_pixels, but the subset
@@ -23,7 +23,6 @@ costs memory all the same).
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +31,9 @@ from data_preprocess.common import Example, RecordError, require, run_script, us
 from data_preprocess.vision.deepeyes import add_arguments, bare_question
 from data_preprocess.vision.images import input_dir, record_images, strip_placeholders, with_placeholders
 
-TOOLS = ["image_zoom_in"]
+TOOLS = ["image_zoom_in_tool"]
 INSTRUCTION = ("You are a helpful assistant. You can call functions to help answer the user's question. Call one "
                "function at a time, and wait for its result before you call the next one.")
-_SOURCE_TOOL = re.compile(r"\bimage_zoom_in_tool\b")
 
 
 def convert(record: dict[str, Any], index: int, args: argparse.Namespace) -> Example | None:
@@ -52,7 +50,7 @@ def convert(record: dict[str, Any], index: int, args: argparse.Namespace) -> Exa
     if not answer:
         raise RecordError("field 'reward_model.ground_truth' is empty")
     images = record_images(images, "images", input_dir(args))
-    text = with_placeholders(_SOURCE_TOOL.sub("image_zoom_in", users[-1].strip()), len(images))
+    text = with_placeholders(users[-1].strip(), len(images))
     extra = {"question": strip_placeholders(bare_question(users[-1])), "subset": source}
     return Example(user_prompt(text, tools_system_prompt(INSTRUCTION, TOOLS)), answer, extra, images=images,
                    data_source=source)

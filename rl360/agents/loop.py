@@ -261,7 +261,8 @@ async def _run_call(call: ToolCall, tools: dict[str, Tool], state: TrajectorySta
     if call.error:
         reply = ToolReply(error=call.error)
     elif call.name not in tools:
-        reply = ToolReply(error=f"there is no tool {call.name!r}; the tools are {sorted(tools)}")
+        named = sorted(name for name, tool in tools.items() if name == tool.name)
+        reply = ToolReply(error=f"there is no tool {call.name!r}; the tools are {named}")
     else:
         tool = tools[call.name]
         try:

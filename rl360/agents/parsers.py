@@ -77,22 +77,46 @@ register_parser = PARSERS.register
 get_parser = PARSERS.get  # a registered name, or a "package.module:function" reference
 
 
-_HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_JSON = json.JSONDecoder()
 
 
 @register_parser("hermes")
 def parse_hermes(text: str) -> ParseResult:
-    """Qwen/Hermes `<tool_call>{json}</tool_call>` blocks; an unclosed last block is read to the end of the
-    text (a turn cut by the length limit), and reported as an error if its JSON is incomplete."""
-    calls = []
-    for match in _HERMES.finditer(text):
-        body, closed = match.group(1).strip(), bool(match.group(2))
-        calls.append(_hermes_call(body, closed, match.group(0)))
-    content = _HERMES.sub("", text).strip()
-    return ParseResult(tuple(calls), content)
+    """Qwen/Hermes `<tool_call>{json}</tool_call>` blocks. As vLLM's and SGLang's Hermes parsers read them: the
+    turn's content is the text before its first call (text between or after calls is not content), and a
+    `</tool_call>` inside a JSON string does not end the call (the JSON object is read whole first). An unclosed
+    last block is read to the end of the text (a turn cut by the length limit): a call if its JSON is complete,
+    else an error."""
+    first = text.find(_OPEN)
+    if first < 0:
+        return ParseResult((), text.strip())
+    calls, at = [], first
+    while at >= 0:
+        call, end = _hermes_block(text, at)
+        calls.append(call)
+        at = text.find(_OPEN, end)
+    return ParseResult(tuple(calls), text[:first].strip())
 
 
-parse_hermes.call_end = "</tool_call>"
+parse_hermes.call_end = _CLOSE
+
+
+def _hermes_block(text: str, at: int) -> tuple[ToolCall, int]:
+    """The call of the block opened at `at`, and where the block ends."""
+    start = at + len(_OPEN)
+    body_start = len(text) - len(text[start:].lstrip())
+    try:
+        data, stop = _JSON.raw_decode(text, body_start)
+    except json.JSONDecodeError:
+        data, stop = None, body_start
+    rest = text[stop:].lstrip()
+    if isinstance(data, dict) and (rest.startswith(_CLOSE) or not rest):
+        end = len(text) - len(rest) + (len(_CLOSE) if rest else 0)
+        return _hermes_call(text[body_start:stop], True, text[at:end]), end
+    close = text.find(_CLOSE, start)  # not one JSON object then the close: up to the first close, an error
+    end = len(text) if close < 0 else close + len(_CLOSE)
+    return _hermes_call(text[start:end - (len(_CLOSE) if close >= 0 else 0)].strip(), close >= 0, text[at:end]), end
 
 
 def _hermes_call(body: str, closed: bool, raw: str) -> ToolCall:

@@ -8,10 +8,12 @@ names its format as `parser.reply_format`; without one the loop uses `tool_messa
 
 - `tool_messages`: one `tool` message per call (Qwen's chat templates wrap each in `<tool_response>`): the
   images' placeholders, the text, a note on images not shown, and `Error: ...`.
-- `interpreter_messages`: PyVision's replies: one `observation` message per call holding
-  `<interpreter>Text Result:\\n...</interpreter>`; with images, `Image Result:` and each image's placeholder in
-  `<image_clue_N>...</image_clue_N>` tags, N counting on from the trajectory's images (the prompt's are
-  image_clue_0, ...), as PyVision's code names them; a failed call `<interpreter>Error: ...</interpreter>`.
+- `interpreter_messages`: PyVision-RL's replies: one `observation` message per call holding
+  `<interpreter>Text Result:\\n...</interpreter>\\n`; with images, `Image Result:` and each image's placeholder
+  in `<image_clue_N>...</image_clue_N>` tags, N counting on from the trajectory's images (the prompt's are
+  image_clue_0, ...), as PyVision's code names them; a call that failed to run `<interpreter>Execution error:
+  ...</interpreter>\\n` (the error alone, as PyVision shows it), one that could not be read (no code, no answer)
+  `<interpreter>Error: ...</interpreter>\\n`.
   Qwen2.5-VL's chat template renders a role it does not know as `<|im_start|>observation\\n...<|im_end|>`.
 """
 
@@ -63,8 +65,10 @@ def interpreter_messages(replies: list[ShownReply], first_image: int) -> list[di
         text = shown.reply.text.strip()
         if shown.dropped:
             text = f"{text}\n{_not_shown(shown.dropped)}".strip()
-        if shown.reply.failed:
-            head = f"Error: {shown.reply.error or 'the call timed out'}" + (f"\n{text}" if text else "")
+        if shown.reply.failed:  # PyVision-RL: "Execution error: " for code that ran, "Error: " for a turn unread;
+            # as PyVision shows it, the error alone (what the cell printed before it is not shown)
+            kind = "Execution error: " if shown.name else "Error: "
+            head = kind + (shown.reply.error or "Execution timeout")
         else:
             head = f"Text Result:\n{text}"
         if shown.images:  # every image shown has its placeholder here, a failed call's too
@@ -73,6 +77,6 @@ def interpreter_messages(replies: list[ShownReply], first_image: int) -> list[di
             number += len(shown.images)
             content = f"<interpreter>{head}\nImage Result:\n{clues}</interpreter>\n"
         else:
-            content = f"<interpreter>{head}</interpreter>"
+            content = f"<interpreter>{head}</interpreter>\n"
         messages.append({"role": "observation", "content": content})
     return messages

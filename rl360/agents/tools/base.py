@@ -86,16 +86,21 @@ def get_tool(name: str, settings: ToolSettings | None = None) -> Tool:
 
 
 def build_tools(names: list[str] | tuple[str, ...], settings: ToolSettings | None = None) -> dict[str, Tool]:
-    """The tools `names` by the name the model calls them; `ValueError` when two share a name."""
+    """The tools `names` by the names the model may call them: each tool's `name`, then its `aliases` (a tool's
+    other names, where no tool has that name); `ValueError` when two tools share a name."""
+    built = [get_tool(name, settings) for name in names]
     tools: dict[str, Tool] = {}
-    for name in names:
-        tool = get_tool(name, settings)
+    for tool in built:
         if tool.name in tools:
             raise ValueError(f"two tools are called {tool.name!r}")
         tools[tool.name] = tool
+    for tool in built:
+        for alias in getattr(tool, "aliases", ()):
+            tools.setdefault(alias, tool)
     return tools
 
 
 def tool_schemas(tools: dict[str, Tool]) -> list[dict[str, Any]]:
-    """The schemas to hand the chat template (`apply_chat_template(..., tools=...)`)."""
-    return [tool.schema for tool in tools.values()]
+    """The schemas to hand the chat template (`apply_chat_template(..., tools=...)`): each tool once, under its
+    own name."""
+    return [tool.schema for name, tool in tools.items() if name == tool.name]
