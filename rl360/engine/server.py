@@ -40,8 +40,9 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
   `prompt_token_ids`, the prompt with its images expanded, to each reply (SGLang's field). The exact shapes:
   `rl360.engine.generate_request`.
 - `GET /health` (no key), `GET /health_generate` (no key; a one-token generation through the batcher),
-  `GET /model_info` and `/server_info` (and their `/get_*` forms; SGLang's fields that routers and trainers read), `GET|POST /flush_cache` (the HF engine keeps no prefix cache between requests: always
-  200), `POST /abort_request` (`rid` or `abort_all`), `POST /pause_generation` (`mode`: "abort" ends every
+  `GET /model_info` and `/server_info` (and their `/get_*` forms; SGLang's fields that routers and trainers
+  read), `GET|POST /flush_cache` (the HF engine keeps no prefix cache between requests: always 200),
+  `POST /abort_request` (`rid` or `abort_all`), `POST /pause_generation` (`mode`: "abort" ends every
   queued and running request with finish reason abort; "in_place" and "retract" hold running requests between
   decode steps, keeping their KV cache, which here also stands in for SGLang's recomputation under "retract")
   and `POST /continue_generation`; new requests wait while paused.
