@@ -100,8 +100,9 @@ class ListenerService:
     """`rl360 serve listener --model DIR --port 0` in a subprocess for a `with` block, which gets its URL."""
 
     def __init__(self, model: str, options: list[str] = (), start_timeout_s: float = 600.0):
+        # scored as rl360's listener rows train it (P("Yes")); `options` may choose otherwise
         self.command = [sys.executable, "-m", "rl360.cli", "serve", "listener", "--model", str(model), "--port", "0",
-                        *options]
+                        "--scoring", "yes", *options]
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen | None = None
 

@@ -44,7 +44,7 @@ def served(game):
 
 @pytest.fixture(scope="module")
 def scorer(game):
-    return ListenerScorer(game[0])
+    return ListenerScorer(game[0], scoring="yes")  # as `rl360 alternate` serves rl360's own listener
 
 
 def _direct(scorer, paths, question):
@@ -56,17 +56,16 @@ def test_score_and_batch_score_reply_in_the_listener_services_shapes(game, serve
     _, games, _ = game
     question = listener_question("red")
     one = httpx.post(f"{served}/score", json={"candidate_paths": list(games[0].paths), "question": question,
-                                             "topk": 1}, timeout=60).json()
-    assert set(one) == {"results", "took"} and isinstance(one["took"], float)
-    [result] = one["results"]
-    assert set(result) == {"yes_probabilities", "predicted_index"}
+                                             "topk": 1, "id": "extra fields are ignored"}, timeout=60).json()
+    assert set(one) == {"yes_probabilities", "predicted_index", "took"} and isinstance(one["took"], float)
+    result = one  # the game's /score: one result, flat
     expected = _direct(scorer, games[0].paths, question)
     assert result["yes_probabilities"] == pytest.approx(expected, abs=1e-6)
     assert result["predicted_index"] == max(range(4), key=lambda i: expected[i])
     batch = [{"candidate_paths": list(g.paths), "question": listener_question(g.description), "topk": 2}
              for g in games[:3]]
-    reply = httpx.post(f"{served}/batch_score", json={"batch": batch}, timeout=60).json()
-    assert len(reply["results"]) == 3
+    reply = httpx.post(f"{served}/batch_score", json={"batch": batch, "request_id": 7}, timeout=60).json()
+    assert len(reply["results"]) == 3 and set(reply) == {"results", "took"}
     for item, got in zip(batch, reply["results"]):
         probabilities = _direct(scorer, item["candidate_paths"], item["question"])
         assert got["yes_probabilities"] == pytest.approx(probabilities, abs=1e-6)
@@ -88,8 +87,7 @@ def test_bad_requests_name_the_field_at_fault(game, served, tmp_path):
     assert uncaptioned.status_code == 400 and "caption" in uncaptioned.json()["detail"]
     for body, field in (({"candidate_paths": [], "question": "q"}, "candidate_paths"),
                         ({"candidate_paths": ["a"], "question": ""}, "question"),
-                        ({"candidate_paths": ["a"], "question": "q", "topk": 2}, "topk"),
-                        ({"candidate_paths": ["a"], "question": "q", "colour": 1}, "colour")):
+                        ({"candidate_paths": ["a"], "question": "q", "topk": 2}, "topk")):
         reply = httpx.post(f"{served}/score", json=body, timeout=60)
         assert reply.status_code == 400 and field in reply.json()["detail"], reply.text
     assert httpx.get(f"{served}/health", timeout=10).json() == {"status": "ok"}
@@ -262,3 +260,116 @@ def test_a_listener_phase_after_a_speaker_asks_about_the_speakers_descriptions(g
         assert len(questions) == 1  # one description per game
         target = [row for row in pair if row["reward_model"]["ground_truth"] == YES]
         assert len(target) == 1 and target[0]["extra_info"]["candidate"] == games[number].target
+
+
+def test_the_games_scoring_is_yes_renormalised_against_no(tmp_path, game):
+    """`--scoring yes-vs-no` (the default, the game's service's rule): softmax over the first answer token's
+    log-probabilities of "yes" and "no"; a tokenizer that has neither is refused when the service starts."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rl360.quickstart.assets import build_model, build_tokenizer
+
+    _, games, shapes = game
+    words = ["user", "assistant", "system", "\n", " ", "yes", "no", "Yes", "No", "Description:", "Does", "the",
+             "description", "match", "image?", "Answer", "or", *shapes.COLOURS, *shapes.SHAPES]
+    tokenizer = build_tokenizer(tmp_path / "peer", max_answer=0, words=list(dict.fromkeys(words)))
+    build_model(tmp_path / "peer", len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=2)
+    peer = ListenerScorer(str(tmp_path / "peer"))
+    assert peer.scoring == "yes-vs-no" and (peer.yes_id, peer.no_id) == tuple(
+        tokenizer.convert_tokens_to_ids(word) for word in ("yes", "no"))
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "peer")).eval()
+    for g in games[:3]:
+        question = listener_question(g.description)
+        prompts = [peer.prompt(path, question, "test") for path in g.paths]
+        expected = []
+        for ids in prompts:
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), -1)
+            expected.append(float(torch.softmax(torch.stack([logp[peer.yes_id], logp[peer.no_id]]), 0)[0]))
+        assert peer.yes_probabilities(prompts) == pytest.approx(expected, abs=1e-6)
+    with pytest.raises(ValueError, match="cannot spell 'yes'.*choose the other --scoring"):
+        ListenerScorer(game[0])  # the quickstart's listener says Yes and No only
+
+
+def test_the_games_service_variables_set_the_listener_defaults(monkeypatch):
+    import argparse
+
+    from rl360.serve.listener import add_listener_parser
+
+    monkeypatch.setenv("INFERENCE_CONCURRENCY", "2")
+    monkeypatch.setenv("LISTENER_BATCH_SIZE", "5")
+    monkeypatch.setenv("INFERENCE_ACQUIRE_TIMEOUT", "12.5")
+    parser = argparse.ArgumentParser()
+    add_listener_parser(parser.add_subparsers())
+    args = parser.parse_args(["listener", "--model", "m"])
+    assert (args.concurrency, args.max_batch, args.acquire_timeout_s, args.scoring) == (2, 5, 12.5, "yes-vs-no")
+
+
+def test_a_request_that_waits_past_the_acquire_timeout_is_answered_busy(game, scorer):
+    """As the game's service: a request that cannot get a forward in time is a 503 "Listener busy"."""
+    import threading
+
+    from rl360.serve.listener import Item
+    from rl360.service.app import ServiceError
+
+    _, games, _ = game
+    release = threading.Event()
+
+    class SlowScorer:
+        def prompt(self, path, question, where):
+            return scorer.prompt(path, question, where)
+
+        def yes_probabilities(self, prompts):
+            release.wait(30)
+            return scorer.yes_probabilities(prompts)
+
+    service = InProcessService(SlowScorer(), max_batch=4, concurrency=1, acquire_timeout_s=0.2)
+    item = Item(list(games[0].paths), listener_question(games[0].description), 1)
+
+    async def scenario():
+        first = asyncio.ensure_future(service.answer([item], "/score"))  # holds the only forward
+        await asyncio.sleep(0)
+        with pytest.raises(ServiceError, match="Listener busy"):
+            await service.answer([item], "/score")
+        release.set()
+        return await first
+
+    assert len(asyncio.run(scenario())["results"][0]["yes_probabilities"]) == 4
+
+
+def test_the_speaker_client_reads_the_games_own_variables(monkeypatch):
+    monkeypatch.delenv("RL360_LISTENER_URL", raising=False)
+    monkeypatch.setenv("LISTENER_URL", "http://listener.invalid:9000/batch_score")
+    monkeypatch.setenv("LISTENER_TIMEOUT", "7")
+    monkeypatch.setenv("LISTENER_CHUNK_SIZE", "3")
+    monkeypatch.setenv("LISTENER_CHUNK_DELAY", "0.05")
+    monkeypatch.setenv("LISTENER_MAX_RETRIES", "5")
+    monkeypatch.setenv("LISTENER_BACKOFF_FACTOR", "2.0")
+    client = ListenerClient.from_env()
+    assert client.url == "http://listener.invalid:9000" and client.timeout_s == 7.0
+    assert (client.chunk_size, client.chunk_delay_s, client.max_retries, client.backoff_s) == (3, 0.05, 5, 2.0)
+    monkeypatch.setenv("RL360_LISTENER_CHUNK_SIZE", "6")  # rl360's own name wins
+    assert ListenerClient.from_env().chunk_size == 6
+
+
+@pytest.mark.parametrize("response, strict, lenient", [
+    (FULL, 1.0, 1.0),
+    ("<thinking>t</thinking>\n<coarse>red</coarse>\n<detailed>A red shape.</detailed>\n", 1.0, 1.0),
+    ("<coarse>red</coarse><thinking>t</thinking><detailed>A red shape.</detailed>", 0.0, 1.0),  # out of order
+    ("Sure! " + FULL, 0.0, 1.0),  # text around the blocks
+    (FULL + " Done.", 0.0, 1.0),
+    ("<thinking>t</thinking><coarse>red</coarse>", 0.0, 0.0),  # a block missing
+    ("<thinking>t<coarse>red</coarse></thinking><detailed>d</detailed>", 0.0, 0.0),  # nested
+])
+def test_the_speakers_format_term_is_the_games_strict_rule_by_default(response, strict, lenient, monkeypatch):
+    from rl360.rewards import lewis
+
+    class Picks:  # no listener in this test: the format term alone
+        def answer(self, games):
+            return [lewis.ListenerAnswer([1.0], 0)]
+
+    monkeypatch.setattr(lewis, "env_client", lambda: Picks())
+    info = {"candidate_paths": ["a.png"]}
+    assert speaker_reward(response, "0", info)["format"] == strict
+    assert speaker_reward(response, "0", {**info, "format_rule": "lenient"})["format"] == lenient

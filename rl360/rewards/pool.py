@@ -389,11 +389,12 @@ def worker_environment(environ: Mapping[str, str], env: Mapping[str, str] | None
     from rl360.rewards.judge import judge_key_env
     from rl360.rewards.lewis import ENV as LISTENER_SETTINGS
     from rl360.rewards.lewis import KEY_ENV as LISTENER_KEY
+    from rl360.rewards.lewis import PEER_ENV as LISTENER_PEER_SETTINGS
     from rl360.rewards.remote_sandbox import KEY_ENV as SANDBOX_KEY
     from rl360.rewards.remote_sandbox import URL_ENV as SANDBOX_URL
 
     names = set(passthrough_names(passthrough))
-    allowed = ALLOWED_ENV.union(JUDGE_SETTINGS.values(), LISTENER_SETTINGS.values())
+    allowed = ALLOWED_ENV.union(JUDGE_SETTINGS.values(), LISTENER_SETTINGS.values(), LISTENER_PEER_SETTINGS.values())
     chosen = {name: value for name, value in environ.items()
               if name in allowed or name in names or name.startswith(ALLOWED_ENV_PREFIXES)}
     chosen.update(env or {})
@@ -402,7 +403,8 @@ def worker_environment(environ: Mapping[str, str], env: Mapping[str, str] | None
     if chosen.get(SANDBOX_URL, "").strip() and environ.get(SANDBOX_KEY):
         chosen.setdefault(SANDBOX_KEY, environ[SANDBOX_KEY])
     listener_key = chosen.get(LISTENER_SETTINGS["api_key_env"]) or LISTENER_KEY
-    if chosen.get(LISTENER_SETTINGS["url"], "").strip() and environ.get(listener_key):
+    listener_url = chosen.get(LISTENER_SETTINGS["url"], "") or chosen.get(LISTENER_PEER_SETTINGS["url"], "")
+    if listener_url.strip() and environ.get(listener_key):
         chosen.setdefault(listener_key, environ[listener_key])
     return chosen
 

@@ -183,9 +183,9 @@ def number_field(data: dict, key: str, default: float, low: float, high: float, 
     return value
 
 
-def json_object(body: bytes, allowed: Collection[str]) -> dict:
+def json_object(body: bytes, allowed: Collection[str] | None) -> dict:
     """The JSON object in `body`; `ServiceError(400)` saying where the JSON breaks, that it is not an
-    object, or which key is not one of `allowed` (named in `param`)."""
+    object, or which key is not one of `allowed` (named in `param`; None: any key)."""
     try:
         data = json.loads(body)
     except UnicodeDecodeError as err:
@@ -196,7 +196,7 @@ def json_object(body: bytes, allowed: Collection[str]) -> dict:
         raise ServiceError(400, "body is JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise ServiceError(400, f"body must be a JSON object, got {type(data).__name__}")
-    unknown = [key for key in data if key not in allowed]
+    unknown = [] if allowed is None else [key for key in data if key not in allowed]
     if unknown:
         raise ServiceError(400, f"unknown field {unknown[0]!r} (accepted: {', '.join(sorted(allowed))})", unknown[0])
     return data
