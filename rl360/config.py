@@ -248,6 +248,7 @@ class JudgeConfig:
     max_retries: int = 3  # retries after timeouts, dropped connections, 429 and 5xx (other 4xx: none)
     backoff_s: float = 1.0  # first retry waits about this long, doubling each time (with jitter)
     deadline_s: float = 300.0  # total limit per item from its first request, retries included
+    max_tokens: int = 512  # tokens the judge may write per verdict (within its model's context)
 
 
 @dataclass

@@ -8,6 +8,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -304,3 +305,51 @@ def test_presets_and_config_errors(tmp_path):
                           capture_output=True, text=True, env=_env())
     assert done.returncode == 2 and done.stderr.strip() == \
         "rl360: config error: data.files: 'x.csv' is neither .parquet nor .jsonl"
+
+
+def test_an_unreachable_endpoint_or_a_refused_key_ends_in_one_line_and_exit_2(setup, tmp_path):
+    root, model, _ = setup
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    keyed, url = start_service([sys.executable, "-m", "rl360.cli", "serve", "model", "--model", str(model), "--port",
+                                "0", "--api-key-env", "RL360_TEST_EVAL_KEY"],
+                               env={**_env(), "RL360_TEST_EVAL_KEY": "the-right-key-0123456789"}, timeout_s=300)
+    try:
+        cases = {"unreachable": ([nobody], {}, f"no endpoint answered: {nobody}/models"),
+                 "wrong key": ([url], {"RL360_TEST_EVAL_KEY": "a-wrong-key-0123456789"},
+                               "the endpoint refused the key in $RL360_TEST_EVAL_KEY"),
+                 "no key": ([url], {}, "the endpoint refused no key (set eval.api_key_env")}
+        for name, (urls, env, says) in cases.items():
+            extra = ["eval.api_key_env=RL360_TEST_EVAL_KEY"] if env else []
+            done = subprocess.run(_argv(root, urls, tmp_path / name.replace(" ", "_"), *extra), capture_output=True,
+                                  text=True, env={**_env(), **env}, timeout=300)
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 2 and "Traceback" not in done.stderr, (name, done.stderr[-2000:])
+            assert len(lines) == 1 and lines[0].startswith("rl360: endpoint error: ") and says in lines[0], (name,
+                                                                                                          lines)
+    finally:
+        stop_service(keyed)
+
+
+def test_maj_at_n_counts_only_stated_answers():
+    from rl360.eval.metrics import SampleOutcome, summarize
+    from rl360.rewards.judge import stated_answer
+
+    texts = ["I am not sure.", "I am not sure.", "The sum is \\boxed{5}."]  # two unstated, one stated and right
+    group = [SampleOutcome(1.0 if "boxed" in text else 0.0, stated_answer(text), 4, False, False, False)
+             for text in texts]
+    assert [outcome.answer for outcome in group] == [None, None, "5"]
+    assert summarize([group], [1])["maj@3"] == 1.0  # the unstated ones do not outvote the stated answer
+    assert stated_answer("<answer>7</answer>") == "7" and stated_answer("<think>\\boxed{1}</think>no") is None
+
+
+def test_the_judge_writes_up_to_its_max_tokens():
+    from rl360.config import JudgeConfig
+    from rl360.rewards.judge import JudgeClient, judge_env
+
+    config = JudgeConfig(url="http://judge.invalid/v1", model="m", max_tokens=48)
+    assert JudgeClient.from_config(config).max_tokens == 48
+    assert judge_env(config)["RL360_JUDGE_MAX_TOKENS"] == "48"  # and so to the reward workers
+    with pytest.raises(ValueError, match="max_tokens=0 must be >= 1"):
+        JudgeClient.from_config(JudgeConfig(url="http://judge.invalid/v1", model="m", max_tokens=0))

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from rl360.data import DataError, PromptStream, expand_paths
 from rl360.eval.config import ks_for
 from rl360.eval.metrics import SampleOutcome, summarize
-from rl360.rewards.judge import answer_for_judge
+from rl360.rewards.judge import stated_answer
 from rl360.rollout.sampler import RolloutSampler, SampledScores
 
 SEED_OFFSET = 104_729  # held-out seeds apart from the training steps' (cfg.seed * 1_000_003 + step + ...)
@@ -72,7 +72,7 @@ class TrainingEval:
 
 def eval_metrics(sampled: SampledScores, n: int, ks: list[int]) -> dict[str, float]:
     """`eval/<data_source>/<metric>` and `eval/all/<metric>` of scored samples, `n` consecutive per prompt."""
-    outcomes = [SampleOutcome(result.score, answer_for_judge(text) or None, len(sample.response_ids),
+    outcomes = [SampleOutcome(result.score, stated_answer(text) or None, len(sample.response_ids),
                               sample.status == "truncated", result.timed_out,
                               result.error is not None and not result.timed_out)
                 for sample, text, result in zip(sampled.samples, sampled.texts, sampled.results)]

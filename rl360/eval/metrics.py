@@ -3,9 +3,9 @@
 - `pass_at_k(n, c, k)`: the unbiased estimator of Chen et al. 2021 (Codex paper), `1 - C(n-c, k) / C(n, k)`,
   the chance that at least one of k samples drawn without replacement from the n is correct, computed as a
   product to stay exact for large n; averaged over prompts.
-- `maj@n`: per prompt, the answer (`rl360.rewards.judge.answer_for_judge`: last \\boxed{}, else <answer>) most of
+- `maj@n`: per prompt, the answer (`rl360.rewards.judge.stated_answer`: last \\boxed{}, else <answer>) most of
   its n samples give, ties to the one seen first; the prompt counts as correct when that answer's first sample
-  is. Samples without an answer do not vote.
+  is. Samples that state no answer (neither) do not vote.
 - A sample is correct when its score is 1 (partial credit counts in `accuracy`, the mean score, only).
 """
 

@@ -25,11 +25,24 @@ from pathlib import Path
 from typing import Any
 
 from rl360.config import ConfigError
+from rl360.errors import UserError
 from rl360.eval.config import EvalConfig, sampling_values
 from rl360.eval.inputs import EvalPrompt
 from rl360.eval.targets import Endpoint, RequestFailed
 
 RESULTS = "results.jsonl"
+
+
+class EndpointRefused(UserError):
+    """The endpoints cannot serve this evaluation as configured (unreachable, or the key refused)."""
+
+    label = "endpoint error"
+
+
+def key_refused(error: RequestFailed, api_key_env: str) -> str:
+    where = (f"the key in ${api_key_env}" if api_key_env else "no key (set eval.api_key_env to the variable holding "
+             "the server's key)")
+    return f"{error} -- the endpoint refused {where}"
 RUN_FILE = "eval_run.json"
 
 
@@ -157,6 +170,8 @@ class Dispatcher:
                 reply = await endpoint.sample(prompt, seed)
             except RequestFailed as err:
                 await self._release(endpoint, err.retryable)
+                if err.refused_key:
+                    raise EndpointRefused(key_refused(err, self.cfg.eval.api_key_env)) from None
                 if not err.retryable:
                     self._record(sink, {"prompt": i, "sample": j, "seed": seed, "response": "",
                                         "finish_reason": "error", "tokens": 0, "error": str(err)})
@@ -207,8 +222,15 @@ class Dispatcher:
         """Each endpoint's preparation; one that fails starts resting (it serves the model the others name)."""
         answers = await asyncio.gather(*(endpoint.prepare() for endpoint in self.endpoints), return_exceptions=True)
         failed = [(e, a) for e, a in zip(self.endpoints, answers) if isinstance(a, BaseException)]
+        refused = [a for _, a in failed if isinstance(a, RequestFailed) and a.refused_key]
+        if refused:
+            raise EndpointRefused(key_refused(refused[0], self.cfg.eval.api_key_env))
         if len(failed) == len(self.endpoints):
-            raise RuntimeError(f"no endpoint answered: {failed[0][1]}") from failed[0][1]
+            error = failed[0][1]
+            if isinstance(error, RequestFailed):
+                raise EndpointRefused(f"no endpoint answered: {error} (check eval.endpoints: each the base URL of a "
+                                      "running server, e.g. http://host:8000/v1)")
+            raise RuntimeError(f"no endpoint answered: {error}") from error
         ready = next(e for e, a in zip(self.endpoints, answers) if not isinstance(a, BaseException))
         for endpoint, error in failed:
             print(f"eval: endpoint {endpoint.url} failed at the start ({error}); trying it again later", flush=True)

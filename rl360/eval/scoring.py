@@ -20,7 +20,7 @@ from typing import Any
 from rl360.eval.config import EvalConfig, pass_ks
 from rl360.eval.inputs import EvalPrompt
 from rl360.eval.metrics import SampleOutcome, summarize
-from rl360.rewards.judge import JudgeClient, JudgeItem, JudgeResult, answer_for_judge
+from rl360.rewards.judge import JudgeClient, JudgeItem, JudgeResult, answer_for_judge, stated_answer
 from rl360.rewards.pool import RewardItem, RewardPool, RewardResult
 
 REPORT, ERRORS = "report.json", "errors.jsonl"
@@ -43,7 +43,7 @@ class Scored:
         score = self.reward.score
         if combined and self.judge is not None and self.judge.score == 1.0:
             score = 1.0
-        return SampleOutcome(score, answer_for_judge(record.get("response", "")) or None, int(record.get("tokens", 0)),
+        return SampleOutcome(score, stated_answer(record.get("response", "")) or None, int(record.get("tokens", 0)),
                              record.get("finish_reason") == "length", self.reward.timed_out,
                              self.request_error is not None or (self.reward.error is not None
                                                                 and not self.reward.timed_out))

@@ -34,9 +34,14 @@ class Reply:
 
 
 class RequestFailed(Exception):
-    def __init__(self, message: str, retryable: bool):
+    def __init__(self, message: str, retryable: bool, status: int = 0):
         super().__init__(message)
-        self.retryable = retryable
+        self.retryable, self.status = retryable, status  # status: the HTTP status (0: none came)
+
+    @property
+    def refused_key(self) -> bool:
+        """The endpoint refused the key (401, 403): no request of this evaluation can succeed."""
+        return self.status in (401, 403)
 
 
 class Endpoint:
@@ -118,7 +123,8 @@ class OpenAIEndpoint(Endpoint):
             raise RequestFailed(f"{self.url}{route}: {type(err).__name__}: {err}", True) from None
         if response.status_code >= 400:
             retry = response.status_code == 429 or response.status_code >= 500
-            raise RequestFailed(f"{self.url}{route}: HTTP {response.status_code}: {response.text[:300]}", retry)
+            raise RequestFailed(f"{self.url}{route}: HTTP {response.status_code}: {response.text[:300]}", retry,
+                                response.status_code)
         try:
             return response.json()
         except ValueError:
@@ -160,7 +166,8 @@ class SGLangEndpoint(Endpoint):
         except EngineTimeout as err:
             raise RequestFailed(str(err), True) from None
         except EngineError as err:
-            raise RequestFailed(str(err), err.status == 429 or err.status >= 500 or err.status == 200) from None
+            raise RequestFailed(str(err), err.status == 429 or err.status >= 500 or err.status == 200,
+                                err.status) from None
         except (httpx.TransportError, OSError) as err:
             raise RequestFailed(f"{self.url}/generate: {type(err).__name__}: {err}", True) from None
         if sample.finish_reason not in ("stop", "length"):

@@ -69,9 +69,10 @@ KEY_ENVS = ("RL360_JUDGE_API_KEY", "OPENAI_API_KEY")  # where the key is looked 
 ENV = {"url": "RL360_JUDGE_URL", "model": "RL360_JUDGE_MODEL", "api_key_env": "RL360_JUDGE_API_KEY_ENV",
        "template": "RL360_JUDGE_TEMPLATE", "max_concurrency": "RL360_JUDGE_MAX_CONCURRENCY",
        "timeout_s": "RL360_JUDGE_TIMEOUT_S", "max_retries": "RL360_JUDGE_MAX_RETRIES",
-       "backoff_s": "RL360_JUDGE_BACKOFF_S", "deadline_s": "RL360_JUDGE_DEADLINE_S"}
+       "backoff_s": "RL360_JUDGE_BACKOFF_S", "deadline_s": "RL360_JUDGE_DEADLINE_S",
+       "max_tokens": "RL360_JUDGE_MAX_TOKENS"}
 _ENV_TYPES = {"max_concurrency": int, "max_retries": int, "timeout_s": float, "backoff_s": float,
-              "deadline_s": float}
+              "deadline_s": float, "max_tokens": int}
 
 
 class JudgeItem:
@@ -167,8 +168,8 @@ class JudgeClient:
             api_key = next((os.environ[name] for name in names if os.environ.get(name)), "")
         self._api_key = _Secret(api_key)
         checks = {"max_concurrency": (max_concurrency, 1), "timeout_s": (timeout_s, 1e-9),
-                  "deadline_s": (deadline_s, 1e-9), "max_retries": (max_retries, 0), "backoff_s": (backoff_s, 0),
-                  "max_backoff_s": (max_backoff_s, 0), "cache_size": (cache_size, 0)}
+                  "max_tokens": (max_tokens, 1), "deadline_s": (deadline_s, 1e-9), "max_retries": (max_retries, 0),
+                  "backoff_s": (backoff_s, 0), "max_backoff_s": (max_backoff_s, 0), "cache_size": (cache_size, 0)}
         for name, (value, low) in checks.items():
             if not value >= low:
                 raise ValueError(f"judge {name}={value!r} must be >= {low:g}")
@@ -495,15 +496,19 @@ def judge_key_env(settings: Mapping[str, str], environ: Mapping[str, str] | None
     return {}
 
 
-def answer_for_judge(solution_str: str) -> str:
-    """What the judge compares: the last \\boxed{} after any </think>, else the last <answer>...</answer>,
-    else the whole text after </think>."""
+def stated_answer(solution_str: str) -> str | None:
+    """The answer a response states: the last \\boxed{} after any </think>, else the last <answer>...</answer>;
+    None when it states none (maj@n's vote: such a response does not vote)."""
     text = strip_thinking(solution_str)
     boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed.strip()
-    tagged = last_answer_tag(text)
-    return tagged if tagged is not None else text.strip()
+    return boxed.strip() if boxed is not None else last_answer_tag(text)
+
+
+def answer_for_judge(solution_str: str) -> str:
+    """What the judge compares: the response's stated answer (`stated_answer`), else the whole text after
+    </think>."""
+    stated = stated_answer(solution_str)
+    return stated if stated is not None else strip_thinking(solution_str).strip()
 
 
 _ENV_CLIENTS: dict[tuple, JudgeClient] = {}
