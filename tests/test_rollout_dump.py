@@ -62,3 +62,13 @@ def test_a_rerun_step_rewrites_its_file_and_every_n_steps_are_due(tmp_path, step
     assert [p.name for p in (tmp_path / "rollouts").iterdir()] == ["step_000004.jsonl"]
     assert [step for step in range(1, 10) if due(3, step)] == [3, 6, 9]
     assert not any(due(0, step) for step in range(1, 10))
+
+
+def test_per_token_differences_are_dumped_as_computed_not_rounded():
+    """fp32 differences of 1e-7 are what a healthy run shows: the per-token list keeps them, as the mean does."""
+    from rl360.tracking.rollout_dump import _logprob_diff
+
+    diff = torch.tensor([3e-8, 1.5e-7, 0.0])
+    dumped = _logprob_diff(diff, torch.tensor([1.0, 1.0, 0.0]), 3)
+    assert dumped["logprob_diff"] == [float(diff[0]), float(diff[1]), None]
+    assert dumped["logprob_diff_mean"] == pytest.approx(sum(dumped["logprob_diff"][:2]) / 2, rel=1e-6)

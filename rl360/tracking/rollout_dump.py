@@ -71,7 +71,7 @@ def dump_rollouts(output_dir: str | Path, step: int, samples: Sequence[Sample], 
 def _logprob_diff(diff: torch.Tensor, mask: torch.Tensor, length: int) -> dict[str, Any]:
     trained = mask[:length] > 0
     values = diff[:length]
-    per_token = [round(float(value), 6) if on else None for value, on in zip(values.tolist(), trained.tolist())]
+    per_token = [float(value) if on else None for value, on in zip(values.tolist(), trained.tolist())]  # as computed
     chosen = values[trained]
     return {"logprob_diff": per_token,
             "logprob_diff_mean": float(chosen.mean()) if chosen.numel() else 0.0,
