@@ -2,14 +2,17 @@
 
 `released_config("Qwen/Qwen2.5-7B-Instruct")` is the `config.json` fields that count parameters and
 activations of Qwen2.5-7B (as in its released config.json), or None for a name not listed. A name is matched
-by its last path component, case-insensitively, on a listed name followed by nothing or by "-" (so
-"Qwen2.5-7B-Instruct", "qwen2.5-7b" and ".../Qwen2.5-7B" all match "Qwen2.5-7B"; "Qwen2.5-7Bx" matches
-nothing). Listed: Qwen2.5 0.5B to 72B, Qwen3 0.6B to 32B and the MoE 30B-A3B and 235B-A22B,
-Qwen2.5-VL 3B, 7B, 32B and 72B. Instruct and base checkpoints share their shape.
+by its last path component, case-insensitively (Meta's "Meta-" prefix dropped), on a listed name followed by
+nothing or by release suffixes that keep the shape ("-Instruct", "-Base", "-Thinking-2507", "-FP8", ...: `SUFFIXES`),
+so "Qwen2.5-7B-Instruct", "qwen2.5-7b" and ".../Qwen2.5-7B" all match "Qwen2.5-7B", while "Qwen2.5-7Bx" and the
+typo "Qwen2.5-7B-Instrct" match nothing (`close_names` gives what they may have meant). Listed: Qwen2.5 0.5B to
+72B, Qwen3 0.6B to 32B and the MoE 30B-A3B and 235B-A22B, Qwen2.5-VL 3B, 7B, 32B and 72B, Llama 3 8B and 70B,
+Llama 3.1 8B and 70B, Llama 3.2 1B and 3B, Llama 3.3 70B. Instruct and base checkpoints share their shape.
 """
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 _QWEN2 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu",
@@ -20,6 +23,12 @@ _QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_
 _QWEN3_MOE = {**_QWEN3, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
               "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
               "tie_word_embeddings": False}
+_LLAMA3 = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "rms_norm_eps": 1e-05,
+           "rope_theta": 500000.0, "max_position_embeddings": 8192, "attention_bias": False, "mlp_bias": False}
+_LLAMA3_1 = {**_LLAMA3, "max_position_embeddings": 131072,
+             "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8192}}
+_LLAMA3_2 = {**_LLAMA3_1, "rope_scaling": {**_LLAMA3_1["rope_scaling"], "factor": 32.0}}
 _VISION = {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
            "in_chans": 3, "patch_size": 14, "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
            "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "temporal_patch_size": 2}
@@ -67,17 +76,40 @@ RELEASED: dict[str, dict[str, Any]] = {
     "Qwen2.5-VL-7B": _vl(3584, 18944, 28, 28, 4, 152064, False),
     "Qwen2.5-VL-32B": _vl(5120, 27648, 64, 40, 8, 152064, False),
     "Qwen2.5-VL-72B": _vl(8192, 29568, 80, 64, 8, 152064, False),
+    "Llama-3-8B": _dense(_LLAMA3, 4096, 14336, 32, 32, 8, 128256, False),
+    "Llama-3-70B": _dense(_LLAMA3, 8192, 28672, 80, 64, 8, 128256, False),
+    "Llama-3.1-8B": _dense(_LLAMA3_1, 4096, 14336, 32, 32, 8, 128256, False),
+    "Llama-3.1-70B": _dense(_LLAMA3_1, 8192, 28672, 80, 64, 8, 128256, False),
+    "Llama-3.2-1B": {**_dense(_LLAMA3_2, 2048, 8192, 16, 32, 8, 128256, True), "head_dim": 64},
+    "Llama-3.2-3B": {**_dense(_LLAMA3_2, 3072, 8192, 28, 24, 8, 128256, True), "head_dim": 128},
+    "Llama-3.3-70B": _dense(_LLAMA3_1, 8192, 28672, 80, 64, 8, 128256, False),
 }
+
+
+# release suffixes that keep a model's shape (instruct, base, thinking and dated variants, quantised copies)
+SUFFIXES = frozenset({"instruct", "base", "chat", "it", "thinking", "2507", "fp8", "awq", "gptq", "int4", "int8",
+                      "bf16", "hf"})
+
+
+def _last_name(path: str) -> str:
+    return str(path).rstrip("/").rsplit("/", 1)[-1].lower().removeprefix("meta-")
 
 
 def released_name(path: str) -> str | None:
     """The listed name `path` (a hub id, a name or a directory named after the model) stands for, or None."""
-    last = str(path).rstrip("/").rsplit("/", 1)[-1].lower()
+    last = _last_name(path)
     for name in sorted(RELEASED, key=len, reverse=True):
         key = name.lower()
-        if last == key or last.startswith(key + "-"):
+        if last == key or (last.startswith(key + "-")
+                           and all(part in SUFFIXES for part in last[len(key) + 1:].split("-"))):
             return name
     return None
+
+
+def close_names(path: str, count: int = 3) -> list[str]:
+    """Listed names (bare and "-Instruct") closest to the name `path` gives, for a did-you-mean."""
+    spelled = {variant.lower(): variant for name in RELEASED for variant in (name, f"{name}-Instruct")}
+    return [spelled[match] for match in difflib.get_close_matches(_last_name(path), spelled, n=count, cutoff=0.75)]
 
 
 def released_config(path: str) -> dict[str, Any] | None:

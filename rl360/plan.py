@@ -57,7 +57,7 @@ from megatron_bridge.lora import expand_targets
 from megatron_bridge.vision import is_vision_language, language_config, vision_parameter_count
 from rl360.actor.batch import interleaved_micro_batches, interleaving_group
 from rl360.config import context_length
-from rl360.model_shapes import RELEASED, released_config, released_name
+from rl360.model_shapes import RELEASED, close_names, released_config, released_name
 
 GIB = 1024 ** 3
 RESERVED_GIB = 2.0  # CUDA context, NCCL buffers, fragmentation
@@ -241,6 +241,10 @@ def model_config(path: str) -> dict[str, Any]:
         return known
     where = "no config.json there" if Path(path).is_dir() else "no such directory"
     build = " (rl360 quickstart builds it)" if "quickstart_assets" in str(path) else ""
+    close = close_names(path)
+    if close and not Path(path).is_dir():
+        raise ConfigError(f"model.path={path}: {where}, and not a released model's name rl360 knows; did you mean "
+                          f"{' or '.join(close)}?")
     raise ConfigError(f"model.path={path}: {where} to plan from{build}; give a model directory with config.json or "
                       f"a released model's name ({', '.join(RELEASED)})")
 

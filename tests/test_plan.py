@@ -219,6 +219,9 @@ def test_templates_plan_from_a_released_models_name_without_a_checkpoint(config,
     ("Qwen/Qwen2.5-7B-Instruct", 7_615_616_512), ("Qwen2.5-14B", 14_770_033_664),
     ("Qwen2.5-32B", 32_763_876_352), ("Qwen2.5-72B-Instruct", 72_706_203_648),
     ("Qwen/Qwen2.5-VL-7B-Instruct", 8_292_166_656), ("Qwen3-30B-A3B", 30_532_122_624),
+    ("meta-llama/Llama-3.1-8B-Instruct", 8_030_261_248), ("meta-llama/Meta-Llama-3-8B", 8_030_261_248),
+    ("Llama-3.1-70B", 70_553_706_496), ("meta-llama/Llama-3.2-1B-Instruct", 1_235_814_400),
+    ("Llama-3.2-3B", 3_212_749_824), ("meta-llama/Llama-3.3-70B-Instruct", 70_553_706_496),
 ])
 def test_released_shapes_by_name_count_the_published_parameters(name, published):
     assert rank_parameters(released_config(name)) == published
@@ -238,3 +241,16 @@ def test_released_names_match_whole_name_parts_only():
     assert released_name("qwen3-30b-a3b-base") == "Qwen3-30B-A3B"
     assert released_name("Qwen/Qwen2.5-VL-72B-Instruct") == "Qwen2.5-VL-72B"
     assert all(released_name(name) is None for name in ("Qwen2.5-7Bx", "my-model", "Qwen3-1", "Qwen2.5-7"))
+    assert released_name("Qwen/Qwen3-30B-A3B-Thinking-2507") == "Qwen3-30B-A3B"
+    assert released_name("Qwen/Qwen2.5-7B-Instrct") is None  # a typo is not a variant
+    assert released_name("Qwen/Qwen2.5-Math-7B") is None  # another model, not a variant
+
+
+def test_a_misspelt_released_name_is_refused_with_the_close_ones(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RL360_MODEL_PATH", "Qwen/Qwen2.5-7B-Instrct")
+    monkeypatch.setenv("RL360_DATA_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", str(REPO / "configs/templates/qwen2.5-7b-1node.yaml")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "rl360: config error: model.path=Qwen/Qwen2.5-7B-Instrct: no such directory, and not a released model's "
+        "name rl360 knows; did you mean Qwen2.5-7B-Instruct or Qwen2.5-72B-Instruct or Qwen2.5-3B-Instruct?")
