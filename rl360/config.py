@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import os
 import re
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -547,17 +548,28 @@ SCHEMA_KEYS = schema_keys()
 
 
 def _layer(layer: Any, where: str, keys: dict[str, str] = SCHEMA_KEYS) -> Any:
-    """One config layer (a YAML file or an override) checked against the schema before it is merged: an unknown
-    key is a ConfigError naming it (`unknown_key_message`), and a string where the schema has a list becomes a
-    one-element list."""
+    """One config layer (a YAML file or an override) checked against the schema before it is merged: a verl key
+    with an rl360 key of the same meaning is read as that key (`verl_translation`, said on stderr); any other
+    unknown key is a ConfigError naming it (`unknown_key_message`); a string where the schema has a list becomes
+    a one-element list."""
     plain = OmegaConf.to_container(layer, resolve=False)
+    moved: list[tuple[str, str, Any]] = []  # (verl key, rl360 key, value)
 
     def walk(node: dict, prefix: str) -> None:
         for name in list(node):
             key = f"{prefix}{name}"
             kind = keys.get(key)
             if kind is None:
-                raise ConfigError(f"{where}: {unknown_key_message(key, node[name], keys)}")
+                if isinstance(node[name], dict) and any(known.startswith(f"{key}.") for known in VERL_KEYS):
+                    walk(node[name], f"{key}.")  # a verl section: its keys one by one
+                    if not node[name]:
+                        del node[name]
+                    continue
+                target = verl_translation(key, keys)
+                if target is None or isinstance(node[name], dict):
+                    raise ConfigError(f"{where}: {unknown_key_message(key, node[name], keys)}")
+                moved.append((key, target, node.pop(name)))
+                continue
             if kind == "section" and isinstance(node[name], dict):
                 walk(node[name], f"{key}.")
             elif kind == "list" and isinstance(node[name], str):
@@ -565,11 +577,29 @@ def _layer(layer: Any, where: str, keys: dict[str, str] = SCHEMA_KEYS) -> Any:
 
     if isinstance(plain, dict):
         walk(plain, "")
+        for verl_key, target, value in moved:
+            node = plain
+            *sections, leaf = target.split(".")
+            for section in sections:
+                node = node.setdefault(section, {})
+            if leaf in node and node[leaf] != value:
+                raise ConfigError(f"{where}: {verl_key} (verl's name for {target}) and {target} are both set, to "
+                                  f"{value!r} and {node[leaf]!r}; keep one")
+            node[leaf] = [value] if keys.get(target) == "list" and isinstance(value, str) else value
+            print(f"rl360: {where}: verl's {verl_key} read as {target}", file=sys.stderr, flush=True)
     return OmegaConf.create(plain)
 
 
+def verl_translation(key: str, keys: dict[str, str] = SCHEMA_KEYS) -> str | None:
+    """The rl360 key that verl's `key` names one to one (`VERL_KEYS`), else None (no verl key, or one whose rl360
+    counterpart differs in meaning: the table's sentence says how)."""
+    target = VERL_KEYS.get(key)
+    return target if target is not None and keys.get(target) not in (None, "section") else None
+
+
 # verl's names (Hydra keys of verl's ppo_trainer / ppo_megatron_trainer configs) -> rl360's key, or a sentence
-# where rl360 has no key of that meaning. An unknown key found here is refused with the rl360 key to use.
+# where rl360 has no key of the same meaning. A key mapped to an rl360 key is read as it; one mapped to a sentence
+# is refused with it.
 VERL_KEYS: dict[str, str] = {
     "data.train_batch_size": "data.batch_size",
     "data.max_response_length": "rollout.max_response_length",

@@ -50,8 +50,9 @@ rl360 reads the verl / Reasoning360 data schema as it is (parquet rows with `pro
 - `+key=value` and `++key=value` read as `key=value` (every rl360 key exists, with a default).
 - A single path where a list is expected (`data.train_files=/data/math.parquet`) is a one-element list;
   a directory or a glob reads every parquet file in it.
-- A verl key below given to rl360 is refused in one line naming the rl360 key to use (or why there is none),
-  so a script translated by hand cannot set a key that rl360 then ignores.
+- A verl key below with an rl360 key of the same meaning is read as that key, and the run says so on stderr
+  (`rl360: override 'data.train_batch_size=512': verl's data.train_batch_size read as data.batch_size`); one
+  without is refused in one line saying why (and what to set instead), so no verl key is silently ignored.
 - `trainer.nnodes` / `trainer.n_gpus_per_node`: the cluster comes from Ray (`rl360 launch`, or
   `cluster.num_gpus` on one node); the parallel layout is `actor.parallel.*`, and the rest of the GPUs run the
   rollout engines ([config.md](config.md)).

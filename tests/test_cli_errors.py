@@ -64,9 +64,10 @@ def test_quickstart_config_before_its_assets_says_run_quickstart(tmp_path):
 
 
 def test_debug_flag_and_environment_show_the_traceback(tmp_path):
-    args = ("train", str(REPO / "configs" / "quickstart.yaml"), "data.train_batch_size=8")
-    line = ("rl360: config error: override 'data.train_batch_size=8': unknown config key 'data.train_batch_size': "
-            "that is verl's name; did you mean rl360's data.batch_size?")
+    args = ("train", str(REPO / "configs" / "quickstart.yaml"), "trainer.total_epochs=3")
+    line = ("rl360: config error: override 'trainer.total_epochs=3': unknown config key 'trainer.total_epochs' "
+            "(verl's): rl360 counts steps, not epochs: set trainer.total_steps; one epoch is the rows divided by "
+            "data.batch_size")
     assert _last_line(_cli(*args, cwd=tmp_path)) == line
     for done in (_cli("--debug", *args, cwd=tmp_path), _cli(*args, cwd=tmp_path, env={"RL360_DEBUG": "1"})):
         assert done.returncode == 2 and "Traceback" in done.stderr and "ConfigError" in done.stderr

@@ -122,29 +122,51 @@ def test_expert_parallel_size_must_divide_data_times_context():
         load_config(None, [*base, "actor.moe_aux_loss_coef=-0.1"])
 
 
+@pytest.mark.parametrize("override, key, value", [
+    ("data.train_batch_size=32", "data.batch_size", 32),
+    ("actor_rollout_ref.actor.optim.lr=1e-6", "actor.lr", 1e-6),
+    ("actor_rollout_ref.rollout.n=4", "rollout.n", 4),
+    ("actor_rollout_ref.model.path=m2", "model.path", "m2"),
+    ("+trainer.total_training_steps=5", "trainer.total_steps", 5),
+    ("data.max_response_length=64", "rollout.max_response_length", 64),
+    ("trainer.test_freq=5", "trainer.eval_every", 5),
+    ("actor_rollout_ref.rollout.val_kwargs.n=4", "eval.n", 4),
+])
+def test_verl_keys_are_read_as_the_rl360_key_and_said(override, key, value, capsys):
+    cfg = load_config(None, BASE + ["data.val_files=[v.parquet]", override])
+    section, leaf = key.rsplit(".", 1)
+    target = cfg
+    for part in section.split("."):
+        target = getattr(target, part)
+    assert getattr(target, leaf) == value
+    verl_key = override.lstrip("+").split("=")[0]
+    assert f"verl's {verl_key} read as {key}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("override, message", [
-    ("data.train_batch_size=8", "'data.train_batch_size': that is verl's name; did you mean rl360's data.batch_size?"),
-    ("actor_rollout_ref.actor.optim.lr=1e-6", "did you mean rl360's actor.lr?"),
-    ("actor_rollout_ref.rollout.n=4", "did you mean rl360's rollout.n?"),
-    ("actor_rollout_ref.model.path=m", "did you mean rl360's model.path?"),
-    ("trainer.total_training_steps=5", "did you mean rl360's trainer.total_steps?"),
-    ("data.max_response_length=64", "did you mean rl360's rollout.max_response_length?"),
     ("trainer.total_epochs=3", "'trainer.total_epochs' (verl's): rl360 counts steps, not epochs: set "
                                "trainer.total_steps"),
-    ("trainer.test_freq=5", "did you mean rl360's trainer.eval_every?"),
-    ("actor_rollout_ref.rollout.val_kwargs.n=4", "did you mean rl360's eval.n?"),
+    ("actor_rollout_ref.actor.use_kl_loss=true", "did you mean rl360's algorithm.kl_coef (> 0 adds the KL loss)?"),
+    ("data.prompt_key=question", "(verl's): rl360 reads the 'prompt' column of the verl schema"),
 ])
-def test_verl_keys_name_the_rl360_key(override, message):
+def test_verl_keys_without_an_rl360_twin_are_refused_saying_why(override, message):
     with pytest.raises(ConfigError) as err:
         load_config(None, BASE + [override])
-    assert message in str(err.value) and "known keys" not in str(err.value)
+    assert message in str(err.value)
 
 
-def test_verl_section_in_yaml_names_the_rl360_key(tmp_path):
+def test_verl_section_in_yaml_is_read_key_by_key(tmp_path, capsys):
     path = tmp_path / "verl.yaml"
-    path.write_text("actor_rollout_ref:\n  actor:\n    optim:\n      lr: 1.0e-6\n")
-    with pytest.raises(ConfigError, match=r"verl\.yaml: unknown config key 'actor_rollout_ref\.actor\.optim\.lr': "
-                                          r"that is verl's name; did you mean rl360's actor\.lr\?$"):
+    path.write_text("actor_rollout_ref:\n  actor:\n    optim:\n      lr: 1.0e-6\n    ppo_epochs: 2\n")
+    cfg = load_config(path, BASE)
+    assert (cfg.actor.lr, cfg.actor.ppo_epochs) == (1e-6, 2)
+    assert "verl.yaml: verl's actor_rollout_ref.actor.optim.lr read as actor.lr" in capsys.readouterr().err
+    path.write_text("actor_rollout_ref:\n  actor:\n    optim:\n      lr: 1.0e-6\n      betas: [0.9, 0.99]\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'actor_rollout_ref\.actor\.optim\.betas'"):
+        load_config(path, BASE)
+    path.write_text("actor:\n  lr: 2.0e-6\nactor_rollout_ref:\n  actor:\n    optim:\n      lr: 1.0e-6\n")
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.optim\.lr \(verl's name for actor\.lr\) "
+                                          r"and actor\.lr are both set"):
         load_config(path, BASE)
 
 
