@@ -100,7 +100,17 @@ def _add_data_parser(commands) -> None:
     from rl360.data.inspect import add_inspect_parser
 
     data = commands.add_parser("data", help="look at prompt parquet files")
-    add_inspect_parser(data.add_subparsers(dest="data_command", required=True))
+    add_inspect_parser(data.add_subparsers(dest="data_command", required=True), reward_of=_reward_of)
+
+
+def _reward_of(data_source: str) -> str | None:
+    """The reward function that scores `data_source` ("module:function"), or None when none does."""
+    from rl360.rewards.registry import UnknownDataSource, find_route
+
+    try:
+        return find_route(data_source).ref
+    except UnknownDataSource:
+        return None
 
 
 # the commands whose parsers live in their own modules, each module imported only when its command runs (or for

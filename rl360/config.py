@@ -456,18 +456,19 @@ def load_structured(schema: type, path: str | Path | None, overrides: list[str] 
     dataclass, not yet validated."""
     keys = schema_keys(schema) if keys is None else keys
     layers = [OmegaConf.structured(schema)]
+    verl_reward: dict[str, tuple[Any, str]] = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        layers.append(_layer(_checked(lambda: OmegaConf.load(path), f"{path}"), f"{path}", keys))
+        layers.append(_layer(_checked(lambda: OmegaConf.load(path), f"{path}"), f"{path}", keys, verl_reward))
     for item in overrides:
         if item.endswith((".yaml", ".yml")) and "=" not in item:
             preset = Path(item)
             if not preset.is_file():
                 raise ConfigError(f"config file not found: {preset}")
             layers.append(_layer(_checked(lambda preset=preset: OmegaConf.load(preset), f"{preset}"), f"{preset}",
-                                 keys))
+                                 keys, verl_reward))
             continue
         if item.startswith("~"):
             raise ConfigError(f"override {item!r}: Hydra's ~key (delete a key) does not apply to rl360, whose keys "
@@ -476,7 +477,10 @@ def load_structured(schema: type, path: str | Path | None, overrides: list[str] 
             raise ConfigError(f"override {item!r} is not of the form key=value")
         item = item.lstrip("+")  # Hydra's +key=value (add) and ++key=value (add or replace): every key exists here
         where = f"override {item!r}"
-        layers.append(_layer(_checked(lambda item=item: OmegaConf.from_dotlist([item]), where), where, keys))
+        layers.append(_layer(_checked(lambda item=item: OmegaConf.from_dotlist([item]), where), where, keys,
+                             verl_reward))
+    if verl_reward:
+        layers.append(verl_reward_layer(verl_reward))
     merged = _checked(lambda: OmegaConf.merge(*layers), str(path or "overrides"))
     unset = _unset_environment(OmegaConf.to_container(merged, resolve=False))
     if len(unset) > 1:  # all of them in one line (one alone: the resolver's error below names it)
@@ -547,18 +551,23 @@ def schema_keys(node: Any = RunConfig, prefix: str = "") -> dict[str, str]:
 SCHEMA_KEYS = schema_keys()
 
 
-def _layer(layer: Any, where: str, keys: dict[str, str] = SCHEMA_KEYS) -> Any:
+def _layer(layer: Any, where: str, keys: dict[str, str] = SCHEMA_KEYS, verl_reward: dict | None = None) -> Any:
     """One config layer (a YAML file or an override) checked against the schema before it is merged: a verl key
     with an rl360 key of the same meaning is read as that key (`verl_translation`, said on stderr); any other
     unknown key is a ConfigError naming it (`unknown_key_message`); a string where the schema has a list becomes
-    a one-element list."""
+    a one-element list. verl's custom_reward_function.{path,name} go into `verl_reward` (all layers' together
+    make one reward.custom entry: `verl_reward_layer`)."""
     plain = OmegaConf.to_container(layer, resolve=False)
     moved: list[tuple[str, str, Any]] = []  # (verl key, rl360 key, value)
+    verl_reward = {} if verl_reward is None else verl_reward
 
     def walk(node: dict, prefix: str) -> None:
         for name in list(node):
             key = f"{prefix}{name}"
             kind = keys.get(key)
+            if key in VERL_REWARD_KEYS and "reward.custom" in keys:
+                verl_reward[name] = (node.pop(name), where)
+                continue
             if kind is None:
                 if isinstance(node[name], dict) and any(known.startswith(f"{key}.") for known in VERL_KEYS):
                     walk(node[name], f"{key}.")  # a verl section: its keys one by one
@@ -588,6 +597,26 @@ def _layer(layer: Any, where: str, keys: dict[str, str] = SCHEMA_KEYS) -> Any:
             node[leaf] = [value] if keys.get(target) == "list" and isinstance(value, str) else value
             print(f"rl360: {where}: verl's {verl_key} read as {target}", file=sys.stderr, flush=True)
     return OmegaConf.create(plain)
+
+
+VERL_REWARD_KEYS = ("custom_reward_function.path", "custom_reward_function.name")
+EVERY_SOURCE = "*"  # reward.custom's name for every data_source (rl360.rewards.registry.EVERY)
+
+
+def verl_reward_layer(given: dict[str, tuple[Any, str]]) -> Any:
+    """verl's custom_reward_function (`given`: its path and name, each with where it was set) as a config layer
+    setting reward.custom["*"]: the file's function scores every row, called with verl's signature."""
+    path, path_where = given.get("path", (None, ""))
+    name, name_where = given.get("name", ("compute_score", ""))
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigError(f"{name_where}: custom_reward_function.name={name!r} needs custom_reward_function.path, "
+                          "the Python file that defines it")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ConfigError(f"{name_where}: custom_reward_function.name={name!r} is not a Python function name")
+    ref = f"{path}:{name}#verl"
+    print(f"rl360: {path_where}: verl's custom_reward_function read as reward.custom={{'{EVERY_SOURCE}': "
+          f"'{ref}'}}", file=sys.stderr, flush=True)
+    return OmegaConf.create({"reward": {"custom": {EVERY_SOURCE: ref}}})
 
 
 def verl_translation(key: str, keys: dict[str, str] = SCHEMA_KEYS) -> str | None:
@@ -652,7 +681,9 @@ VERL_KEYS: dict[str, str] = {
     "critic.model.path": "the critic starts from model.path",
     "reward_model.overlong_buffer.len": "reward.overlong_buffer_len",
     "reward_model.overlong_buffer.penalty_factor": "reward.overlong_penalty_factor",
-    "custom_reward_function.path": "reward.custom (data_source prefix -> \"module:function\")",
+    "custom_reward_function.path": "reward.custom={\"*\": \"PATH:NAME#verl\"}: the file's function scores every row, "
+                                   "called with verl's signature",
+    "custom_reward_function.name": "the function in custom_reward_function.path (default compute_score)",
     "trainer.total_epochs": "rl360 counts steps, not epochs: set trainer.total_steps; one epoch is the rows "
                             "divided by data.batch_size",
     "trainer.total_training_steps": "trainer.total_steps",

@@ -49,6 +49,17 @@ def test_counts_lengths_in_characters_and_samples(files, capsys):
     assert f"--- sample 2: logic__order, {files[0]} row 3" in out and "sample 3" not in out
 
 
+def test_each_data_source_names_its_reward_and_the_unserved_are_flagged(tmp_path, capsys):
+    path = tmp_path / "mixed.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows("math__sums", ["1+2"]) + _rows("my_task__v1", ["?"], "qa")), path)
+    code, out, _ = _inspect(capsys, str(path))
+    assert code == 0
+    assert re.search(r"math__sums\s+1\s+50\.0%\s+math  \(rl360\.rewards\.math:math_score\)", out)
+    assert re.search(r"my_task__v1\s+1\s+50\.0%\s+qa  \(NO REWARD FUNCTION\)", out)
+    assert ("no reward function serves 1 data_source(s): my_task__v1; `rl360 train` refuses them: register one "
+            "(reward.custom, docs/reward-setup.md)") in out
+
+
 def test_lengths_in_tokens_of_the_chat_template(files, capsys, tmp_path):
     from rl360.quickstart.assets import build_tokenizer
 

@@ -3,8 +3,10 @@
 import ctypes
 import multiprocessing
 import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -65,6 +67,46 @@ def test_register_by_path():
     check_data_sources(["test_by_path__a"])
     with pytest.raises(KeyError):
         check_data_sources(["test_bad"])
+
+
+def test_register_by_file_path_scores_in_the_workers_too(tmp_path, monkeypatch):
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "my_task.py").write_text(
+        "def fn(solution_str, ground_truth, extra_info):\n"
+        "    return {'score': float(solution_str.endswith(str(ground_truth))), 'file': __file__}\n")
+    monkeypatch.chdir(tmp_path)  # relative to the directory the run starts in
+    register_reward_path("test_file_route", "rewards/my_task.py:fn")
+    assert compute_score("test_file_route__a", "so 4", "4")["score"] == 1.0
+    with RewardPool(num_workers=1, timeout_s=30) as pool:
+        results = pool.score([RewardItem("test_file_route__a", "so 4", "4"), RewardItem("test_file_route", "5", "4")])
+    assert [r.score for r in results] == [1.0, 0.0] and results[0].extras["file"].endswith("my_task.py")
+    with pytest.raises(ImportError, match="no such file"):
+        register_reward_path("test_bad", "rewards/missing.py:fn")
+
+
+def test_verls_custom_reward_function_scores_every_row_with_verls_signature(tmp_path):
+    """`custom_reward_function.path` / `.name` as verl's scripts pass them: read as reward.custom["*"], the file's
+    function scores every data_source (built-in routes included), called as verl calls it. In a process of its
+    own: the "*" route would take every data_source of this one."""
+    (tmp_path / "my_score.py").write_text(
+        "def my_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': 0.25, 'source': data_source, 'truth': ground_truth}\n")
+    script = (
+        "from rl360.config import load_config\n"
+        "from rl360.rewards import RewardItem, RewardPool, register_reward_path\n"
+        "cfg = load_config(None, ['model.path=m', 'data.train_files=[d.parquet]', "
+        "'custom_reward_function.path=my_score.py', 'custom_reward_function.name=my_score'])\n"
+        "for prefix, ref in cfg.reward.custom.items():\n"
+        "    register_reward_path(prefix, ref)\n"
+        "with RewardPool(num_workers=1, timeout_s=30) as pool:\n"
+        "    results = pool.score([RewardItem('math__dapo', '\\\\boxed{2}', '2'), RewardItem('anything', 'x', 'y')])\n"
+        "print(cfg.reward.custom, [(r.score, r.extras) for r in results])\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == ("{'*': 'my_score.py:my_score#verl'} [(0.25, {'source': 'math__dapo', 'truth': "
+                                   "'2'}), (0.25, {'source': 'anything', 'truth': 'y'})]")
+    assert "verl's custom_reward_function read as reward.custom" in done.stderr
 
 
 def test_a_function_workers_cannot_import_is_refused():

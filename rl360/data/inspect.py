@@ -249,16 +249,23 @@ def percentile(sorted_values: list[int], q: float) -> int:
 
 
 def format_report(found: Inspection, tokenizer_name: str | None = None, max_chars: int = 1500,
-                  max_prompt_length: int | None = None) -> str:
-    """The human-readable report of an inspection."""
+                  max_prompt_length: int | None = None, reward_of: Any = None) -> str:
+    """The human-readable report of an inspection; with `reward_of`, each data_source's reward function and the
+    data_sources no reward function serves."""
     lines = [f"{len(found.files)} file(s), {found.rows} rows"]
     lines += [f"  {path}: {rows} rows" for path, rows in found.files.items()]
     width = max([len("data_source")] + [len(source) for source in found.per_source])
+    rewards = {source: reward_of(source) for source in found.per_source} if reward_of else {}
     lines += ["", f"rows per data_source ({len(found.per_source)}):",
-              f"  {'data_source':<{width}}  {'rows':>9}  {'share':>6}  ability"]
+              f"  {'data_source':<{width}}  {'rows':>9}  {'share':>6}  ability" + ("  (reward)" if rewards else "")]
     for source, count in sorted(found.per_source.items(), key=lambda item: (-item[1], item[0])):
         abilities = ", ".join(name for name, _ in found.abilities[source].most_common())
-        lines.append(f"  {source:<{width}}  {count:>9}  {100 * count / found.rows:>5.1f}%  {abilities}")
+        scorer = f"  ({rewards[source] or 'NO REWARD FUNCTION'})" if rewards else ""
+        lines.append(f"  {source:<{width}}  {count:>9}  {100 * count / found.rows:>5.1f}%  {abilities}{scorer}")
+    unserved = sorted(source for source, ref in rewards.items() if ref is None)
+    if unserved:
+        lines.append(f"no reward function serves {len(unserved)} data_source(s): {', '.join(unserved)}; `rl360 train` "
+                     "refuses them: register one (reward.custom, docs/reward-setup.md)")
     lines.append("")
     if found.unit == "tokens":
         lines.append(f"prompt length in tokens (chat template of {tokenizer_name}, with the generation prompt):")
@@ -321,8 +328,10 @@ def _clip(text: str, limit: int) -> str:
 # ----- command line ---------------------------------------------------------------------------------------
 
 
-def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add the `inspect` command to a subparsers group (`rl360 data inspect`)."""
+def add_inspect_parser(subparsers: argparse._SubParsersAction,
+                       reward_of: Any = None) -> argparse.ArgumentParser:
+    """Add the `inspect` command to a subparsers group (`rl360 data inspect`); `reward_of(data_source)` names the
+    reward function that scores a data_source (None: none does), for the report's reward column."""
     parser = subparsers.add_parser("inspect", help="rows, data_sources, prompt lengths and samples of parquet files",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", help="parquet files, directories or globs")
@@ -333,7 +342,7 @@ def add_inspect_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     parser.add_argument("--max-chars", type=int, default=1500, help="characters of each sample shown")
     parser.add_argument("--max-prompt-length", type=int, default=None,
                         help="also count the prompts longer than this (e.g. data.max_prompt_length)")
-    parser.set_defaults(run=run_inspect)
+    parser.set_defaults(run=run_inspect, reward_of=reward_of)
     return parser
 
 
@@ -351,5 +360,6 @@ def run_inspect(args: argparse.Namespace) -> int:
     except DataError as err:
         print(f"rl360: data error: {err}", file=sys.stderr)
         return 2
-    print(format_report(found, args.tokenizer, args.max_chars, args.max_prompt_length))
+    print(format_report(found, args.tokenizer, args.max_chars, args.max_prompt_length,
+                        getattr(args, "reward_of", None)))
     return 0

@@ -72,7 +72,7 @@ from typing import TYPE_CHECKING, Any
 from rl360.core.trajectory import TrajectorySummary
 from rl360.data.schema import extra_info_dict
 from rl360.imports import import_ref
-from rl360.rewards.registry import resolve, reward_ref
+from rl360.rewards.registry import call_reward, reward_ref
 
 if TYPE_CHECKING:
     from rl360.rewards.registry import Route
@@ -136,7 +136,7 @@ def domain_of(data_source: str) -> str:
 def score_one(ref: str, item: RewardItem) -> RewardResult:
     """Run one reward call in this process; an exception becomes a 0 score with its text."""
     try:
-        value = resolve(ref)(item.solution_str, item.ground_truth, item.reward_extra_info())
+        value = call_reward(ref, item.data_source, item.solution_str, item.ground_truth, item.reward_extra_info())
         if isinstance(value, dict):
             if "score" not in value:
                 return RewardResult(0.0, error=f"reward function {ref} returned a dict without a 'score' key")

@@ -1,7 +1,9 @@
 """Reward functions by `data_source` (and `extra_info.reward_metric`): routes from names to scorers.
 
 A reward function is `fn(solution_str, ground_truth, extra_info) -> float | dict`; a dict holds "score"
-and any extras. Each one is recorded as an importable "module:qualname" reference rather than as the
+and any extras. A reference ending in `#verl` names a function with verl's signature instead,
+`compute_score(data_source, solution_str, ground_truth, extra_info)` (`call_reward` calls either). Each one
+is recorded as an importable "module:qualname" reference rather than as the
 function object, so the reward pool's worker processes import it themselves: any function defined at
 module level in an importable module works there (built-ins, plug-ins, test modules).
 
@@ -9,6 +11,8 @@ A route is a name, matched either as a prefix (`str.startswith`: `math` scores `
 registered with `exact=True`, only as that whole name (`apps` scores `apps`, not `apps_v2`). Which route
 scores a data_source:
 
+0. The route named `*` (verl's `custom_reward_function`: `reward.custom={"*": ...}`) scores every data_source,
+   ahead of every other route.
 1. Every route whose name matches is a candidate; the longest name wins (an exact name can only be as
    long as the data_source itself). On a tie, which can only be an exact route and a prefix route of the
    same name (`math` and `math`, for the data_source `math`), the later registration wins: built-ins
@@ -40,6 +44,8 @@ from rl360.imports import import_ref
 RewardFn: TypeAlias = Callable[[str, Any, "dict | None"], "float | dict"]
 
 DEFAULT_METRIC = "default"
+EVERY = "*"  # the route name that scores every data_source, before any other (verl's custom_reward_function)
+VERL_SIGNATURE = "#verl"  # a reference ending so: fn(data_source, solution_str, ground_truth, extra_info)
 
 _ROUTES: dict[tuple[str, bool], dict[str, Route]] = {}  # (name, exact) -> {reward_metric: route}
 _RESOLVED: dict[str, RewardFn] = {}  # "module:qualname" -> the function, in this process
@@ -122,9 +128,10 @@ def register_reward(*names: str, exact: bool = False, metric: str = DEFAULT_METR
 def register_reward_path(prefix: str, ref: str, *, exact: bool = False, metric: str = DEFAULT_METRIC,
                          truth: str = "", answer: str = "", needs_judge: bool = False, requires: str = "",
                          runs_code: bool = False) -> None:
-    """Register the function at "package.module:function" for `prefix` (the `reward.custom` form; the
-    keywords as in `register_reward`); it is imported now, so a typo fails at start-up."""
-    resolve(ref)
+    """Register the function at "package.module:function" (or "path/file.py:function"; with `#verl`, verl's
+    signature) for `prefix` (the `reward.custom` form; the keywords as in `register_reward`); it is imported now,
+    so a typo fails at start-up."""
+    resolve(ref.removesuffix(VERL_SIGNATURE))
     _add(Route(prefix, exact, metric, ref, truth, answer, needs_judge, requires, runs_code))
 
 
@@ -229,7 +236,15 @@ def check_route(data_source: str, reward_metric: Any = None, judge_configured: b
 def compute_score(data_source: str, solution_str: str, ground_truth: Any,
                   extra_info: dict | None = None) -> float | dict:
     """Score one response in this process, without a timeout: a float, or a dict with "score"."""
-    return get_reward_fn(data_source, extra_info)(solution_str, ground_truth, extra_info)
+    return call_reward(reward_ref(data_source, extra_info), data_source, solution_str, ground_truth, extra_info)
+
+
+def call_reward(ref: str, data_source: str, solution_str: str, ground_truth: Any,
+                extra_info: dict | None) -> float | dict:
+    """The function at `ref` called with its signature: rl360's, or verl's for a `#verl` reference."""
+    if ref.endswith(VERL_SIGNATURE):
+        return resolve(ref.removesuffix(VERL_SIGNATURE))(data_source, solution_str, ground_truth, extra_info)
+    return resolve(ref)(solution_str, ground_truth, extra_info)
 
 
 def resolve(ref: str) -> RewardFn:
@@ -256,8 +271,9 @@ def _candidates(data_source: str) -> list[dict[str, Route]]:
     if not isinstance(data_source, str):
         return []
     matching = [variants for (name, exact), variants in _ROUTES.items()
-                if (data_source == name if exact else data_source.startswith(name))]
-    return sorted(matching, key=lambda variants: (-len(_any(variants).name), -_latest(variants)))
+                if name == EVERY or (data_source == name if exact else data_source.startswith(name))]
+    return sorted(matching, key=lambda variants: (_any(variants).name != EVERY, -len(_any(variants).name),
+                                                  -_latest(variants)))
 
 
 def _any(variants: dict[str, Route]) -> Route:
