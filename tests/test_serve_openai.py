@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rl360.data import PromptRenderer
 from rl360.quickstart.assets import build_quickstart_model
 from rl360.serve.loadgen import metric_total, service_command, start_service
+from rl360.serve.openai_choices import special_ids
 
 KEY = "sk-openai-test-key-77"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -103,6 +104,35 @@ def _forward_logprobs(model, ids: list[int], prompt_length: int) -> torch.Tensor
     return torch.log_softmax(logits, -1)[prompt_length - 1:-1]  # row t: the distribution of response token t
 
 
+def _next_logprobs(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), -1)
+
+
+def _with_left_out_specials(listed: list[tuple[int, float]], specials: list[int], next_logprobs):
+    """The response's tokens up to its last listed one, and each listed token's position among them: the listing
+    leaves special tokens out (they are not in the text), so where the next listed token's log-prob is not the
+    model's there (`next_logprobs(tokens so far)`), a special token was drawn first; which one is found by
+    trying each (a log-prob matches by chance never)."""
+    def search(sequence: list[int], at: int, left: int):
+        if at == len(listed):
+            return sequence, []
+        token, logprob = listed[at]
+        if abs(float(next_logprobs(sequence)[token]) - logprob) < 1e-5:
+            found = search(sequence + [token], at + 1, left)
+            if found is not None:
+                return found[0], [len(sequence), *found[1]]
+        for special in specials if left else []:
+            found = search(sequence + [special], at, left - 1)
+            if found is not None:
+                return found
+        return None
+
+    found = search([], 0, 4)
+    assert found is not None, "the listed tokens are not the model's draws, even with special tokens between"
+    return found
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_chat_logprobs_are_the_models_log_softmax(served, reference, temperature):
     _, client, _ = served
@@ -111,11 +141,16 @@ def test_chat_logprobs_are_the_models_log_softmax(served, reference, temperature
     reply = client.chat.completions.create(model="tiny", messages=QUESTION, n=2, max_tokens=16, seed=3,
                                            temperature=temperature, logprobs=True, top_logprobs=k)
     prompt = PromptRenderer(tokenizer, 1 << 30).render(QUESTION)
+    specials = sorted(special_ids(tokenizer) - {tokenizer.eos_token_id})
     for choice in reply.choices:
         content = choice.logprobs.content
         tokens = [ids[entry.token] for entry in content]
+        assert not set(tokens) & special_ids(tokenizer)  # the listed tokens join to the text
+        assert "".join(entry.token for entry in content) == choice.message.content
         assert tokenizer.decode(tokens, skip_special_tokens=True) == choice.message.content
-        expected = _forward_logprobs(model, prompt + tokens, len(prompt))
+        sequence, positions = _with_left_out_specials([(t, e.logprob) for t, e in zip(tokens, content)], specials,
+                                                      lambda seq: _next_logprobs(model, prompt + seq))
+        expected = _forward_logprobs(model, prompt + sequence, len(prompt))[positions]
         for t, entry in enumerate(content):
             assert entry.bytes == list(entry.token.encode())
             assert abs(entry.logprob - float(expected[t, tokens[t]])) < 1e-5
@@ -128,7 +163,7 @@ def test_chat_logprobs_are_the_models_log_softmax(served, reference, temperature
                 assert entry.token in [a.token for a in top]
             if temperature == 0:
                 assert entry.token == top[0].token  # greedy: the most likely token
-        assert choice.finish_reason == "stop" or len(content) == 16
+        assert len(sequence) <= 16  # (special tokens drawn after the last listed one are not rebuilt)
 
 
 def test_penalties_are_applied_as_openai_and_sglang_define_them(served, reference):
@@ -146,15 +181,24 @@ def test_penalties_are_applied_as_openai_and_sglang_define_them(served, referenc
                                                frequency_penalty=frequency,
                                                extra_body={"repetition_penalty": repetition, "top_k": 20})
         changed = 0
+        specials = sorted(special_ids(tokenizer) - {tokenizer.eos_token_id})
         for choice in reply.choices:
             tokens = [ids[entry.token] for entry in choice.logprobs.content]
+
+            def penalised(sequence, presence=presence, frequency=frequency, repetition=repetition):
+                with torch.no_grad():
+                    logits = model(torch.tensor([prompt + sequence])).logits[0, -1].float()
+                return torch.log_softmax(_penalised(logits, prompt, sequence, presence, frequency, repetition) / 0.7,
+                                         -1)
+
+            # every listed log-prob is the penalised distribution's (the search checks each, specials between)
+            sequence, positions = _with_left_out_specials(
+                [(t, e.logprob) for t, e in zip(tokens, choice.logprobs.content)], specials, penalised)
             with torch.no_grad():
-                logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
-            for t, entry in enumerate(choice.logprobs.content):
-                shifted = _penalised(logits[t], prompt, tokens[:t], presence, frequency, repetition)
-                expected = float(torch.log_softmax(shifted / 0.7, -1)[tokens[t]])
-                assert abs(entry.logprob - expected) < 1e-5, (presence, frequency, repetition, t)
-                changed += abs(float(torch.log_softmax(logits[t] / 0.7, -1)[tokens[t]]) - expected) > 1e-3
+                logits = model(torch.tensor([prompt + sequence])).logits[0, len(prompt) - 1:].float()
+            for t, position in enumerate(positions):
+                expected = float(penalised(sequence[:position])[tokens[t]])
+                changed += abs(float(torch.log_softmax(logits[position] / 0.7, -1)[tokens[t]]) - expected) > 1e-3
         assert changed, (presence, frequency, repetition)
 
 
@@ -166,8 +210,9 @@ def test_completion_logprobs_in_the_legacy_shape(served, reference):
     lp = choice.logprobs
     tokens = [ids[t] for t in lp.tokens]
     prompt = tokenizer("3+4 =")["input_ids"]
-    expected = _forward_logprobs(model, prompt + tokens, len(prompt))
-    assert max(abs(a - float(expected[t, tok])) for t, (a, tok) in enumerate(zip(lp.token_logprobs, tokens))) < 1e-5
+    specials = sorted(special_ids(tokenizer) - {tokenizer.eos_token_id})
+    _with_left_out_specials(list(zip(tokens, lp.token_logprobs)), specials,  # each log-prob the model's
+                            lambda seq: _next_logprobs(model, prompt + seq))
     ends = lp.text_offset[1:] + [len(choice.text)]
     for token, start, end, top, sampled in zip(lp.tokens, lp.text_offset, ends, lp.top_logprobs, lp.token_logprobs):
         assert choice.text[start:end] == tokenizer.decode([ids[token]], skip_special_tokens=True)
@@ -326,3 +371,16 @@ def test_a_token_is_published_after_its_logprobs(served):
         row.tokens = _Watched(row)
     BatchDecoder(engine, threading.Lock(), resume, lambda: "0", []).decode(rows)
     assert all(row.tokens.ready == [True] * 6 for row in rows)
+
+
+def test_without_max_tokens_a_reply_may_use_the_rest_of_the_context(served, reference):
+    """OpenAI's default: no `max_tokens` means up to the model's context length (not a fixed 256, which a small
+    context would refuse)."""
+    _, client, _ = served
+    model, tokenizer, _ = reference
+    context = model.config.max_position_embeddings
+    prompt = PromptRenderer(tokenizer, 1 << 30).render(QUESTION)
+    reply = client.chat.completions.create(model="tiny", messages=QUESTION, seed=2, temperature=1.0)
+    assert reply.usage.prompt_tokens == len(prompt)
+    assert 1 <= reply.usage.completion_tokens <= context - len(prompt)
+    assert reply.choices[0].finish_reason == "stop" or reply.usage.completion_tokens == context - len(prompt)

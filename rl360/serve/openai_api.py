@@ -5,7 +5,8 @@
 
 Routes: `POST /v1/chat/completions` (messages rendered with the tokenizer's chat template),
 `POST /v1/completions` (a prompt string or a list of them), `GET /v1/models`, `GET /health`, `GET /metrics`.
-Sampling keys: `temperature` (0: greedy), `top_p`, `top_k`, `max_tokens` (or `max_completion_tokens`), `n`,
+Sampling keys: `temperature` (0: greedy), `top_p`, `top_k`, `max_tokens` (or `max_completion_tokens`; without
+it, the rest of the model's context, as OpenAI's), `n`,
 `stop` (strings; the text ends before the first one and its decoding stops there), `seed` (choice j of a prompt
 is sampled with seed + j, so a reply does not depend on the requests it is batched with), `frequency_penalty` and
 `presence_penalty` (in [-2, 2], on the generated text) and SGLang's and vLLM's `repetition_penalty` (in (0, 2],
@@ -24,8 +25,9 @@ on the prompt and the generated text; the `openai` client sends it with `extra_b
   gives the legacy `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}` (the k most likely
   and the sampled token; offsets within the completion text). Streamed chunks carry the log-probs of the
   tokens whose text they carry. A log-prob is that of the distribution the token was drawn from: the model's
-  log-softmax of logits / temperature, before top-k/top-p (greedy: temperature 1); the closing
-  end-of-sequence token is not listed.
+  log-softmax of logits / temperature, before top-k/top-p (greedy: temperature 1); special tokens (the
+  closing end-of-sequence token among them), which the text leaves out, are not listed, so the listed tokens
+  join to the text.
 
 Other OpenAI keys are accepted only at values that change nothing (`logit_bias: {}`, `tools: []`, ...;
 `user` is ignored); any other key is an unknown field. Replies carry `choices` with `finish_reason` "stop" or
@@ -83,6 +85,7 @@ NEUTRAL_VALUES: dict[str, tuple] = {
     "logit_bias": ({},), "response_format": ({"type": "text"},), "tools": ([],),
     "tool_choice": ("none", "auto"), "echo": (False,), "best_of": (1,), "suffix": ("",),
 }
+DEFAULT_MAX_TOKENS = 256  # without max_tokens, where the model's context length is unknown
 _COMMON_FIELDS = {"model", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "n", "stop",
                   "seed", "stream", "user", "parallel_tool_calls", "frequency_penalty", "presence_penalty",
                   "repetition_penalty", "logit_bias", "stream_options"}
@@ -121,7 +124,7 @@ class Request:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    max_tokens: int = 256
+    max_tokens: int | None = None  # None: the rest of the context, as OpenAI's default
     n: int = 1
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
@@ -158,7 +161,8 @@ def parse_request(body: bytes, chat: bool, served_name: str) -> Request:
     request.top_k = int(number_field(data, "top_k", -1, -1, 1 << 20, integer=True, error=RequestError))
     request.n = int(number_field(data, "n", 1, 1, MAX_N, integer=True, error=RequestError))
     key = "max_completion_tokens" if data.get("max_completion_tokens") is not None else "max_tokens"
-    request.max_tokens = int(number_field(data, key, 256, 1, 1 << 20, integer=True, error=RequestError))
+    if data.get(key) is not None:
+        request.max_tokens = int(number_field(data, key, 1, 1, 1 << 20, integer=True, error=RequestError))
     stop = data.get("stop")
     request.stop = [stop] if isinstance(stop, str) else (stop or [])
     if not isinstance(request.stop, list) or not all(isinstance(s, str) and s for s in request.stop):
@@ -299,6 +303,11 @@ class ModelService:
         prompts = [self.renderer.render(p) if request.chat else self.tokenizer(p)["input_ids"]
                    for p in request.prompts]
         longest = max(len(ids) for ids in prompts)
+        if request.max_tokens is None:  # the rest of the context (its longest prompt's), as OpenAI's default
+            request.max_tokens = self.context_length - longest if self.context_length else DEFAULT_MAX_TOKENS
+            if request.max_tokens < 1:
+                raise RequestError(400, f"prompt ({longest} tokens) fills the model's context length "
+                                        f"{self.context_length}", "messages" if request.chat else "prompt")
         if self.context_length and longest + request.max_tokens > self.context_length:
             raise RequestError(400, f"prompt ({longest} tokens) + max_tokens ({request.max_tokens}) is over the "
                                     f"model's context length {self.context_length}", "max_tokens")

@@ -102,6 +102,7 @@ class LogprobFormat:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self._texts: dict[int, str] = {}
+        self.special = special_ids(tokenizer)  # not in the text: not listed
         self._byte_of = _byte_level_alphabet(tokenizer)  # a byte-level BPE's character -> byte; None: not one
 
     def token_bytes(self, token: int) -> list[int]:
@@ -119,15 +120,21 @@ class LogprobFormat:
             text = self._texts[token] = self.tokenizer.decode([token])
         return text
 
+    def shown(self, row: Row, positions: range) -> list[int]:
+        """The positions whose tokens the reply's text holds: special tokens, which the text leaves out, are not
+        listed, so the listed tokens join to the text (as OpenAI's)."""
+        return [i for i in positions if row.tokens[i] not in self.special]
+
     def chat(self, row: Row, positions: range) -> list[dict]:
-        """`choices[].logprobs.content` entries for the tokens at `positions`."""
+        """`choices[].logprobs.content` entries for the tokens at `positions` (special ones left out)."""
         return [{**self._entry(row.tokens[i], row.logprobs[i]),
                  "top_logprobs": [self._entry(t, lp) for t, lp in row.top[i]] if row.top else []}
-                for i in positions]
+                for i in self.shown(row, positions)]
 
     def legacy(self, row: Row, positions: range, offsets: list[int], base: int = 0) -> dict:
         """Completions' `logprobs` (tokens, token_logprobs, top_logprobs, text_offset) for the tokens at
-        `positions`; `top_logprobs` holds the k most likely and the sampled token."""
+        `positions` (special ones left out); `top_logprobs` holds the k most likely and the sampled token."""
+        positions = self.shown(row, positions)
         tops = []
         for i in positions:
             top = {self.token_text(t): lp for t, lp in (row.top[i] if row.top else [])}
@@ -139,6 +146,14 @@ class LogprobFormat:
 
     def _entry(self, token: int, logprob: float) -> dict:
         return {"token": self.token_text(token), "logprob": logprob, "bytes": self.token_bytes(token)}
+
+
+def special_ids(tokenizer: Any) -> frozenset[int]:
+    """The tokens that decoding with `skip_special_tokens` leaves out: the special tokens and the added tokens
+    marked special (a chat template's <|im_start|> among them)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return frozenset(getattr(tokenizer, "all_special_ids", ()) or ()) | frozenset(
+        token_id for token_id, token in added.items() if getattr(token, "special", False))
 
 
 def _byte_level_alphabet(tokenizer: Any) -> dict[str, int] | None:
