@@ -3,7 +3,8 @@ whole process group (what Ctrl-C in a terminal sends) end the run at its next sa
 last step completed, one line naming the step and the checkpoint, exit status 75 and no process left; the same
 command then resumes and ends exactly as the unbroken run of tests/test_resume.py (shared: tests/resume_runs.py).
 A second signal stops at once. SIGUSR1 (Slurm's warning before a time limit) and the second signal are shown on a
-small process using the same handlers, beside a child in a session of its own as the engines are.
+small process using the same handlers (tests/stop_waiter.py), beside a child in a session of its own as the
+engines are.
 """
 
 import os
@@ -116,34 +117,9 @@ def test_a_stopped_run_resumes_and_ends_as_the_unbroken_run(stopped, unbroken, n
 
 # ---- the handlers on a small process ------------------------------------------------------------------------
 
-# waits for a future that never completes, as the trainer waits for a rollout, beside a child in a session of its
-# own; a stop there is followed by a long checkpoint when asked ("hang")
-_WAITER = """
-import concurrent.futures, subprocess, sys, threading
-from pathlib import Path
-from rl360.errors import run_command
-from rl360.stopping import StopSignals
-
-def main(args):
-    checkpoints = Path(args[0])
-    stop = StopSignals(checkpoints)
-    child = subprocess.Popen(["sleep", "1000"], start_new_session=True)
-    print(f"child {child.pid}", flush=True)
-    assert stop.wait_for(concurrent.futures.Future()) is None
-    print("stopping", flush=True)
-    if args[1] == "hang":
-        threading.Event().wait()
-    child.kill()
-    child.wait()
-    raise stop.stopped(7, checkpoints / "step_000007")
-
-sys.exit(run_command(main, sys.argv[1:]))
-"""
-
-
 def _waiter(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-c", _WAITER, str(tmp_path), mode], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "tests.stop_waiter", str(tmp_path), mode], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     child = int(proc.stdout.readline().split()[1])
     return proc, child
 
