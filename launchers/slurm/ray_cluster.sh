@@ -231,7 +231,11 @@ end_if_a_node_is_lost() {
 # node is lost first
 run_command() {
   if [[ "$dry_run" == 1 ]]; then run_on "$head_node" "exec env RAY_ADDRESS=$address $command"; return 0; fi
-  run_on "$head_node" "exec env RAY_ADDRESS=$address $command" &
+  # started here, not through run_on in the background (a subshell): $! is then srun itself, which passes a
+  # signal on to its task
+  local -a prefix
+  read -r -a prefix <<< "${on_node//\{node\}/$head_node}"
+  "${prefix[@]}" bash -lc "cd $PWD && ${setup}exec env RAY_ADDRESS=$address $command" &
   command_pid=$!
   local status=0
   background+=("$command_pid")
