@@ -10,6 +10,9 @@ A user error raised inside a Ray worker (a data row met mid-run, a reward's conf
 as a `RayTaskError` whose `cause` is the error (a method), or as a `RayActorError` whose message ends in the
 error's `module.Class: message` line (an actor's `__init__`), possibly chained under the error of the code that
 called it. `run_command` reports the user error inside the same way as one raised in the driver.
+
+A run stopped by a signal at a safe point (`rl360.stopping`) raises `RunStopped`: `run_command` prints its one
+line and exits with STOPPED_EXIT.
 """
 
 from __future__ import annotations
@@ -20,9 +23,14 @@ import re
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 USAGE_EXIT = 2  # what argparse returns for a bad argument; every user error exits with it too
+# a run stopped by SIGINT, SIGTERM or SIGUSR1 after writing its checkpoint: sysexits.h's EX_TEMPFAIL ("a temporary
+# failure; the user is invited to retry"), apart from success (0), a crash (1), a user error (2) and a death by a
+# signal (128 + N), so a job script can tell "stopped, run the same command to resume" from each of them
+STOPPED_EXIT = 75
 DEBUG_ENV = "RL360_DEBUG"
 
 
@@ -33,6 +41,17 @@ class UserError(ValueError):
     label = "error"
 
 
+class RunStopped(Exception):
+    """A run stopped by a signal at a safe point; `str()` is the line the command line prints."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint: Path | None, note: str = ""):
+        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+        where = f"at step {step}" if step else "before its first step"
+        saved = f"checkpoint {checkpoint}" if checkpoint is not None else "no checkpoint yet"
+        again = "resume" if checkpoint is not None else "start again"
+        super().__init__(f"rl360: stopped by {signal_name} {where}{note}; {saved}; run the same command to {again}")
+
+
 def debug_enabled(flag: bool = False) -> bool:
     """Whether tracebacks of user errors are shown: `--debug`, or RL360_DEBUG set to anything but "", 0, false."""
     return flag or os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
@@ -41,9 +60,15 @@ def debug_enabled(flag: bool = False) -> bool:
 def run_command(run: Callable[[Any], int], args: Any, prog: str = "rl360", debug: bool = False) -> int:
     """`run(args)`, with a `UserError` printed as one `PROG: KIND: MESSAGE` line (its traceback before it when
     debugging) and exit status 2. A `SystemExit` carrying a message (a service that refuses its options) is
-    reported the same way; other exceptions propagate with their tracebacks."""
+    reported the same way; a `RunStopped` as its line and STOPPED_EXIT; other exceptions propagate with their
+    tracebacks."""
     try:
         return run(args)
+    except RunStopped as stopped:
+        if debug_enabled(debug) and stopped.__cause__ is not None:
+            traceback.print_exception(stopped.__cause__)
+        print(stopped, file=sys.stderr, flush=True)
+        return STOPPED_EXIT
     except SystemExit as err:
         if not isinstance(err.code, str):
             raise

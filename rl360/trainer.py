@@ -21,15 +21,17 @@ from rl360.algos.kl_control import KLController
 from rl360.algos.losses import kl_penalty
 from rl360.checkpointing import (
     ConvertInfo,
+    latest_checkpoint,
     load_checkpoint,
     open_checkpoints,
     save_checkpoint,
     set_previous_run_aside,
 )
-from rl360.cluster import WorkerGroup, start_ray
+from rl360.cluster import WorkerGroup, start_ray, stop_ray
 from rl360.cluster.placement import make_placement
 from rl360.config import ConfigError, RunConfig, to_dict
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream
+from rl360.errors import RunStopped
 from rl360.eval.during_training import TrainingEval
 from rl360.plan import GIB, plan
 from rl360.rewards.pool import open_reward_pool
@@ -37,15 +39,31 @@ from rl360.rollout.ahead import keep_ahead, restore_ahead
 from rl360.rollout.sampler import RolloutSampler
 from rl360.run_checks import CheckedRun, check_run
 from rl360.run_config import save_run_config
+from rl360.stopping import StopSignals, kill_descendants
 from rl360.tracking.console import LOG_FILE, RunLog, dependency_note, plain_when_piped, quiet_known_warnings
 from rl360.tracking.rollout_dump import due, dump_rollouts
 from rl360.tracking.tracker import Tracker
+
+STOP_GRACE_S = 10  # a run stopped by a signal: how long the processes it started have after SIGTERM, before SIGKILL
 
 
 def train(cfg: RunConfig, checked: CheckedRun | None = None) -> Path:
     """Run `cfg.trainer.total_steps` RL steps; returns the output directory. `checked`: `check_run(cfg)` when the
     caller already ran it (the CLI does, before importing this module)."""
     started = time.monotonic()
+    # SIGINT, SIGTERM, SIGUSR1: stop at the next safe point with a checkpoint (rl360/stopping.py)
+    stop = StopSignals(Path(cfg.output_dir) / "checkpoints")
+    try:
+        return _train(cfg, checked, stop, started)
+    except RunStopped:  # nothing the run started outlives the command (Ray's workers end after its processes)
+        stop_ray()
+        kill_descendants(grace_s=STOP_GRACE_S)
+        raise
+    finally:
+        stop.uninstall()
+
+
+def _train(cfg: RunConfig, checked: CheckedRun | None, stop: StopSignals, started: float) -> Path:
     quiet_known_warnings()  # megatron's Transformer Engine / Apex notices: one line below instead, every process
     plain_when_piped()  # no colour codes in Ray's worker prefixes when stdout is not a terminal
     checked = checked or check_run(cfg)  # model directory, resume, custom rewards, agent, every data row
@@ -57,10 +75,10 @@ def train(cfg: RunConfig, checked: CheckedRun | None = None) -> Path:
     with RunLog(out / LOG_FILE):  # what the console shows from here on, appended to train.log
         for line in [*notes, *filter(None, [dependency_note()])]:
             print(line, flush=True)
-        return _run(cfg, out, checked.agent, checked.routes, started)
+        return _run(cfg, out, checked.agent, checked.routes, started, stop)
 
 
-def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
+def _run(cfg: RunConfig, out: Path, agent, routes, started: float, stop: StopSignals) -> Path:
     """The run itself, once its config and data have been checked and its output directory is its own."""
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     # multi-turn with tools (agent.loop=tools): each sample a trajectory of the agent loop; else one turn (a chat
@@ -70,6 +88,7 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
     # the run refuses to start when the data runs code that the sandbox here cannot isolate
     rewards = open_reward_pool(cfg.reward, routes)
     tracker = rollouts = None
+    done = 0  # the last step completed
     try:
         # a Qwen2-VL / Qwen2.5-VL model (config.json model_type) renders image rows as ImagePrompts
         renderer = PromptRenderer.for_model(cfg.model.path, tokenizer, cfg.data.max_prompt_length)
@@ -87,6 +106,7 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
         in_process_engines = cfg.rollout.num_engines if cfg.rollout.engine == "hf" else 0
         gpus = start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus or max(
             os.cpu_count() or 1, policy_ranks * (2 if use_critic else 1) + in_process_engines), cfg.cluster.num_gpus)
+        stop.install()  # again: ray.init replaced the SIGTERM handler with its own
         # who runs on which GPU, decided once from the settings and the cluster's GPUs (refused here, in seconds,
         # when it cannot fit); colocation and the weight sync it needs are written into the run's config
         placement = make_placement(policy_ranks, use_critic, cfg.rollout, gpus)
@@ -142,7 +162,17 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
         if cfg.trainer.eval_before_train and resumed is None:  # the starting weights, logged as step 0
             tracker.log(0, evaluation.run(0))
         ahead = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0
+
+        def save(step: int, pending: dict[int, concurrent.futures.Future]) -> Path:
+            data, extra = keep_ahead(pending, rollouts, step, cfg)
+            return save_checkpoint(checkpoints, step, models, {"data": data, "kl_coef": kl_control.coef},
+                                   cfg.trainer.keep_checkpoints, ConvertInfo(cfg.model.path, parallel.tensor,
+                                                                             parallel.pipeline, cfg.model.dtype), extra)
+
+        done = first_step - 1  # the last step completed
         for step in range(first_step, cfg.trainer.total_steps + 1):
+            if stop.requested:
+                break
             started = time.perf_counter()
             # 1-3. prompts -> n rollouts each (with the engine's log-probs) -> rewards by data_source, from the
             #      rollout sampler (DAPO's dynamic sampling and ReMax's greedy baselines happen there too);
@@ -150,7 +180,12 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
             for upcoming in range(step, min(step + ahead, cfg.trainer.total_steps) + 1):
                 if upcoming not in generating:
                     generating[upcoming] = rollouts.generate(upcoming)
-            step_rollouts = generating.pop(step).result()
+            # a stop during a rollout abandons it when no step is drawn ahead (a resume draws it again, the same)
+            step_rollouts = generating[step].result() if ahead else stop.wait_for(generating[step])
+            if step_rollouts is None:
+                generating.pop(step).cancel()
+                break
+            generating.pop(step)
             timing = {"rollout_wait": time.perf_counter() - started, **step_rollouts.timing}
             scored, baselines, sampling_metrics = step_rollouts.scored, step_rollouts.baselines, step_rollouts.metrics
             batch, scores = scored.batch(tokenizer.pad_token_id or 0), scored.scores
@@ -211,18 +246,26 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float) -> Path:
                 "timing/step_s": time.perf_counter() - started,
             }
             tracker.log(step, metrics)
+            done = step
 
             # 8. a resumable checkpoint now and then, and at the end (the data position before the next
             #    step's prompts; async: the steps already under way, waited for and kept with it)
             every = cfg.trainer.save_every
             if every and (step % every == 0 or step == cfg.trainer.total_steps):
-                data, extra = keep_ahead(generating, rollouts, step, cfg)
-                save_checkpoint(checkpoints, step, models, {"data": data, "kl_coef": kl_control.coef},
-                                cfg.trainer.keep_checkpoints, ConvertInfo(cfg.model.path, parallel.tensor,
-                                                                          parallel.pipeline, cfg.model.dtype), extra)
+                save(step, generating)
+        if done < cfg.trainer.total_steps:  # stopped by a signal: a checkpoint of the last step completed
+            latest = latest_checkpoint(checkpoints)
+            if done >= first_step and (latest is None or latest.name != f"step_{done:06d}"):
+                latest = save(done, generating)
+            raise stop.stopped(done, latest)
         if cfg.trainer.save_hf:  # data-parallel replicas hold the same weights: replica 0 writes them
             policy.save_hf(str(out / "hf"))
             tokenizer.save_pretrained(str(out / "hf"))
+    except Exception as err:  # stopping, its workers signalled too (Slurm signals every process of a job)
+        if not stop.requested or isinstance(err, RunStopped):
+            raise
+        raise stop.stopped(done, latest_checkpoint(out / "checkpoints"),
+                           f" (the run failed while stopping: {type(err).__name__}, in train.log)") from err
     finally:
         if tracker is not None:
             tracker.close()

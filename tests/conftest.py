@@ -2,6 +2,8 @@ import os
 
 import pytest
 
+# the runs tests of resuming share (session fixtures: one unbroken run per algorithm for every module using them)
+pytest_plugins = ["tests.resume_runs"]
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
 

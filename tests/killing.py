@@ -94,6 +94,7 @@ class TrainingProcess:
     logged_step: int = 0  # the last `step N` line printed
 
     def __post_init__(self):
+        self._new_line, self._output_ended = threading.Condition(), False
         self.proc = subprocess.Popen(self.command, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -101,9 +102,21 @@ class TrainingProcess:
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            self.lines.append(line)
-            if match := _STEP_LINE.match(line):
-                self.logged_step = int(match.group(1))
+            with self._new_line:
+                self.lines.append(line)
+                if match := _STEP_LINE.match(line):
+                    self.logged_step = int(match.group(1))
+                self._new_line.notify_all()
+        with self._new_line:
+            self._output_ended = True
+            self._new_line.notify_all()
+
+    def wait_for_step(self, step: int, timeout_s: float = 300) -> None:
+        """Wait until the run has printed its `step N` line for `step` (AssertionError if it ends first)."""
+        with self._new_line:
+            if not self._new_line.wait_for(lambda: self.logged_step >= step or self._output_ended,
+                                           timeout=timeout_s) or self.logged_step < step:
+                raise AssertionError(f"the run did not reach step {step}:\n{self.output[-3000:]}")
 
     @property
     def output(self) -> str:

@@ -172,7 +172,8 @@ def _enter(node: str, state_dir: Path) -> None:
 
 
 def _exec(node: str, command: list[str], state_dir: Path) -> int:
-    """Run `command` on `node` as srun runs a task: SIGINT / SIGTERM / SIGHUP go to its process group."""
+    """Run `command` on `node` as srun runs a task: SIGINT / SIGTERM / SIGHUP / SIGUSR1 / SIGUSR2 go to its process
+    group."""
     try:
         _enter(node, state_dir)
     except OSError as err:
@@ -186,7 +187,7 @@ def _exec(node: str, command: list[str], state_dir: Path) -> int:
         except ProcessLookupError:
             pass
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, forward)
     status = child.wait()
     return status if status >= 0 else 128 - status

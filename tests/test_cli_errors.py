@@ -83,6 +83,35 @@ def test_template_without_its_environment_names_the_variable():
         "RL360_DATA_DIR=... or pass model.path=... data.train_files=... on the command line")
 
 
+@pytest.mark.parametrize("where", ["under a regular file", "under /proc", "under /sys"])
+def test_an_output_dir_that_cannot_be_written_is_refused_before_anything_starts(tmp_path, where):
+    """Checked first: the model directory here does not exist, and the path is what is reported."""
+    (tmp_path / "notes.txt").write_text("a file\n")
+    out, blocked, reason = {
+        "under a regular file": (tmp_path / "notes.txt" / "run", tmp_path / "notes.txt", "is not a directory"),
+        "under /proc": (Path("/proc/rl360-test/run"), Path("/proc"), "nothing can be created in /proc ("),
+        "under /sys": (Path("/sys/rl360-test/run"), Path("/sys"), "nothing can be created in /sys ("),
+    }[where]
+    done = _cli("train", str(REPO / "configs" / "quickstart.yaml"), f"output_dir={out}", cwd=tmp_path)
+    assert done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"rl360: config error: output_dir: cannot write {out}: ") and reason in line, line
+    assert str(blocked) in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # nothing written, nothing started
+
+
+@pytest.mark.parametrize("name, key", [("checkpoints", "output_dir (its checkpoints)"),
+                                       ("hf", "trainer.save_hf (the model's export)")])
+def test_a_run_directory_that_is_a_file_is_refused(tmp_path, name, key):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text("not a directory\n")
+    done = _cli("train", str(REPO / "configs" / "quickstart.yaml"), f"output_dir={out}", cwd=tmp_path)
+    assert _last_line(done) == f"rl360: config error: {key}: cannot write {out / name}: {out / name} is not a " \
+                               "directory"
+    assert sorted(p.name for p in out.iterdir()) == [name]
+
+
 def test_bad_rows_deep_in_the_file_stop_train_before_ray(tmp_path):
     rows = _rows(300)
     for index in (7, 150, 151, 152, 280, 299):

@@ -36,6 +36,13 @@ def _shellcheck() -> str:
     return found
 
 
+def test_templates_ask_for_the_warning_signal_and_requeue():
+    for template in TEMPLATES:
+        options = sbatch_options(template.read_text())
+        assert options["signal"] == "B:USR1@300" and "requeue" in options, template
+        assert options["open-mode"] == "append"  # a requeued job's log goes on after the first one's
+
+
 def test_templates_exist_for_each_layout():
     assert {t.stem for t in TEMPLATES} == {"qwen2.5-7b-1node", "qwen2.5-7b-4node", "qwen2.5-32b-8node",
                                            "qwen2.5-32b-16node"}
@@ -75,15 +82,28 @@ def test_template_resources_match_its_config_and_fit_80gb(template, tmp_path, mo
     assert estimate.fits(), estimate.report()
 
 
+def _launch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`rl360 launch ARGS` without the caller's RL360_ and SLURM_ variables, with `env` added."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RL360_", "SLURM_"))}
+    return subprocess.run([sys.executable, "-m", "rl360.cli", "launch", *args], capture_output=True, text=True,
+                          env={**clean, **(env or {})}, cwd=REPO, timeout=120)
+
+
+def _commands(stdout: str) -> list[str]:
+    """The commands the printed script runs (after its text)."""
+    lines = stdout.splitlines()
+    marker = next(i for i, line in enumerate(lines) if line.startswith("# ---- what it runs"))
+    return lines[marker + 1:]
+
+
 def test_launch_print_shows_the_bring_up_and_the_trainer():
     template = REPO / "launchers" / "slurm" / "qwen2.5-7b-4node.sbatch"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RL360_", "SLURM_"))}
-    result = subprocess.run([sys.executable, "-m", "rl360.cli", "launch", "--print", str(template),
-                             "trainer.total_steps=5"], capture_output=True, text=True, env=env, cwd=REPO)
+    result = _launch("--print", str(template), "trainer.total_steps=5")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("# sbatch --job-name=rl360-qwen2.5-7b-4node --nodes=4")
-    commands = lines[1:]
+    assert lines[0] == f"# sbatch launchers/slurm/qwen2.5-7b-4node.sbatch trainer.total_steps=5   (from {REPO})"
+    assert "\n".join(lines[2:]).startswith(template.read_text())  # the whole script, as sbatch gets it
+    commands = _commands(result.stdout)
     assert all(line.startswith("srun --nodes=1 --ntasks=1 --overlap -w node-0") for line in commands)
     assert "ray start --head" in commands[0] and "-w node-01 " in commands[0]
     for index, line in enumerate(commands[1:4], start=2):
@@ -91,18 +111,55 @@ def test_launch_print_shows_the_bring_up_and_the_trainer():
     assert "rl360.cluster.ready" in commands[4] and "--nodes=node-01,node-02,node-03,node-04" in commands[4]
     assert "--gpus-per-node=8" in commands[4]
     assert commands[5].endswith("rl360 train configs/templates/qwen2.5-7b-4node.yaml trainer.total_steps=5 '")
+    assert "exec env RAY_ADDRESS=" in commands[5]  # the trainer is srun's task itself: a signal to srun reaches it
     assert "conda activate" in commands[5]  # no environment given: shown as a conda one to fill in
     assert "4 node(s) x 8 GPU(s)" in result.stderr
 
 
-def test_a_container_image_runs_every_step_through_pyxis():
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RL360_", "SLURM_"))},
-           "RL360_CONTAINER_IMAGE": "/images/rl360.sqsh"}
-    result = subprocess.run([sys.executable, "-m", "rl360.cli", "launch", "--print",
-                             "launchers/slurm/qwen2.5-7b-1node.sbatch"], capture_output=True, text=True, env=env,
-                            cwd=REPO)
+def test_a_run_template_prints_the_script_that_trains_it():
+    by_yaml = _launch("--print", "configs/templates/qwen2.5-7b-1node.yaml", "trainer.total_steps=5")
+    by_script = _launch("--print", "launchers/slurm/qwen2.5-7b-1node.sbatch", "trainer.total_steps=5")
+    assert by_yaml.returncode == by_script.returncode == 0, by_yaml.stderr
+    assert by_yaml.stdout.splitlines()[0].startswith("# sbatch launchers/slurm/qwen2.5-7b-1node.sbatch ")
+    assert _commands(by_yaml.stdout) == _commands(by_script.stdout)
+
+
+def test_a_conda_environment_prints_without_conda_here():
+    result = _launch("--print", "launchers/slurm/qwen2.5-7b-1node.sbatch", env={"RL360_CONDA_ENV": "rl360"})
     assert result.returncode == 0, result.stderr
-    for line in result.stdout.splitlines()[1:]:
+    assert all("conda activate rl360 && " in line for line in _commands(result.stdout))
+
+
+@pytest.mark.parametrize("case", ["not a template", "unknown file", "no variables", "conda env", "no sbatch"])
+def test_launch_mistakes_are_one_line_and_status_2(case, tmp_path):
+    data = {"RL360_MODEL_PATH": str(tmp_path), "RL360_DATA_DIR": str(tmp_path)}
+    args, env, line = {
+        "not a template": (["configs/quickstart.yaml"], {}, "rl360: error: no Slurm script in launchers/slurm/ trains "
+                           "configs/quickstart.yaml (a script there runs `rl360 train configs/quickstart.yaml`); "
+                           "templates: configs/templates/qwen2.5-32b-16node.yaml, "),
+        "unknown file": (["launchers/slurm/nope.sbatch"], {}, "rl360: error: no file at launchers/slurm/nope.sbatch"),
+        "no variables": (["launchers/slurm/qwen2.5-7b-1node.sbatch"], {},
+                         "rl360: error: RL360_MODEL_PATH is not set (qwen2.5-7b-1node.sbatch needs: RL360_MODEL_PATH "
+                         "RL360_DATA_DIR)"),
+        "conda env": (["configs/templates/qwen2.5-7b-1node.yaml"], {**data, "RL360_CONDA_ENV": "rl360"},
+                      "rl360: error: RL360_CONDA_ENV=rl360, but conda is not on PATH here"),
+        "no sbatch": (["configs/templates/qwen2.5-7b-1node.yaml"], {**data, "RL360_CONTAINER_IMAGE": "/img.sqsh"},
+                      "rl360: error: sbatch is not on PATH: submit from a Slurm login node, or `rl360 launch --print "
+                      "TEMPLATE` shows the job without submitting it"),
+    }[case]
+    if case in ("conda env", "no sbatch") and (shutil.which("conda") or shutil.which("sbatch")):
+        env["PATH"] = str(Path(sys.executable).parent)  # this machine's conda or sbatch out of sight
+    result = _launch(*args, env=env)
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    (shown,) = result.stderr.strip().splitlines()
+    assert shown.startswith(line), shown
+
+
+def test_a_container_image_runs_every_step_through_pyxis():
+    result = _launch("--print", "launchers/slurm/qwen2.5-7b-1node.sbatch",
+                     env={"RL360_CONTAINER_IMAGE": "/images/rl360.sqsh"})
+    assert result.returncode == 0, result.stderr
+    for line in _commands(result.stdout):
         assert "--container-image=/images/rl360.sqsh" in line and "conda" not in line
 
 

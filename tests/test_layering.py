@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1] / "rl360"
 FLOORS = [
     ["core", "imports", "network", "errors"],  # shared types (prompts, samples, sampling params), the engine API's
     # client, the user-error base
-    ["algos", "tracking", "service", "model_dir", "model_shapes"],  # pure torch algorithms, metric sinks, the HTTP
-    # service layer, model directory checks, released models' shapes
+    ["algos", "tracking", "service", "model_dir", "model_shapes", "stopping"],  # pure torch algorithms, metric
+    # sinks, the HTTP service layer, model directory checks, released models' shapes, stopping a run on a signal
     ["config"],  # the typed run config (validates against the algos' registries)
     ["data", "cluster", "weight_sync", "installed"],  # prompts from parquet, Ray placement, weights into engines,
     # what a config needs installed

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from rl360.cluster.groups import WorkerGroup
+from rl360.errors import STOPPED_EXIT
 from tests.netns_cluster import NetnsCluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -246,3 +248,37 @@ class _Echo:
 
     def master(self) -> tuple[str, int]:
         return self.master_addr, self.master_port
+
+
+def test_the_time_limit_warning_reaches_the_command_and_the_job_ends_stopped(tmp_path):
+    """SIGUSR1 to the job script (Slurm's `--signal=B:USR1@300` goes to the batch shell only) is passed on to the
+    command on the head node, under the trainer's own handlers (tests/stop_waiter.py), which stops with its line
+    and status 75; the script then stops Ray on the node and ends with that status (no SLURM_JOB_ID: no requeue)."""
+    _require_namespaces()
+    log = tmp_path / "job.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RL360_", "SLURM_", "RAY_"))}
+    with NetnsCluster(size=1, prefix="rl360-s", subnet="10.77.2") as single:
+        env.update(RL360_NODES=" ".join(single.nodes), RL360_ON_NODE=single.on_node, RL360_VENV=_venv(),
+                   RL360_GPUS_PER_NODE="0", RL360_CPUS_PER_NODE="1", RL360_LOG_DIR=str(tmp_path / "logs"),
+                   RL360_READY_TIMEOUT_S="180")
+        with open(log, "w") as out:
+            job = subprocess.Popen([str(BRING_UP), "--", "python", "-m", "tests.stop_waiter", str(tmp_path), "finish"],
+                                   cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while not re.search(r"^child \d+$", log.read_text(), re.MULTILINE):  # the command waits
+                assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+                time.sleep(0.5)
+            job.send_signal(signal.SIGUSR1)
+            assert job.wait(timeout=120) == STOPPED_EXIT, log.read_text()[-4000:]
+            left = single.processes(single.nodes[0])
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+    output = log.read_text()
+    assert "rl360 launch: SIGUSR1: the job is near its time limit; stopping the command" in output
+    assert f"rl360: stopped by SIGUSR1 at step 7; checkpoint {tmp_path / 'step_000007'}" in output
+    assert "rl360 launch: stopping ray on 1 node(s)" in output and "requeue" not in output
+    ours = ("raylet", "gcs_server", "ray::", "stop_waiter", "sleep 1000")
+    assert not [command for command in left if any(name in command for name in ours)], left

@@ -16,13 +16,20 @@
 #      exits first (the node died or lost its Ray): then the job ends at once with status 1, naming the node;
 #   6. on exit, failure or signal: `ray stop` on every node and the background steps are killed.
 #
+# Stopping: SIGUSR1 to this script (Slurm's warning, `#SBATCH --signal=B:USR1@300`) is passed on to the command,
+# which stops at its next safe point with a checkpoint and exit status 75 (`rl360 train`); the job is then
+# requeued (`scontrol requeue`, after the teardown), and the requeued job runs the same command, which resumes.
+# SIGTERM or SIGINT here (Slurm signals every process of the job at a time limit, a preemption or `scancel`, the
+# command included) waits for the command to end rather than tearing Ray down under it, and never requeues.
+#
 # Settings (environment): RL360_NODES (default: the allocation's nodes), RL360_GPUS_PER_NODE (default:
 # SLURM_GPUS_ON_NODE, else 8), RL360_CPUS_PER_NODE (the CPUs Ray may place work on; default SLURM_CPUS_ON_NODE,
 # else all it finds), RL360_RAY_PORT (6379), RL360_RAY_DASHBOARD_PORT (8265), RL360_READY_TIMEOUT_S
 # (600), RL360_LOG_DIR (logs/rl360-<job id>), RL360_ON_NODE (how to run a command on one node, "{node}" standing
 # for its name; default `srun --nodes=1 --ntasks=1 --overlap -w {node}` plus the container options),
 # RL360_CONTAINER_MOUNTS (pyxis mounts; default: the submit directory), RL360_VENV (a virtualenv every node
-# activates), RL360_CONDA_SH (conda's profile script, default from `conda info --base`), RL360_DRY_RUN=1 (print
+# activates), RL360_CONDA_SH (conda's profile script, default from `conda info --base`), RL360_REQUEUE (1: requeue
+# the job after a stop on SIGUSR1; 0: do not), RL360_DRY_RUN=1 (print
 # every command instead of running it: what `rl360 launch --print` shows). tests/test_multihost.py runs it over
 # three network namespaces as nodes (RL360_ON_NODE: tests/netns_cluster.py's runner).
 set -euo pipefail
@@ -83,7 +90,17 @@ fi
 # container has it)
 setup=""
 if [[ -n "${RL360_CONDA_ENV:-}" ]]; then
-  conda_sh=${RL360_CONDA_SH:-$(conda info --base 2>/dev/null)/etc/profile.d/conda.sh}
+  conda_sh=${RL360_CONDA_SH:-}
+  if [[ -z "$conda_sh" ]]; then
+    if conda_base=$(conda info --base 2>/dev/null); then
+      conda_sh=$conda_base/etc/profile.d/conda.sh
+    elif [[ "$dry_run" == 1 ]]; then
+      conda_sh="<conda>/etc/profile.d/conda.sh"
+    else
+      die "RL360_CONDA_ENV=$RL360_CONDA_ENV, but conda is not on PATH on $(hostname); set RL360_CONDA_SH to" \
+        "<conda>/etc/profile.d/conda.sh"
+    fi
+  fi
   printf -v setup 'source %q && conda activate %q && ' "$conda_sh" "$RL360_CONDA_ENV"
 elif [[ -n "${RL360_VENV:-}" ]]; then
   printf -v setup 'source %q/bin/activate && ' "$RL360_VENV"
@@ -143,9 +160,17 @@ teardown() {
   wait "${stoppers[@]}" 2>/dev/null || true
   kill "$watchdog" 2>/dev/null || true
   for pid in "${background[@]}"; do kill "$pid" 2>/dev/null || true; done
+  if (( ${requeue:-0} )); then  # stopped on the time-limit warning: the same job again, which resumes
+    echo "rl360 launch: requeueing job $SLURM_JOB_ID; it runs the same command again, which resumes" >&2
+    scontrol requeue "$SLURM_JOB_ID" || echo "rl360 launch: scontrol requeue $SLURM_JOB_ID failed" >&2
+  fi
   exit "$status"
 }
 trap teardown EXIT INT TERM
+
+# the warning before the bring-up is done: no command to stop; the job is requeued once up, without running it
+warned=0
+trap 'warned=1' USR1
 
 # ---- 2. the head ---------------------------------------------------------------------------------------------
 head_address=$(address_of "$head_node")
@@ -184,6 +209,10 @@ run_on "$head_node" "python -m rl360.cluster.ready --address=$address --nodes=$n
 
 # ---- 5. the command ------------------------------------------------------------------------------------------
 printf -v command '%q ' "$@"
+stopped_status=75  # `rl360 train` stopped by a signal after its checkpoint (rl360.errors.STOPPED_EXIT)
+# warned: SIGUSR1 came (above): the job's time runs out, and it is requeued once the command has stopped
+signalled=0        # SIGTERM or SIGINT came: the command got it too; wait for it, then tear down
+requeue=0
 
 # a node whose Ray exits (the node died, or its raylet did) ends the job at once, named: the run cannot go on
 # without it, and must not wait on it
@@ -198,21 +227,42 @@ end_if_a_node_is_lost() {
   done
 }
 
-# the command on the head; its exit status is the job's, unless a node is lost first
+# the command on the head (exec'd, so a signal sent to srun reaches it); its exit status is the job's, unless a
+# node is lost first
 run_command() {
-  if [[ "$dry_run" == 1 ]]; then run_on "$head_node" "RAY_ADDRESS=$address $command"; return 0; fi
-  run_on "$head_node" "RAY_ADDRESS=$address $command" &
-  local command_pid=$! status=0
+  if [[ "$dry_run" == 1 ]]; then run_on "$head_node" "exec env RAY_ADDRESS=$address $command"; return 0; fi
+  # started here, not through run_on in the background (a subshell): $! is then srun itself, which passes a
+  # signal on to its task
+  local -a prefix
+  read -r -a prefix <<< "${on_node//\{node\}/$head_node}"
+  "${prefix[@]}" bash -lc "cd $PWD && ${setup}exec env RAY_ADDRESS=$address $command" &
+  command_pid=$!
+  local status=0
   background+=("$command_pid")
+  trap 'warned=1; echo "rl360 launch: SIGUSR1: the job is near its time limit; stopping the command" >&2
+        kill -USR1 "$command_pid" 2>/dev/null || true' USR1
+  trap 'signalled=1' TERM INT
   while kill -0 "$command_pid" 2>/dev/null; do
-    end_if_a_node_is_lost "while the job ran"
-    sleep 2
+    (( signalled )) || end_if_a_node_is_lost "while the job ran"
+    sleep 2 & wait $! || true  # a trap runs at once, not after the sleep
   done
   wait "$command_pid" || status=$?
-  if (( status != 0 )); then
+  while (( status > 128 )) && kill -0 "$command_pid" 2>/dev/null; do  # the wait was cut by a trap
+    wait "$command_pid" && status=0 || status=$?
+  done
+  trap '' USR1  # the command has ended: a late warning changes nothing
+  if (( status == stopped_status && warned )) && [[ "${RL360_REQUEUE:-1}" == 1 && -n "${SLURM_JOB_ID:-}" ]]; then
+    requeue=1
+  fi
+  if (( status != 0 && status != stopped_status && ! signalled )); then
     sleep 5  # a failure from a lost node can reach the command before the node's `ray start --block` has ended
     end_if_a_node_is_lost "and the job failed (status $status)"
   fi
   return "$status"
 }
+if (( warned )) && [[ "$dry_run" != 1 ]]; then
+  echo "rl360 launch: SIGUSR1 before the command started: not starting it" >&2
+  [[ "${RL360_REQUEUE:-1}" == 1 && -n "${SLURM_JOB_ID:-}" ]] && requeue=1
+  exit "$stopped_status"
+fi
 run_command

@@ -27,6 +27,12 @@ def start_ray(address: str = "", num_cpus: int = 0, num_gpus: int = -1) -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
+def stop_ray() -> None:
+    """Disconnect from Ray; a local cluster that `start_ray` started stops with its processes."""
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def reserve(bundles: list[dict[str, float]], name: str, timeout_s: float) -> PlacementGroup:
     """A placement group of `bundles`, ready; PlacementError naming what was asked and what the cluster has free
     when it is not ready within `timeout_s` (never a silent wait)."""

@@ -46,6 +46,7 @@ from rl360.core import Prompt, Sample, SamplingParams, TrajectorySummary
 from rl360.rewards import RewardItem, RewardPool, RewardResult
 from rl360.rollout.fleet import EngineFleet
 
+CLOSE_TIMEOUT_S = 30  # how long `close` waits for the steps still generating to end once cancelled
 # a prompt batch's samples: (fleet, prompts, params, seed, the step's metrics, the prompts' rows) -> params.n
 # samples per prompt
 GenerateGroup = Callable[[EngineFleet, list[Prompt], SamplingParams, int, dict[str, float], list[dict]],
@@ -198,6 +199,8 @@ class RolloutSampler:
     def close(self) -> None:
         if self._loop.is_closed():
             return
+        if self._thread.is_alive():  # a step still generating (a run stopped mid-rollout) ends first
+            asyncio.run_coroutine_threadsafe(_cancel_others(), self._loop).result(timeout=2 * CLOSE_TIMEOUT_S)
         self.fleet.close()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
@@ -393,6 +396,15 @@ class RolloutSampler:
                                                0, timing, metrics)
         metrics["reward/greedy_baseline_mean"] = greedy.scores.mean().item()
         return greedy.scores.repeat_interleave(scored.n)
+
+
+async def _cancel_others() -> None:
+    """Cancel every other task of the running loop and wait (at most CLOSE_TIMEOUT_S) until they have ended."""
+    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    if others:
+        await asyncio.wait(others, timeout=CLOSE_TIMEOUT_S)
 
 
 def _add(timing: dict[str, float], name: str, seconds: float) -> None:

@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import TextIO
 
-from rl360.errors import user_error_in, user_error_line
+from rl360.errors import RunStopped, user_error_in, user_error_line
 
 LOG_FILE = "train.log"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -89,7 +89,12 @@ class RunLog:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc is not None and self._file is not None:  # why the run stopped, in full, in the log (the console
+        if isinstance(exc, RunStopped) and self._file is not None:  # stopped by a signal: its line (and what
+            with self._lock:  # failed while stopping, in full)
+                if exc.__cause__ is not None:
+                    self._file.write("".join(traceback.format_exception(exc.__cause__)))
+                self._file.write(f"{exc}\n")
+        elif exc is not None and self._file is not None:  # why the run stopped, in full, in the log (the console
             with self._lock:  # shows it as the command line reports it), and a user error's line as shown
                 self._file.write("".join(traceback.format_exception(exc_type, exc, tb)))
                 user_error = user_error_in(exc)
