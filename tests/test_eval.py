@@ -353,3 +353,16 @@ def test_the_judge_writes_up_to_its_max_tokens():
     assert judge_env(config)["RL360_JUDGE_MAX_TOKENS"] == "48"  # and so to the reward workers
     with pytest.raises(ValueError, match="max_tokens=0 must be >= 1"):
         JudgeClient.from_config(JudgeConfig(url="http://judge.invalid/v1", model="m", max_tokens=0))
+
+
+def test_a_results_line_cut_short_is_dropped_from_the_file_on_resume(tmp_path):
+    """A SIGKILL mid-write leaves a partial last line: resuming reads the whole lines and cuts the file back to
+    them, so the pair is sent again and its new line starts on a line of its own."""
+    from rl360.eval.runner import read_results
+
+    path = tmp_path / "results.jsonl"
+    whole = [json.dumps({"prompt": i, "sample": 0, "response": "r"}) + "\n" for i in range(2)]
+    path.write_text("".join(whole) + '{"prompt": 2, "sample": 0, "resp')
+    done = read_results(path, prompts=3, n=1)
+    assert sorted(done) == [(0, 0), (1, 0)]
+    assert path.read_text() == "".join(whole)  # the cut line is gone from the file, not only skipped

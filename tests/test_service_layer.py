@@ -29,7 +29,7 @@ from rl360.service.app import (
 )
 from rl360.service.metrics import MetricsRegistry
 
-KEY = "layer-test-key-0123456789"
+KEY = "Layer-Test-Key-0123456789"  # mixed case: a case-blind comparison would be caught
 AUTH = {"Authorization": f"Bearer {KEY}"}
 ENV = "RL360_TEST_LAYER_KEY"
 
@@ -85,8 +85,10 @@ def test_metrics_render_in_prometheus_text_format():
 def test_keys_are_checked_in_full_and_never_echoed(monkeypatch):
     guard = ServiceGuard("t", service_app(), ServiceLimits(), api_key=KEY)
     assert guard.authorized(f"Bearer {KEY}".encode()) and guard.authorized(f"bearer {KEY}".encode())
+    assert KEY.lower() != KEY and KEY.upper() != KEY  # so a comparison blind to case would let these in
     for header in (None, b"", KEY.encode(), f"Basic {KEY}".encode(), f"Bearer {KEY[:-1]}".encode(),
-                   f"Bearer {KEY}x".encode(), b"Bearer "):
+                   f"Bearer {KEY}x".encode(), b"Bearer ", f"Bearer {KEY.lower()}".encode(),
+                   f"Bearer {KEY.upper()}".encode()):
         assert not guard.authorized(header), header
     assert ServiceGuard("t", service_app(), ServiceLimits()).authorized(None)  # no key: open
     monkeypatch.setenv("RL360_SHORT", "short-key")
