@@ -135,6 +135,36 @@ def test_a_failed_engines_share_goes_to_another_and_its_restart_is_counted(tmp_p
     assert fleet.restart_metrics()["rollout/engine_restarts"] == 0  # counted once, at the next step's metrics
     assert engines[1].usable  # restarted before any weight update: it serves the weights the fleet expects
     assert all(engine.stopped for engine in engines)
+    # 7 prompts over 3 engines: 2, 2 and 3; engine 1's 2 failed and went to another engine, not back to it
+    assert engines[1].calls == [2] and sorted(engines[0].calls + engines[2].calls) == [2, 2, 3]
+
+
+def test_an_engine_restarted_after_a_weight_update_waits_for_the_next_one(tmp_path):
+    """At weight version 3 a restarted engine serves its checkpoint's weights: it takes no work until a weight
+    update has reached it (the other engines draw everything meanwhile)."""
+    engines = [MemoryEngine(0), MemoryEngine(1, failures=1)]
+    fleet = _fleet(tmp_path, engines)
+
+    async def run():
+        await fleet.start()
+        try:
+            await fleet.sync_weights(3)
+            first = await fleet.generate(PROMPTS, PARAMS, 100)
+            await fleet._restarts_done()
+            usable_after_restart = engines[1].usable
+            calls_before = list(engines[1].calls)
+            second = await fleet.generate(PROMPTS, PARAMS, 100)
+            calls_between = list(engines[1].calls)
+            await fleet.sync_weights(4)
+            await fleet.generate(PROMPTS, PARAMS, 100)
+            return first, second, usable_after_restart, calls_before, calls_between
+        finally:
+            fleet.close()
+
+    first, second, usable_after_restart, calls_before, calls_between = asyncio.run(run())
+    assert first == second  # the same samples, whoever drew them
+    assert not usable_after_restart and calls_between == calls_before == [4]  # its failed share only
+    assert len(engines[1].calls) == 2 and engines[1].version == 4  # back once the update reached it
 
 
 class CuttingEngine(MemoryEngine):
