@@ -1,7 +1,12 @@
 """Run untrusted Python code in a sandboxed subprocess (for `codegen` rewards).
 
 `run_python(code, stdin)` writes `code` to a fresh temporary directory, runs it there with the
-interpreter from `sandbox_python()` and returns a `SandboxResult`. Four kinds of isolation, each used
+interpreter from `sandbox_python()` and returns a `SandboxResult`. `start_session(argv, files, limits, slot)`
+starts a process with the same isolation and limits and leaves it running (the python agent tool's interpreter
+per trajectory), as the uid `session_uid(slot)`: `SESSION_UID_BASE + (pid % PID_SPAN) * SESSION_SLOTS + slot`,
+a range apart from the one-shot runs' uids, so each live session of every process has a uid of its own; its
+caller enforces the timeout, memory cap and output cap while it talks to it, and `stop()` kills it and sweeps
+its uid. Four kinds of isolation, each used
 where this machine allows it (`isolation()` says which; see "Isolation required" below):
 
 - **uid**: the child runs as a uid of its own, `UID_BASE + (this process's pid % UID_SPAN)`, with no

@@ -1,28 +1,42 @@
 """`python`, PyVision's tool: run the model's Python code over the conversation's images, in the sandbox.
 
-**One interpreter state per trajectory, by replay.** Each call is one fresh run of `rl360.rewards.sandbox`
-(its own uid, no network, private tmpfs, memory polling, CPU/address-space/file limits, scrubbed environment)
-that first re-runs the trajectory's earlier successful cells, silently, and then the new one. So variables,
-imports and files of earlier calls are there, as in a notebook, while every call keeps the sandbox's
-run-to-completion isolation: nothing lives between calls, a cell that crashes, hangs or floods cannot leave
-a broken interpreter behind (a cell that raises or is stopped is not kept; one whose output was cut is), and
-two trajectories never share a process. The price:
-earlier cells' time is paid again (the wall-clock cap of a call is `timeout_s` plus 1.5 x the earlier cells'
-own time), and a cell whose result depends on chance or the clock may differ on replay (`random` is seeded
-per trajectory). A persistent interpreter would be cheaper per call but needs a long-lived sandbox process
-and a request protocol the sandbox does not have; agent trajectories are a handful of cells, so replay wins.
+**One live interpreter per trajectory.** A trajectory's first call starts a sandboxed Python interpreter
+(`rl360.rewards.sandbox.start_session`: the isolation and limits of `run_command`, i.e. a uid of its own, no
+network, private tmpfs mounts and /proc, CPU/address-space/file/process limits, scrubbed environment) running a
+small driver; each call sends only its new cell, as one JSON line on the interpreter's stdin, and reads the
+reply, a JSON line after a random per-interpreter marker, from its stdout. Variables, imports and files of
+earlier calls are there, as in a notebook; `random` is seeded per trajectory when the interpreter starts. The
+interpreter is released (killed with every process of its uid, its directory deleted) when the trajectory ends
+or is aborted: the agent loop calls `release(state)` in a `finally`; a trajectory state dropped without one
+releases it when garbage-collected, and `close()` releases all.
+
+**Failures.** A call's wall clock is capped at `timeout_s`, and while it runs the resident memory of its
+sandbox's processes (those of its uid) is summed every 50 ms by one watch thread for all running calls, capped
+at `memory_mb` (each process also has that address-space limit, so a large allocation raises MemoryError in
+the cell and the interpreter lives on). A cell that hangs, crashes the interpreter, floods its output pipe or
+goes over the memory cap costs that call an error reply, and the interpreter is killed; the trajectory's next
+call starts a new one that first re-runs the trajectory's earlier successful cells, silently (then the cap is
+`timeout_s` plus 1.5 x their own time), so its state is rebuilt once. A cell that raises is not kept among
+those cells (a rebuild drops what it did before raising; the live interpreter keeps it); one whose output was
+cut is. The cells live in `TrajectoryState.store["python"]`, so a trajectory continued elsewhere (a resumed
+run, another process) rebuilds its interpreter the same way, once.
+
+**Processes and uids.** The interpreters are started by worker processes (`workers`, default the CPU count,
+started from the forkserver, one thread each), so the sandbox's root-side setup runs in a child forked from a
+single-threaded process, never from this multi-threaded one; a worker hands this process the interpreter's
+pipes and is asked again only to stop it. Each interpreter has its own uid, `session_uid(slot)` of the worker
+that started it (a range apart from one-shot sandbox runs, unique across live processes), so two trajectories
+never share a uid, a memory count or a sweep: one cannot see another's variables, files or processes. Calls of
+many trajectories run side by side, each waiting on its own interpreter in a thread.
 
 **Images in**: the trajectory's images (the prompt's, then those tools returned) are files `image_clue_0.png`,
 `image_clue_1.jpg`, ... in the working directory, and, where PIL imports, PIL images `image_clue_0`, ...
-(PyVision's names). **Variables in**: the prompt row's `extra_info.tools_kwargs.python.create_kwargs.variables`
-(a JSON object) are bound as names before the first cell runs, e.g. `{"a": 123456, "b": 654321}` gives `a`
-and `b`. **Images out**: PIL images `.show()`n, matplotlib figures left open, and image files the
-cell writes into the working directory come back as images (resized by Qwen-VL's rule within max_pixels and
-charged to the trajectory's image-token budget; past it they are dropped, with an error).
-
-**Concurrency**: calls run in a pool of worker processes (`workers`, default the CPU count), one sandbox per
-worker at a time, since the sandbox's uid is per process: calls of many trajectories run side by side, each
-with its own uid, memory cap and sweep.
+(PyVision's names), each sent to the interpreter once, with the first call after it joined the trajectory.
+**Variables in**: the prompt row's `extra_info.tools_kwargs.python.create_kwargs.variables` (a JSON object) are
+bound as names before the first cell runs, e.g. `{"a": 123456, "b": 654321}` gives `a` and `b`. **Images
+out**: PIL images `.show()`n, matplotlib figures left open, and image files the cell writes into the working
+directory come back as images (resized by Qwen-VL's rule within max_pixels and charged to the trajectory's
+image-token budget; past it they are dropped, with an error).
 
 **Output**: what the cell prints (stdout and stderr, traceback included) up to `max_output_chars`; more is
 cut and the call counts as an error. A call that raises, times out, runs out of memory or floods its pipe
@@ -37,6 +51,7 @@ import io
 import json
 import multiprocessing
 import os
+import queue
 import resource
 import secrets
 import select
@@ -307,7 +322,11 @@ class _MemoryWatch:
                     self._cond.wait()
                 watched = list(self._watched)
             started = time.monotonic()
-            for session, total in _resident(watched).items():
+            try:
+                totals = _resident(watched)
+            except OSError:  # /proc unreadable for a moment: the next round counts
+                totals = {}
+            for session, total in totals.items():
                 if total > session.memory_bytes:
                     session.exceeded = True
             spent = time.monotonic() - started
@@ -468,10 +487,13 @@ class PythonTool:
     def __init__(self, settings: ToolSettings):
         self.settings = settings
         self._lock = threading.Lock()
+        self._start_lock = threading.Lock()  # held while a worker process starts
         self._workers: list[_Worker] = []
         self._sessions: dict[int, _Session] = {}  # id(TrajectoryState) -> its interpreter
         self._threads: ThreadPoolExecutor | None = None
         self._watch = _MemoryWatch()
+        self._dropped: queue.SimpleQueue = queue.SimpleQueue()  # interpreters of collected states, to stop
+        self._reaper: threading.Thread | None = None
 
     async def call(self, arguments: dict[str, Any], state: TrajectoryState) -> ToolReply:
         code = arguments.get("code")
@@ -567,6 +589,9 @@ class PythonTool:
             workers, self._workers = self._workers, []
             sessions, self._sessions = list(self._sessions.values()), {}
             threads, self._threads = self._threads, None
+            reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            self._dropped.put(None)
         for session in sessions:
             self._discard(session, wait=True)
         for worker in workers:
@@ -576,7 +601,7 @@ class PythonTool:
 
     def _session(self, state: TrajectoryState) -> _Session | str:
         """The trajectory's interpreter, started if it has none; or why none could be started."""
-        from rl360.rewards.sandbox import SESSION_SLOTS, SandboxLimits
+        from rl360.rewards.sandbox import SandboxLimits
 
         key = id(state)
         with self._lock:
@@ -586,15 +611,7 @@ class PythonTool:
             if session is not None:  # its worker died, and the interpreter with it
                 del self._sessions[key]
                 session.close_pipes()
-            live = [worker for worker in self._workers if worker.alive]
-            self._workers = live
-            room = [worker for worker in live if worker.sessions < SESSION_SLOTS]
-            if not room or (len(live) < (self.settings.workers or os.cpu_count() or 1)
-                            and min(worker.sessions for worker in room) > 0):
-                room.append(_Worker())
-                self._workers.append(room[-1])
-            worker = min(room, key=lambda worker: worker.sessions)
-            worker.sessions += 1
+        worker = self._worker()
         mark = "\n@@rl360-python-" + secrets.token_hex(16) + "@@"
         limits = SandboxLimits(timeout_s=self.settings.timeout_s, memory_bytes=self.settings.memory_mb << 20,
                                cpu_s=int(self.settings.timeout_s * _SESSION_CPU_CALLS) + 1)
@@ -607,16 +624,69 @@ class PythonTool:
         session = _Session(worker, slot, pid, uid, write_fd, read_fd, mark.encode(), limits.memory_bytes)
         with self._lock:
             self._sessions[key] = session
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, name="rl360-python-reaper", daemon=True)
+                self._reaper.start()
         weakref.finalize(state, self._forget, key, session)
         return session
 
+    def _worker(self) -> _Worker:
+        """The worker to start an interpreter in (its count taken): the least busy one with room, a new one
+        while there are fewer than `workers` and none is idle, or when all are full. Started outside the tool's
+        lock (it takes a moment), one at a time."""
+        from rl360.rewards.sandbox import SESSION_SLOTS
+
+        def pick(may_wait: bool) -> _Worker | None:
+            with self._lock:
+                self._workers = [worker for worker in self._workers if worker.alive]
+                room = [worker for worker in self._workers if worker.sessions < SESSION_SLOTS]
+                best = min(room, key=lambda worker: worker.sessions, default=None)
+                wanted = self.settings.workers or os.cpu_count() or 1
+                if best is not None and (best.sessions == 0 or len(self._workers) >= wanted or may_wait):
+                    best.sessions += 1
+                    return best
+            return None
+
+        best = pick(False)
+        if best is not None:
+            return best
+        if not self._start_lock.acquire(blocking=False):  # another call is starting one: take what is there
+            best = pick(True)
+            if best is not None:
+                return best
+            self._start_lock.acquire()
+        try:
+            best = pick(False)
+            if best is not None:
+                return best
+            worker = _Worker()
+            with self._lock:
+                self._workers.append(worker)
+                worker.sessions += 1
+            return worker
+        finally:
+            self._start_lock.release()
+
     def _forget(self, key: int, session: _Session) -> None:
-        """The trajectory's state was garbage-collected without a release: stop its interpreter."""
-        with self._lock:
-            if self._sessions.get(key) is not session:
+        """The trajectory's state was garbage-collected without a release: its interpreter is stopped by the
+        reaper thread (a weakref callback may run inside any code of this process, even under our lock, so it
+        only puts it on a queue whose put is safe there)."""
+        self._dropped.put((key, session))
+
+    def _reap(self) -> None:
+        while True:
+            item = self._dropped.get()
+            if item is None:
                 return
-            del self._sessions[key]
-        self._discard(session, wait=False)
+            key, session = item
+            with self._lock:
+                if self._sessions.get(key) is not session:
+                    continue
+                del self._sessions[key]
+            try:
+                self._discard(session, wait=True)
+            except Exception:  # a worker gone meanwhile: nothing left to stop
+                pass
 
     def _end(self, state: TrajectoryState, session: _Session) -> int | None:
         """Stop the trajectory's interpreter after a failed call; its exit status."""
