@@ -512,6 +512,9 @@ class PythonTool:
             return ToolReply(error="the row's tools_kwargs.python.create_kwargs.variables must map Python names to "
                                    "values")
         session = self._session(state)
+        if not isinstance(session, str) and session.cells not in (-1, len(memory["cells"])):
+            self._end(state, session)  # its state is not the trajectory's (the store was replaced): start over
+            session = self._session(state)
         if isinstance(session, str):
             return ToolReply(error=f"the code was not run: {session}")
         request: dict[str, Any] = {"code": code, "limit": self.settings.max_output_chars}
