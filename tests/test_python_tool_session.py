@@ -153,6 +153,18 @@ def test_the_sandbox_isolation_holds_in_the_persistent_interpreter(tool):
     assert "MemoryError" in big.error and call(tool, "print('alive')", state) == "alive\n"
 
 
+def test_memory_held_across_processes_is_capped_per_call(tool):
+    state = TrajectoryState()
+    call(tool, "x = 7", state)
+    spread = ("import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        block = bytearray(200 << 20)\n"
+              "        time.sleep(60)\n        os._exit(0)\ntime.sleep(60)")
+    started = time.monotonic()
+    over = run(tool.call({"code": spread}, state))
+    assert "memory limit of 512 MB" in over.error and not over.timed_out, over
+    assert time.monotonic() - started < SETTINGS.timeout_s
+    assert call(tool, "print(x)", state) == "7\n"  # a new interpreter, the state rebuilt
+
+
 def test_session_uids_are_distinct_per_slot_and_process():
     if session_uid(0) is None:
         pytest.skip("this process cannot change uid")
