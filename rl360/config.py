@@ -305,7 +305,7 @@ class AgentConfig:
     # generated tokens of one turn at most (0: no limit but rollout.max_response_length); a turn cut there ends
     # the trajectory as one cut by the budget does
     max_turn_tokens: int = 0
-    tool_workers: int = 0  # worker processes running python tool calls at once, one sandbox each (0: the CPU count)
+    tool_workers: int = 0  # worker processes starting the python tool's interpreters (0: the CPU count)
 
 
 @dataclass

@@ -477,6 +477,64 @@ def test_a_hanging_tool_times_out_and_the_loop_goes_on(tokenizer):
     assert metrics["agent/calls/slow"] == 1 and metrics["agent/errors/echo"] == 0
 
 
+class Holding:
+    """A tool that holds something per trajectory: it records the states it was called with and released."""
+
+    name = "hold"
+    schema = {"type": "function", "function": {"name": "hold", "parameters": {"type": "object", "properties": {}}}}
+
+    def __init__(self):
+        self.called, self.released = [], []
+
+    async def call(self, arguments, state):
+        self.called.append(state)
+        return ToolReply("held")
+
+    def release(self, state):
+        self.released.append(state)
+
+
+def test_the_loop_releases_each_tool_once_per_trajectory_however_it_ends(tokenizer):
+    hold = Holding()
+    tools = {**TOOLS, "hold": hold, "hold_alias": hold}
+    prompt = encode(tokenizer, render(tokenizer, QUESTION, True))
+    run(run_agent(Replay(tokenizer, [call("hold", {}), "Done."]), prompt, tokenizer, tools, parse_hermes,
+                  AgentSettings()))
+    assert len(hold.called) == 1 and hold.released == hold.called  # once, though it has two names
+
+    replay = Replay(tokenizer, [call("hold", {})])
+
+    async def failing(prompt, params, seed):  # the engine fails at the second turn
+        if replay.calls:
+            raise RuntimeError("engine gone")
+        return await replay(prompt, params, seed)
+
+    hold.called.clear(), hold.released.clear()
+    with pytest.raises(RuntimeError, match="engine gone"):
+        run(run_agent(failing, prompt, tokenizer, tools, parse_hermes, AgentSettings()))
+    assert len(hold.called) == 1 and hold.released == hold.called
+
+
+def test_the_python_interpreter_is_gone_once_its_trajectory_ends(tokenizer):
+    import os
+    import time
+
+    python = get_tool("python", ToolSettings(timeout_s=20))
+    tools = {**TOOLS, "python": python}
+    turns = [call("python", {"code": "import os\nprint(os.getpid())"}), "Done."]
+    prompt = encode(tokenizer, render(tokenizer, QUESTION, True))
+    try:
+        sample = run(run_agent(Replay(tokenizer, turns), prompt, tokenizer, tools, parse_hermes, AgentSettings()))
+        assert not sample.trace.calls[0].error, sample.trace.calls
+        pid = int(tokenizer.decode(sample.response_ids).split("<tool_response>\n")[1].split()[0])
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{pid}")
+    finally:
+        python.close()
+
+
 def test_tool_images_join_an_image_prompt_and_are_dropped_from_a_text_prompt(tokenizer):
     picture = png(280, 140)
     zoom = {"image_zoom_in": get_tool("image_zoom_in", ToolSettings())}

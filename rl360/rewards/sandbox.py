@@ -1,8 +1,13 @@
 """Run untrusted Python code in a sandboxed subprocess (for `codegen` rewards).
 
 `run_python(code, stdin)` writes `code` to a fresh temporary directory, runs it there with the
-interpreter from `sandbox_python()` and returns a `SandboxResult`. Four kinds of isolation, each used
-where this machine allows it (`isolation()` says which; see "Isolation required" below):
+interpreter from `sandbox_python()` and returns a `SandboxResult`. `start_session(argv, files, limits, slot)`
+starts a process with the same isolation and limits and leaves it running (the python agent tool's interpreter
+per trajectory), as the uid `session_uid(slot)`: `SESSION_UID_BASE + (pid % PID_SPAN) * SESSION_SLOTS + slot`,
+a range apart from the one-shot runs' uids, so each live session of every process has a uid of its own; its
+caller enforces the timeout, memory cap and output cap while it talks to it, and `stop()` kills it and sweeps
+its uid. Four kinds of isolation, each used where this machine allows it (`isolation()` says which; see
+"Isolation required" below):
 
 - **uid**: the child runs as a uid of its own, `UID_BASE + (this process's pid % UID_SPAN)`, with no
   supplementary groups, so one sandbox per process at a time never shares a uid with another: file
@@ -96,6 +101,9 @@ if TYPE_CHECKING:
 
 UID_BASE = 1 << 30  # sandbox uids: far above any real account, below 2**32 - 1
 UID_SPAN = 1 << 23  # > pid_max (2**22 on 64-bit Linux): distinct live processes get distinct uids
+PID_SPAN = 1 << 22  # pid_max at most (64-bit Linux)
+SESSION_SLOTS = 1 << 9  # live sessions (`start_session`) one process may run, each with its own uid
+SESSION_UID_BASE = UID_BASE + UID_SPAN  # session uids: up to 2**30 + 2**23 + 2**31 - 1 < 2**32 - 1
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
@@ -522,28 +530,14 @@ def _run(argv: list[str], files: dict[str, str], stdin: str, limits: SandboxLimi
     """Run `argv` in a new sandbox directory holding `files`, with the isolation `features` (a subset of
     FEATURES that this process can give)."""
     uid = sandbox_uid() if "uid" in features else None
-    network, filesystem = "network" in features, "filesystem" in features
-    processes = "processes" in features and uid is not None and filesystem
-    isolated = {"uid_isolated": uid is not None, "network_isolated": network, "filesystem_isolated": filesystem,
-                "processes_isolated": processes}
-    workdir = tempfile.mkdtemp(prefix="rl360-sandbox-")
+    started = time.monotonic()
     try:
-        for name, text in files.items():
-            with open(os.path.join(workdir, name), "w", encoding="utf-8") as handle:
-                handle.write(text)
-        if uid is not None:
-            for path in [workdir, *(os.path.join(workdir, name) for name in files)]:
-                os.chown(path, uid, uid)
-        env = {"PATH": MINIMAL_PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8", "PYTHONNOUSERSITE": "1"}
-        setup = _ChildSetup(limits, uid, network, filesystem, processes, workdir, files)
-        started = time.monotonic()
-        try:
-            process = subprocess.Popen(
-                argv, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True, close_fds=True, preexec_fn=setup)
-        except (OSError, subprocess.SubprocessError) as err:
-            return SandboxResult(None, "", "", error=f"sandbox could not start {argv[0]}: {err}", **isolated)
+        child = _start(argv, files, limits, features, uid, merge_stderr=False)
+    except (OSError, subprocess.SubprocessError) as err:
+        return SandboxResult(None, "", "", error=f"sandbox could not start {argv[0]}: {err}",
+                             **_isolated(features, uid))
+    process = child.process
+    try:
         try:
             out, err, stopped = _communicate(process, stdin.encode("utf-8"), limits, started, uid)
         finally:
@@ -555,9 +549,89 @@ def _run(argv: list[str], files: dict[str, str], stdin: str, limits: SandboxLimi
         return SandboxResult(
             returncode=code, stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
             timed_out=stopped == "timeout", killed_by_signal=_signal_name(code), output_truncated=stopped == "output",
-            memory_exceeded=stopped == "memory", wall_s=time.monotonic() - started, **isolated)
+            memory_exceeded=stopped == "memory", wall_s=time.monotonic() - started, **child.isolated)
     finally:
+        shutil.rmtree(child.workdir, ignore_errors=True)
+
+
+@dataclass
+class SandboxProcess:
+    """A sandboxed process left running (`start_session`): its `Popen` (stdin and stdout pipes, stderr merged
+    into stdout), its uid (None without one), its directory and the isolation it got. `stop()` kills it and
+    every process of its uid, and deletes its directory."""
+
+    process: subprocess.Popen
+    uid: int | None
+    workdir: str
+    isolated: dict[str, bool]
+
+    def stop(self) -> None:
+        try:
+            _kill_all(self.process, self.uid)
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_session(argv: list[str], files: dict[str, str], limits: SandboxLimits, slot: int) -> SandboxProcess:
+    """Start `argv` in a new sandbox directory holding `files` and leave it running, as uid `session_uid(slot)`
+    (a uid of its own per live session of this process, where the uid switch is in effect), with the same
+    isolation and limits as `run_command` (the wall-clock timeout, memory polling and output cap are the
+    caller's to enforce while it talks to the process over its pipes). `IsolationError` as `run_python`,
+    OSError when it cannot start."""
+    features = _features_for_untrusted_code()
+    uid = session_uid(slot) if "uid" in features else None
+    return _start(argv, files, limits, features, uid, merge_stderr=True)
+
+
+def session_uid(slot: int) -> int | None:
+    """The uid of the session in `slot` (0 <= slot < SESSION_SLOTS) of this process, None when this process
+    cannot change uid: `SESSION_UID_BASE + (pid % PID_SPAN) * SESSION_SLOTS + slot`, a range apart from
+    `sandbox_uid()`'s, so sessions of all live processes, and their one-shot runs, never share a uid."""
+    if not 0 <= slot < SESSION_SLOTS:
+        raise ValueError(f"session slot {slot} outside [0, {SESSION_SLOTS})")
+    if sandbox_uid() is None:
+        return None
+    return SESSION_UID_BASE + (os.getpid() % PID_SPAN) * SESSION_SLOTS + slot
+
+
+def resident_bytes(uid: int | None, session: int) -> int:
+    """Resident memory of a sandbox's processes: every process of `uid`, or without one, this user's processes
+    in the session `session` (the sandboxed process's pid)."""
+    return _resident_bytes(uid, session)
+
+
+def _isolated(features: frozenset[str], uid: int | None) -> dict[str, bool]:
+    filesystem = "filesystem" in features
+    return {"uid_isolated": uid is not None, "network_isolated": "network" in features,
+            "filesystem_isolated": filesystem,
+            "processes_isolated": "processes" in features and uid is not None and filesystem}
+
+
+def _start(argv: list[str], files: dict[str, str], limits: SandboxLimits, features: frozenset[str],
+           uid: int | None, merge_stderr: bool) -> SandboxProcess:
+    """Make the sandbox directory holding `files` and start `argv` there (pipes on stdin, stdout and stderr,
+    or stderr into stdout); OSError or SubprocessError (its directory deleted) when it cannot start."""
+    isolated = _isolated(features, uid)
+    workdir = tempfile.mkdtemp(prefix="rl360-sandbox-")
+    try:
+        for name, text in files.items():
+            with open(os.path.join(workdir, name), "w", encoding="utf-8") as handle:
+                handle.write(text)
+        if uid is not None:
+            for path in [workdir, *(os.path.join(workdir, name) for name in files)]:
+                os.chown(path, uid, uid)
+        env = {"PATH": MINIMAL_PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
+               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8", "PYTHONNOUSERSITE": "1"}
+        setup = _ChildSetup(limits, uid, isolated["network_isolated"], isolated["filesystem_isolated"],
+                            isolated["processes_isolated"], workdir, files)
+        process = subprocess.Popen(
+            argv, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, start_new_session=True, close_fds=True,
+            preexec_fn=setup)
+    except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    return SandboxProcess(process, uid, workdir, isolated)
 
 
 def _communicate(process: subprocess.Popen, data: bytes, limits: SandboxLimits, started: float,

@@ -10,8 +10,9 @@ from rl360.agents.tools.base import (
     get_tool,
     register_tool,
     registered_tools,
+    release_tools,
     tool_schemas,
 )
 
 __all__ = ["Tool", "ToolReply", "ToolSettings", "TrajectoryState", "build_tools", "get_tool", "register_tool",
-           "registered_tools", "tool_schemas"]
+           "registered_tools", "release_tools", "tool_schemas"]

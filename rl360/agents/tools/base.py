@@ -3,7 +3,9 @@
 A tool has a `name`, a `schema` (the OpenAI/Qwen function description: name, description, JSON-schema
 parameters; the chat template shows it to the model) and `async call(arguments, state) -> ToolReply`. It is
 built once per run from `ToolSettings` and shared by every trajectory, so whatever belongs to one trajectory
-lives in the `TrajectoryState` it is handed. A tool reports failure in its reply (`error`, `timed_out`),
+lives in the `TrajectoryState` it is handed. A tool that holds something per trajectory (the python tool's
+interpreter) also has `release(state)`, which the agent loop calls once the trajectory ends, however it ends
+(`release_tools`). A tool reports failure in its reply (`error`, `timed_out`),
 which the loop shows to the model and counts; an exception escaping `call` is caught by the loop and treated
 the same way.
 
@@ -31,7 +33,7 @@ class ToolSettings:
     min_pixels: int = 3136  # ... and at least this many (28 x 28 x 4)
     max_image_tokens: int = 8192  # image tokens tools may add to one trajectory
     python: str = ""  # interpreter of the python tool ("": the sandbox's own)
-    workers: int = 0  # processes running the python tool's calls, one sandbox each at a time (0: the CPU count)
+    workers: int = 0  # processes starting the python tool's interpreters (0: the CPU count; more when one is full)
 
 
 @dataclass
@@ -98,6 +100,18 @@ def build_tools(names: list[str] | tuple[str, ...], settings: ToolSettings | Non
         for alias in getattr(tool, "aliases", ()):
             tools.setdefault(alias, tool)
     return tools
+
+
+def release_tools(tools: dict[str, Tool], state: TrajectoryState) -> None:
+    """The trajectory of `state` ended: call `release(state)` of each tool that has one (once per tool, also
+    when it has several names). A failing release is ignored: what it holds is freed when the tool closes."""
+    for tool in {id(tool): tool for tool in tools.values()}.values():
+        release = getattr(tool, "release", None)
+        if callable(release):
+            try:
+                release(state)
+            except Exception:
+                pass
 
 
 def tool_schemas(tools: dict[str, Tool]) -> list[dict[str, Any]]:

@@ -1,28 +1,42 @@
 """`python`, PyVision's tool: run the model's Python code over the conversation's images, in the sandbox.
 
-**One interpreter state per trajectory, by replay.** Each call is one fresh run of `rl360.rewards.sandbox`
-(its own uid, no network, private tmpfs, memory polling, CPU/address-space/file limits, scrubbed environment)
-that first re-runs the trajectory's earlier successful cells, silently, and then the new one. So variables,
-imports and files of earlier calls are there, as in a notebook, while every call keeps the sandbox's
-run-to-completion isolation: nothing lives between calls, a cell that crashes, hangs or floods cannot leave
-a broken interpreter behind (a cell that raises or is stopped is not kept; one whose output was cut is), and
-two trajectories never share a process. The price:
-earlier cells' time is paid again (the wall-clock cap of a call is `timeout_s` plus 1.5 x the earlier cells'
-own time), and a cell whose result depends on chance or the clock may differ on replay (`random` is seeded
-per trajectory). A persistent interpreter would be cheaper per call but needs a long-lived sandbox process
-and a request protocol the sandbox does not have; agent trajectories are a handful of cells, so replay wins.
+**One live interpreter per trajectory.** A trajectory's first call starts a sandboxed Python interpreter
+(`rl360.rewards.sandbox.start_session`: the isolation and limits of `run_command`, i.e. a uid of its own, no
+network, private tmpfs mounts and /proc, CPU/address-space/file/process limits, scrubbed environment) running a
+small driver; each call sends only its new cell, as one JSON line on the interpreter's stdin, and reads the
+reply, a JSON line after a random per-interpreter marker, from its stdout. Variables, imports and files of
+earlier calls are there, as in a notebook; `random` is seeded per trajectory when the interpreter starts. The
+interpreter is released (killed with every process of its uid, its directory deleted) when the trajectory ends
+or is aborted: the agent loop calls `release(state)` in a `finally`; a trajectory state dropped without one
+releases it when garbage-collected, and `close()` releases all.
+
+**Failures.** A call's wall clock is capped at `timeout_s`, and while it runs the resident memory of its
+sandbox's processes (those of its uid) is summed every 50 ms by one watch thread for all running calls, capped
+at `memory_mb` (each process also has that address-space limit, so a large allocation raises MemoryError in
+the cell and the interpreter lives on). A cell that hangs, crashes the interpreter, floods its output pipe or
+goes over the memory cap costs that call an error reply, and the interpreter is killed; the trajectory's next
+call starts a new one that first re-runs the trajectory's earlier successful cells, silently (then the cap is
+`timeout_s` plus 1.5 x their own time), so its state is rebuilt once. A cell that raises is not kept among
+those cells (a rebuild drops what it did before raising; the live interpreter keeps it); one whose output was
+cut is. The cells live in `TrajectoryState.store["python"]`, so a trajectory continued elsewhere (a resumed
+run, another process) rebuilds its interpreter the same way, once.
+
+**Processes and uids.** The interpreters are started by worker processes (`workers`, default the CPU count,
+started from the forkserver, one thread each), so the sandbox's root-side setup runs in a child forked from a
+single-threaded process, never from this multi-threaded one; a worker hands this process the interpreter's
+pipes and is asked again only to stop it. Each interpreter has its own uid, `session_uid(slot)` of the worker
+that started it (a range apart from one-shot sandbox runs, unique across live processes), so two trajectories
+never share a uid, a memory count or a sweep: one cannot see another's variables, files or processes. Calls of
+many trajectories run side by side, each waiting on its own interpreter in a thread.
 
 **Images in**: the trajectory's images (the prompt's, then those tools returned) are files `image_clue_0.png`,
 `image_clue_1.jpg`, ... in the working directory, and, where PIL imports, PIL images `image_clue_0`, ...
-(PyVision's names). **Variables in**: the prompt row's `extra_info.tools_kwargs.python.create_kwargs.variables`
-(a JSON object) are bound as names before the first cell runs, e.g. `{"a": 123456, "b": 654321}` gives `a`
-and `b`. **Images out**: PIL images `.show()`n, matplotlib figures left open, and image files the
-cell writes into the working directory come back as images (resized by Qwen-VL's rule within max_pixels and
-charged to the trajectory's image-token budget; past it they are dropped, with an error).
-
-**Concurrency**: calls run in a pool of worker processes (`workers`, default the CPU count), one sandbox per
-worker at a time, since the sandbox's uid is per process: calls of many trajectories run side by side, each
-with its own uid, memory cap and sweep.
+(PyVision's names), each sent to the interpreter once, with the first call after it joined the trajectory.
+**Variables in**: the prompt row's `extra_info.tools_kwargs.python.create_kwargs.variables` (a JSON object) are
+bound as names before the first cell runs, e.g. `{"a": 123456, "b": 654321}` gives `a` and `b`. **Images
+out**: PIL images `.show()`n, matplotlib figures left open, and image files the cell writes into the working
+directory come back as images (resized by Qwen-VL's rule within max_pixels and charged to the trajectory's
+image-token budget; past it they are dropped, with an error).
 
 **Output**: what the cell prints (stdout and stderr, traceback included) up to `max_output_chars`; more is
 cut and the call counts as an error. A call that raises, times out, runs out of memory or floods its pipe
@@ -37,22 +51,33 @@ import io
 import json
 import multiprocessing
 import os
+import queue
+import resource
 import secrets
+import select
+import selectors
 import signal
+import subprocess
+import sys
 import threading
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from rl360.agents.tools.base import ToolReply, ToolSettings, TrajectoryState, register_tool
 from rl360.agents.tools.images import image_suffix, image_tokens, smart_resize
 
 _DRIVER = r'''
-import base64, contextlib, io, json, os, random, sys, time, traceback
+import base64, contextlib, io, json, os, random, resource, sys, time, traceback
 os.environ["MPLBACKEND"] = "Agg"
-MARK, LIMIT = __MARK__, __LIMIT__
-cells, code, inputs = json.loads(__CELLS__), json.loads(__CODE__), json.loads(__INPUTS__)
-random.seed(__SEED__)
+MARK = __MARK__
+requests, replies = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.close(null)
+sys.stdin = open(os.devnull)
 
 class Capture(io.TextIOBase):
     def __init__(self, limit):
@@ -68,18 +93,11 @@ class Capture(io.TextIOBase):
 
 shown = []
 scope = {"__name__": "__main__", "__builtins__": __builtins__}
-scope.update(json.loads(__VARIABLES__))
-for i, (name, data) in enumerate(inputs):
-    with open(name, "wb") as f:
-        f.write(base64.b64decode(data))
 try:
     from PIL import Image
     Image.Image.show = lambda self, *a, **k: shown.append(self.copy())
-    for i, (name, _) in enumerate(inputs):
-        scope["image_clue_%d" % i] = Image.open(name)
-        scope["image_clue_%d" % i].load()
 except ImportError:
-    pass
+    Image = None
 
 def close_figures(keep):
     plt = sys.modules.get("matplotlib.pyplot")
@@ -92,6 +110,17 @@ def close_figures(keep):
             shown.append(buffer.getvalue())
         plt.close(number)
 
+def cpu_cap(seconds):
+    used = sum(os.times()[:2])
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    want = int(used + seconds) + 1
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_CPU, (want, hard))
+    except (ValueError, OSError):
+        pass
+
 def run(source, out):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
@@ -103,19 +132,29 @@ def run(source, out):
             traceback.print_exception(type(error), error, error.__traceback__.tb_next)
             return "%s: %s" % (type(error).__name__, error)
 
-real_stdout = sys.stdout
-result = {"output": "", "error": "", "dropped": 0, "images": [], "seconds": 0.0}
-for number, cell in enumerate(cells):
-    failure = run(cell, Capture(0))
-    if failure:
-        result["error"] = "an earlier cell (%d) failed when re-run: %s" % (number + 1, failure)
-        break
-close_figures(False)
-del shown[:]
-if not result["error"]:
+def serve(request):
+    result = {"output": "", "error": "", "dropped": 0, "images": [], "seconds": 0.0}
+    if "seed" in request:
+        random.seed(request["seed"])
+    scope.update(request.get("variables") or {})
+    for index, name, data in request.get("images", []):
+        with open(name, "wb") as f:
+            f.write(base64.b64decode(data))
+        if Image is not None:
+            scope["image_clue_%d" % index] = Image.open(name)
+            scope["image_clue_%d" % index].load()
+    cpu_cap(request["cpu_s"])
+    for number, cell in enumerate(request.get("replay", [])):
+        failure = run(cell, Capture(0))
+        if failure:
+            result["error"] = "an earlier cell (%d) failed when re-run: %s" % (number + 1, failure)
+            result["replay_failed"] = True
+            return result
+    close_figures(False)
+    del shown[:]
     before = {name: os.stat(name).st_mtime_ns for name in os.listdir(".") if os.path.isfile(name)}
-    capture, started = Capture(LIMIT), time.monotonic()
-    result["error"] = run(code, capture)
+    capture, started = Capture(request["limit"]), time.monotonic()
+    result["error"] = run(request["code"], capture)
     result["seconds"] = time.monotonic() - started
     result["output"], result["dropped"] = "".join(capture.parts), capture.dropped
     close_figures(True)
@@ -130,32 +169,308 @@ if not result["error"]:
             image.save(buffer, format="PNG")
             image = buffer.getvalue()
         result["images"].append(base64.b64encode(image).decode())
-real_stdout.write(MARK + json.dumps(result))
-real_stdout.flush()
+    del shown[:]
+    return result
+
+for line in requests:
+    reply = serve(json.loads(line))
+    replies.write((MARK + json.dumps(reply) + "\n").encode())
+    replies.flush()
 '''
 
 _STORE = "python"  # TrajectoryState.store key: {"cells": [...], "seconds": [...]}
 _MAX_IMAGES = 8  # images one call may return
+_CALL_THREADS = 256  # calls in flight at once (each waits on its interpreter in a thread)
+_SESSION_CPU_CALLS = 64  # an interpreter's CPU-time limit: this many calls' timeout_s
 
 
-def driver(cells: list[str], code: str, inputs: list[tuple[str, bytes]], limit: int, seed: int, mark: str,
-           variables: dict[str, Any] | None = None) -> str:
-    """The script one call runs: `variables` (JSON values) bound, `inputs` (file name, bytes) written out,
-    `cells` replayed, `code` run."""
-    encoded = [(name, base64.b64encode(data).decode()) for name, data in inputs]
-    values = {"__MARK__": repr(mark), "__LIMIT__": str(int(limit)), "__CELLS__": repr(json.dumps(cells)),
-              "__CODE__": repr(json.dumps(code)), "__INPUTS__": repr(json.dumps(encoded)), "__SEED__": str(seed),
-              "__VARIABLES__": repr(json.dumps(variables or {}))}
-    script = _DRIVER
-    for key, value in values.items():
-        script = script.replace(key, value, 1)
-    return script
+def driver(mark: str) -> str:
+    """The script a persistent interpreter runs: it answers each JSON line on stdin (a cell, and for a new
+    interpreter the seed, variables and cells to replay; images not sent before) with `mark` and a JSON
+    line on stdout."""
+    return _DRIVER.replace("__MARK__", repr(mark), 1)
+
+
+@dataclass(eq=False)
+class _Session:
+    """One trajectory's live interpreter: the worker that started it and its slot there, its pid and uid, our
+    ends of its pipes, the marker of its replies; how many of the trajectory's images and cells it holds."""
+
+    worker: _Worker
+    slot: int
+    pid: int
+    uid: int | None
+    write_fd: int
+    read_fd: int
+    mark: bytes
+    memory_bytes: int
+    images: int = 0
+    cells: int = -1  # -1: not built yet (the first call replays the trajectory's cells)
+    exceeded: bool = False  # the memory watch found it over memory_bytes
+    busy: bool = False
+    released: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def exchange(self, request: dict[str, Any], timeout_s: float, max_bytes: int,
+                 watch: _MemoryWatch) -> tuple[bytes, bytes | None, str | None]:
+        """Send `request`, read until the reply: (what came before the reply's marker, the reply's JSON or
+        None, None or why it stopped: "timeout", "output", "memory", "exited")."""
+        _drain(self.read_fd)
+        data = (json.dumps(request) + "\n").encode()
+        deadline = time.monotonic() + timeout_s
+        buffer = bytearray()
+        watch.add(self)
+        try:
+            try:
+                _write_all(self.write_fd, data, deadline)
+            except TimeoutError:
+                return b"", None, "timeout"
+            except OSError:
+                return b"", None, "exited"
+            with selectors.DefaultSelector() as selector:
+                selector.register(self.read_fd, selectors.EVENT_READ)
+                while True:
+                    if self.exceeded:
+                        return bytes(buffer), None, "memory"
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return bytes(buffer), None, "timeout"
+                    if not selector.select(min(left, _WAKE_S)):
+                        continue
+                    try:
+                        chunk = os.read(self.read_fd, 1 << 16)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        chunk = b""
+                    if not chunk:
+                        return bytes(buffer), None, "exited"
+                    searched = max(len(buffer) - len(self.mark), 0)
+                    buffer += chunk
+                    if len(buffer) > max_bytes:
+                        return bytes(buffer[:max_bytes]), None, "output"
+                    found = buffer.find(self.mark, searched)
+                    if found >= 0:
+                        end = buffer.find(b"\n", found + len(self.mark))
+                        if end >= 0:
+                            return bytes(buffer[:found]), bytes(buffer[found + len(self.mark):end]), None
+        finally:
+            watch.remove(self)
+
+    def close_pipes(self) -> None:
+        for fd in (self.write_fd, self.read_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+_WAKE_S = 0.05  # how often a waiting call looks at the memory watch's verdict
+
+
+def _drain(fd: int) -> None:
+    """Drop what the interpreter wrote between calls (a thread or process of an earlier cell)."""
+    while True:
+        try:
+            if not os.read(fd, 1 << 16):
+                return
+        except (BlockingIOError, OSError):
+            return
+
+
+def _write_all(fd: int, data: bytes, deadline: float) -> None:
+    view = memoryview(data)
+    while view:
+        _, writable, _ = select.select([], [fd], [], max(deadline - time.monotonic(), 0))
+        if not writable:
+            raise TimeoutError
+        try:
+            view = view[os.write(fd, view[: 1 << 16]):]
+        except BlockingIOError:
+            continue
+
+
+class _MemoryWatch:
+    """One thread that, while calls run, sums the resident memory of each running call's sandbox (the
+    processes of its uid; without one, this user's processes in its session) in one scan of /proc every
+    `_MEMORY_CHECK_S` (less often where a scan is slow: at most ~5% of a core) and flags those over their cap."""
+
+    def __init__(self) -> None:
+        self._watched: dict[_Session, int] = {}
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, session: _Session) -> None:
+        with self._cond:
+            self._watched[session] = self._watched.get(session, 0) + 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="rl360-python-memory", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, session: _Session) -> None:
+        with self._cond:
+            if self._watched.get(session, 0) <= 1:
+                self._watched.pop(session, None)
+            else:
+                self._watched[session] -= 1
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._watched:
+                    self._cond.wait()
+                watched = list(self._watched)
+            started = time.monotonic()
+            try:
+                totals = _resident(watched)
+            except OSError:  # /proc unreadable for a moment: the next round counts
+                totals = {}
+            for session, total in totals.items():
+                if total > session.memory_bytes:
+                    session.exceeded = True
+            spent = time.monotonic() - started
+            time.sleep(max(_MEMORY_CHECK_S, 20 * spent) - spent)
+
+
+_MEMORY_CHECK_S = 0.05
+
+
+def _resident(sessions: list[_Session]) -> dict[_Session, int]:
+    """Resident bytes of each session's processes (a page shared by several counts in each)."""
+    by_uid = {session.uid: session for session in sessions if session.uid is not None}
+    by_sid = {session.pid: session for session in sessions if session.uid is None}
+    me, page = os.geteuid(), resource.getpagesize()
+    totals = dict.fromkeys(sessions, 0)
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                owner = entry.stat().st_uid
+                session = by_uid.get(owner)
+                if session is None and by_sid and owner == me:
+                    session = by_sid.get(os.getsid(int(entry.name)))
+                if session is None:
+                    continue
+                with open(f"/proc/{entry.name}/statm", "rb") as handle:
+                    totals[session] += int(handle.read().split()[1]) * page
+            except (OSError, ValueError, IndexError):  # it exited meanwhile
+                continue
+    return totals
+
+
+class _Worker:
+    """A worker process (started from the forkserver, one thread) that starts and stops sandboxed interpreters
+    and hands us their pipes: the sandbox's root-side setup (namespaces, mounts, the uid switch) runs in a
+    child forked from it, never from this multi-threaded process. Requests go one at a time."""
+
+    def __init__(self) -> None:
+        ours, theirs = multiprocessing.Pipe(duplex=True)
+        self.process = _mp_context().Process(target=_worker_main, args=(theirs,), daemon=True,
+                                             name="rl360-python-worker")
+        self.process.start()
+        theirs.close()
+        self.conn = ours
+        self.lock = threading.Lock()
+        self.sessions = 0
+        self.alive = True
+
+    def start(self, python: str, script: str, limits: Any) -> tuple[int, int, int | None, int, int] | str:
+        """A new interpreter: (slot, pid, uid, our write end of its stdin, our read end of its stdout), or why
+        it could not start."""
+        from multiprocessing.reduction import recv_handle
+
+        with self.lock:
+            try:
+                self.conn.send(("start", python, script, limits, _sandbox_environ()))
+                reply = self.conn.recv()
+                if reply[0] != "ok":
+                    return reply[1]
+                fds = [recv_handle(self.conn), recv_handle(self.conn)]
+            except (OSError, EOFError):
+                self.alive = False
+                return "the tool's worker process died; call again"
+        for fd in fds:
+            os.set_inheritable(fd, False)
+            os.set_blocking(fd, False)
+        _, slot, pid, uid = reply
+        return slot, pid, uid, fds[0], fds[1]
+
+    def stop(self, slot: int) -> int | None:
+        """Kill the interpreter in `slot` and every process of its uid, delete its directory; its exit status."""
+        with self.lock:
+            try:
+                self.conn.send(("stop", slot))
+                return self.conn.recv()[1]
+            except (OSError, EOFError):
+                self.alive = False
+                return None
+
+    def close(self) -> None:
+        with self.lock:
+            self.alive = False
+            self.conn.close()  # the worker stops its interpreters and exits
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+def _worker_main(conn: Any) -> None:
+    """A worker: serve start/stop requests until the connection closes (or SIGTERM), then stop every
+    interpreter it started."""
+    from multiprocessing.reduction import send_handle
+
+    from rl360.rewards.sandbox import SESSION_SLOTS, IsolationError, sandbox_python, start_session
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    children: dict[int, Any] = {}
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return
+            if message[0] == "stop":
+                child = children.pop(message[1], None)
+                if child is not None:
+                    child.stop()
+                conn.send(("ok", None if child is None else child.process.returncode))
+                continue
+            _, python, script, limits, environ = message
+            for name, value in environ.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            slot = next((slot for slot in range(SESSION_SLOTS) if slot not in children), None)
+            try:
+                if slot is None:
+                    raise ValueError(f"this worker already runs {SESSION_SLOTS} interpreters")
+                python = python or sandbox_python()
+                if python is None:
+                    raise ValueError("no Python interpreter runs inside the sandbox here")
+                child = start_session([python, "-I", "-B", "driver.py"], {"driver.py": script}, limits, slot)
+            except (IsolationError, OSError, ValueError, subprocess.SubprocessError) as error:
+                conn.send(("error", str(error)))
+                continue
+            children[slot] = child
+            conn.send(("ok", slot, child.process.pid, child.uid))
+            send_handle(conn, child.process.stdin.fileno(), 0)
+            send_handle(conn, child.process.stdout.fileno(), 0)
+            child.process.stdin.close()
+            child.process.stdout.close()
+    finally:
+        for child in children.values():
+            child.stop()
 
 
 @register_tool("python")
 class PythonTool:
     name = "python"
-    manages_timeout = True  # its sandbox run has its own wall-clock cap (the loop adds none)
+    manages_timeout = True  # its interpreter has its own wall-clock cap per call (the loop adds none)
     schema = {
         "type": "function",
         "function": {
@@ -171,62 +486,82 @@ class PythonTool:
 
     def __init__(self, settings: ToolSettings):
         self.settings = settings
-        self._pool: ProcessPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._start_lock = threading.Lock()  # held while a worker process starts
+        self._workers: list[_Worker] = []
+        self._sessions: dict[int, _Session] = {}  # id(TrajectoryState) -> its interpreter
+        self._threads: ThreadPoolExecutor | None = None
+        self._watch = _MemoryWatch()
+        self._dropped: queue.SimpleQueue = queue.SimpleQueue()  # interpreters of collected states, to stop
+        self._reaper: threading.Thread | None = None
 
     async def call(self, arguments: dict[str, Any], state: TrajectoryState) -> ToolReply:
         code = arguments.get("code")
         if not isinstance(code, str) or not code.strip():
             return ToolReply(error="the python tool needs a non-empty string argument 'code'")
-        return await asyncio.to_thread(self.run, code, state)
+        return await asyncio.get_running_loop().run_in_executor(self._executor(), self.run, code, state)
 
     def run(self, code: str, state: TrajectoryState) -> ToolReply:
-        """Run `code` as the trajectory's next cell (in one of the tool's worker processes); the reply."""
-        from rl360.rewards.sandbox import SandboxLimits
+        """Run `code` as the trajectory's next cell in its interpreter (started, with the trajectory's earlier
+        cells replayed, when it has none); the reply."""
+        from rl360.rewards.sandbox import _signal_name
 
         memory = state.store.setdefault(_STORE, {"cells": [], "seconds": []})
-        mark = "\n@@rl360-python-" + secrets.token_hex(8) + "@@"
-        inputs = [(f"image_clue_{i}{image_suffix(data)}", data) for i, data in enumerate(state.images)]
         variables = state.kwargs.get(self.name, {}).get("variables") or {}
         if not isinstance(variables, dict) or not all(isinstance(key, str) and key.isidentifier() for key in variables):
             return ToolReply(error="the row's tools_kwargs.python.create_kwargs.variables must map Python names to "
                                    "values")
-        script = driver(memory["cells"], code, inputs, self.settings.max_output_chars, state.seed, mark, variables)
-        timeout = self.settings.timeout_s + 1.5 * sum(memory["seconds"])
-        limits = SandboxLimits(timeout_s=timeout, memory_bytes=self.settings.memory_mb << 20,
-                               max_output_bytes=max(4 * self.settings.max_output_chars, 32 << 20))
-        pool = self._workers()
+        session = self._session(state)
+        if not isinstance(session, str) and session.cells not in (-1, len(memory["cells"])):
+            self._end(state, session)  # its state is not the trajectory's (the store was replaced): start over
+            session = self._session(state)
+        if isinstance(session, str):
+            return ToolReply(error=f"the code was not run: {session}")
+        request: dict[str, Any] = {"code": code, "limit": self.settings.max_output_chars}
+        timeout = self.settings.timeout_s
+        if session.cells != len(memory["cells"]):  # a new interpreter: the trajectory's state rebuilt first
+            request.update(seed=state.seed, variables=variables, replay=memory["cells"])
+            timeout += 1.5 * sum(memory["seconds"])
+        request["cpu_s"] = timeout
+        request["images"] = [(i, f"image_clue_{i}{image_suffix(data)}", base64.b64encode(data).decode())
+                             for i, data in enumerate(state.images) if i >= session.images]
+        max_bytes = max(4 * self.settings.max_output_chars, 32 << 20)
+        with session.lock:
+            session.busy = True
         try:
-            result = pool.submit(_run_cell, self.settings.python, script, limits, _sandbox_environ()).result()
-        except BrokenProcessPool:  # a worker died (killed from outside): the next call gets a new pool
-            with self._pool_lock:
-                if self._pool is pool:
-                    self._pool = None
-            pool.shutdown(wait=False, cancel_futures=True)
-            return ToolReply(error="the code was not run: the tool's worker process died; call again")
-        if isinstance(result, str):
-            return ToolReply(error=f"the code was not run: {result}")
-        if result.timed_out:
-            return ToolReply(_tail(result.stdout, self.settings.max_output_chars),
-                             error=f"the code ran past the time limit of {self.settings.timeout_s:g} s and was "
-                                   "stopped", timed_out=True)
-        head, found, envelope = result.stdout.rpartition(mark)
-        if not found:
-            why = (f"it used more than the memory limit of {self.settings.memory_mb} MB" if result.memory_exceeded
-                   else "it wrote more output than allowed" if result.output_truncated
-                   else result.error or f"it exited with status {result.returncode} {result.killed_by_signal or ''}")
-            text = _tail(head + result.stderr, self.settings.max_output_chars)
-            return ToolReply(text, error=f"the code was stopped: {why.strip()}")
+            head, envelope, stopped = session.exchange(request, timeout, max_bytes, self._watch)
+        finally:
+            with session.lock:
+                session.busy = False
+                if session.released:
+                    session.close_pipes()
+        stray = head.decode("utf-8", "replace")
+        if envelope is None:  # the interpreter is stopped, or dead: the next call starts a new one
+            status = self._end(state, session)
+            if stopped == "timeout":
+                return ToolReply(_tail(stray, self.settings.max_output_chars),
+                                 error=f"the code ran past the time limit of {self.settings.timeout_s:g} s and was "
+                                       "stopped", timed_out=True)
+            why = (f"it used more than the memory limit of {self.settings.memory_mb} MB" if stopped == "memory"
+                   else "it wrote more output than allowed" if stopped == "output"
+                   else f"it exited with status {status} {_signal_name(status) or ''}")
+            return ToolReply(_tail(stray, self.settings.max_output_chars), error=f"the code was stopped: {why.strip()}")
         try:
             report = json.loads(envelope)
         except json.JSONDecodeError:
+            self._end(state, session)
             return ToolReply(error="the code's result could not be read (did it write to the real stdout?)")
+        session.images = len(state.images)
         text, error = report["output"], report["error"]
-        if not error:  # it ran through (even if its output or images are cut below): later calls see its state
-            memory["cells"].append(code)
-            memory["seconds"].append(report["seconds"])
-        stray = head + result.stderr  # what bypassed sys.stdout (os.write, subprocesses)
-        if stray.strip():
+        if report.get("replay_failed"):
+            session.cells = -1  # its state is not the trajectory's: the next call starts over
+            self._end(state, session)
+        else:
+            if not error:  # it ran through (even if its output or images are cut below): later calls see its state
+                memory["cells"].append(code)
+                memory["seconds"].append(report["seconds"])
+            session.cells = len(memory["cells"])
+        if stray.strip():  # what bypassed sys.stdout (os.write, subprocesses)
             text = (text + stray)[: self.settings.max_output_chars]
         if report["dropped"]:
             text += f"\n... [{report['dropped']} more characters of output cut]"
@@ -237,23 +572,156 @@ class PythonTool:
             error = error or refused
         return ToolReply(text, tuple(images), error)
 
-    def _workers(self) -> ProcessPoolExecutor:
-        """The worker processes, started on first use: each runs one sandbox at a time, so concurrent calls
-        never share a sandbox uid (the sandbox gives each process one: two runs under it would share its memory
-        cap and the sweep of its processes at the end of either)."""
-        with self._pool_lock:
-            if self._pool is None:
-                workers = self.settings.workers or os.cpu_count() or 1
-                self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(),
-                                                 initializer=_worker_start)
-            return self._pool
+    def interpreter_pid(self, state: TrajectoryState) -> int | None:
+        """The pid of the trajectory's live interpreter (None when it has none)."""
+        with self._lock:
+            session = self._sessions.get(id(state))
+        return None if session is None else session.pid
+
+    def release(self, state: TrajectoryState) -> None:
+        """The trajectory ended: stop its interpreter (in the background; its processes are killed, its uid
+        swept and its directory deleted a moment later)."""
+        with self._lock:
+            session = self._sessions.pop(id(state), None)
+        if session is not None:
+            self._discard(session, wait=False)
 
     def close(self) -> None:
-        """Stop the worker processes (a later call starts new ones)."""
-        with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        """Stop every interpreter and the worker processes (a later call starts new ones)."""
+        with self._lock:
+            workers, self._workers = self._workers, []
+            sessions, self._sessions = list(self._sessions.values()), {}
+            threads, self._threads = self._threads, None
+            reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            self._dropped.put(None)
+        for session in sessions:
+            self._discard(session, wait=True)
+        for worker in workers:
+            worker.close()
+        if threads is not None:
+            threads.shutdown(wait=False)
+
+    def _session(self, state: TrajectoryState) -> _Session | str:
+        """The trajectory's interpreter, started if it has none; or why none could be started."""
+        from rl360.rewards.sandbox import SandboxLimits
+
+        key = id(state)
+        with self._lock:
+            session = self._sessions.get(key)
+            if session is not None and session.worker.alive:
+                return session
+            if session is not None:  # its worker died, and the interpreter with it
+                del self._sessions[key]
+                session.close_pipes()
+        worker = self._worker()
+        mark = "\n@@rl360-python-" + secrets.token_hex(16) + "@@"
+        limits = SandboxLimits(timeout_s=self.settings.timeout_s, memory_bytes=self.settings.memory_mb << 20,
+                               cpu_s=int(self.settings.timeout_s * _SESSION_CPU_CALLS) + 1)
+        started = worker.start(self.settings.python, driver(mark), limits)
+        if isinstance(started, str):
+            with self._lock:
+                worker.sessions -= 1
+            return started
+        slot, pid, uid, write_fd, read_fd = started
+        session = _Session(worker, slot, pid, uid, write_fd, read_fd, mark.encode(), limits.memory_bytes)
+        with self._lock:
+            self._sessions[key] = session
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, name="rl360-python-reaper", daemon=True)
+                self._reaper.start()
+        weakref.finalize(state, self._forget, key, session)
+        return session
+
+    def _worker(self) -> _Worker:
+        """The worker to start an interpreter in (its count taken): the least busy one with room, a new one
+        while there are fewer than `workers` and none is idle, or when all are full. Started outside the tool's
+        lock (it takes a moment), one at a time."""
+        from rl360.rewards.sandbox import SESSION_SLOTS
+
+        def pick(may_wait: bool) -> _Worker | None:
+            with self._lock:
+                self._workers = [worker for worker in self._workers if worker.alive]
+                room = [worker for worker in self._workers if worker.sessions < SESSION_SLOTS]
+                best = min(room, key=lambda worker: worker.sessions, default=None)
+                wanted = self.settings.workers or os.cpu_count() or 1
+                if best is not None and (best.sessions == 0 or len(self._workers) >= wanted or may_wait):
+                    best.sessions += 1
+                    return best
+            return None
+
+        best = pick(False)
+        if best is not None:
+            return best
+        if not self._start_lock.acquire(blocking=False):  # another call is starting one: take what is there
+            best = pick(True)
+            if best is not None:
+                return best
+            self._start_lock.acquire()
+        try:
+            best = pick(False)
+            if best is not None:
+                return best
+            worker = _Worker()
+            with self._lock:
+                self._workers.append(worker)
+                worker.sessions += 1
+            return worker
+        finally:
+            self._start_lock.release()
+
+    def _forget(self, key: int, session: _Session) -> None:
+        """The trajectory's state was garbage-collected without a release: its interpreter is stopped by the
+        reaper thread (a weakref callback may run inside any code of this process, even under our lock, so it
+        only puts it on a queue whose put is safe there)."""
+        self._dropped.put((key, session))
+
+    def _reap(self) -> None:
+        while True:
+            item = self._dropped.get()
+            if item is None:
+                return
+            key, session = item
+            with self._lock:
+                if self._sessions.get(key) is not session:
+                    continue
+                del self._sessions[key]
+            try:
+                self._discard(session, wait=True)
+            except Exception:  # a worker gone meanwhile: nothing left to stop
+                pass
+
+    def _end(self, state: TrajectoryState, session: _Session) -> int | None:
+        """Stop the trajectory's interpreter after a failed call; its exit status."""
+        with self._lock:
+            if self._sessions.get(id(state)) is session:
+                del self._sessions[id(state)]
+        return self._discard(session, wait=True)
+
+    def _discard(self, session: _Session, wait: bool) -> int | None:
+        with session.lock:
+            if session.released:
+                return None
+            session.released = True
+            if not session.busy:
+                session.close_pipes()
+
+        def stop() -> int | None:
+            status = session.worker.stop(session.slot)
+            with self._lock:
+                session.worker.sessions -= 1
+            return status
+
+        if wait:
+            return stop()
+        threading.Thread(target=stop, name="rl360-python-release", daemon=True).start()
+        return None
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(_CALL_THREADS, thread_name_prefix="rl360-python")
+            return self._threads
 
     def _images(self, encoded: list[str], state: TrajectoryState) -> tuple[list[bytes], str]:
         """The images a cell returned, resized and charged to the budget; why some were dropped ("" if none)."""
@@ -287,36 +755,12 @@ def _mp_context() -> multiprocessing.context.BaseContext:
                                        else "spawn")
 
 
-def _worker_start() -> None:
-    """In each worker: Ctrl-C is the parent's to handle."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def _sandbox_environ() -> dict[str, str | None]:
     """This process's sandbox settings (RL360_SANDBOX_ISOLATION, ..._REQUIRE_ISOLATION), for a worker to run with:
     workers are forked from a server started earlier, with the environment of that time."""
     from rl360.rewards.sandbox import ISOLATION_ENV, REQUIRE_ENV
 
     return {name: os.environ.get(name) for name in (ISOLATION_ENV, REQUIRE_ENV)}
-
-
-def _run_cell(python: str, script: str, limits: Any, environ: dict[str, str | None]) -> Any:
-    """In a worker: run the driver `script` in the sandbox with the caller's sandbox settings `environ`; its
-    `SandboxResult`, or why it could not run."""
-    from rl360.rewards.sandbox import IsolationError, run_command, sandbox_python
-
-    for name, value in environ.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    try:
-        python = python or sandbox_python()
-        if python is None:
-            return "no Python interpreter runs inside the sandbox here"
-        return run_command([python, "-I", "-B", "cell.py"], {"cell.py": script}, limits=limits)
-    except (IsolationError, OSError, ValueError) as error:
-        return str(error)
 
 
 def _tail(text: str, limit: int) -> str:
