@@ -122,15 +122,16 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float, stop: StopSig
                 raise ConfigError(f"{problem}; `rl360 plan` prints every term (trainer.memory_check=false to "
                                   "start anyway)")
         groups = dict(use_gpu=placement.use_gpu, timeout_s=cfg.cluster.placement_timeout_s)
+        # the policy (and critic) ranks build in their processes while the engines start below
         policy = PolicyGroup(WorkerGroup(PolicyWorker, policy_ranks, cfg, name="policy", share=placement.gpu_share,
                                          **groups))
-        attention = policy.call("attention_backend")[0]  # what model.attention (auto: te or torch) resolved to
-        why = f" ({policy.call('attention_reason')[0]})" if cfg.model.attention == "auto" else ""
-        print(f"policy layer spec: model.attention={cfg.model.attention} -> {attention}{why}", flush=True)
         critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, name="critic", **groups)) \
             if use_critic else None
         # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer
         rollouts = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy, placement, **turns)
+        attention = policy.call("attention_backend")[0]  # what model.attention (auto: te or torch) resolved to
+        why = f" ({policy.call('attention_reason')[0]})" if cfg.model.attention == "auto" else ""
+        print(f"policy layer spec: model.attention={cfg.model.attention} -> {attention}{why}", flush=True)
         evaluation = TrainingEval(cfg, renderer, rollouts)  # data.val_files, sampled between steps by the engines
         estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
         kl_control = KLController(cfg.algorithm.kl_in_reward_coef, cfg.algorithm.kl_in_reward_target,

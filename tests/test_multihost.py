@@ -29,8 +29,10 @@ from tests.netns_cluster import NetnsCluster
 
 REPO = Path(__file__).resolve().parent.parent
 BRING_UP = REPO / "launchers" / "slurm" / "ray_cluster.sh"
-STEPS = 400  # the quickstart's own length: its last-5 reward reads about 0.93 on one node
-RUN_TIMEOUT_S = 1800  # about 6 minutes on 2 free CPU cores
+# of the quickstart's 400 steps: its last 40-step reward windows here read 0.84 0.87 0.93 from step 160 on (seed 0),
+# so the last 5 of 280 clear the bar with room
+STEPS = 280
+RUN_TIMEOUT_S = 1800  # about 4 minutes on 2 free CPU cores
 DEADLINE_S = 60  # a lost node ends the job within this long (measured: 5 to 10 s on 2 cores)
 PLACED = re.compile(r"^policy: 2 ranks on 2 nodes: rank 0 on (\S+) \((\S+)\), rank 1 on (\S+) \((\S+)\)$", re.M)
 

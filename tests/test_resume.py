@@ -100,6 +100,16 @@ def test_a_piped_run_shows_k_of_n_and_eta_without_colour_codes_or_repeated_notic
         assert all(line in log.splitlines() for line in shown)
 
 
+def test_async_mode_trains_one_weight_version_behind(unbroken):
+    """The async run (one engine process, weights sent as tensors through shared memory): step 1 is sampled from
+    the initial weights, every later step from the weights one update behind."""
+    metrics = _records(unbroken[ASYNC].out)
+    assert [m["step"] for m in metrics] == list(range(1, TOTAL_STEPS + 1))
+    assert metrics[0]["rollout/staleness_max"] == 0  # step 1 is sampled from the initial weights
+    assert all(m["rollout/staleness_mean"] == m["rollout/staleness_max"] == 1 for m in metrics[1:])
+    assert all(m["timing/weight_sync_s"] > 0 and m["reward/calls"] == 16 for m in metrics)  # 4 prompts x 4
+
+
 def _copy_of(run: Unbroken, tmp_path: Path) -> Path:
     """The run's checkpoints, saved config, metrics and log in a directory of their own, to resume there."""
     out = tmp_path / "run"

@@ -4,6 +4,7 @@ parallel, packed micro-batches) and synced back, vision tower included; a run st
 started again ends exactly as the unbroken run."""
 
 import json
+import shutil
 
 import pytest
 import ray
@@ -50,8 +51,18 @@ def unbroken(assets):
 
 
 @pytest.fixture(scope="module")
-def resumed(assets):
-    _train(assets, "resumed", 2)  # stops after its step-2 checkpoint
+def resumed(assets, unbroken):
+    """The unbroken run as a run stopped after its step-2 checkpoint leaves it (its checkpoints with `latest` on
+    step 2, its first two metric records, its config and log, in a directory of their own), started again."""
+    root, _ = assets
+    out, _ = unbroken
+    again = root / "resumed"
+    shutil.copytree(out / "checkpoints", again / "checkpoints")
+    (again / "checkpoints" / "latest").write_text("step_000002\n")  # step_000003: removed as written after it
+    first_two = (out / "metrics.jsonl").read_text().splitlines(keepends=True)[:2]
+    (again / "metrics.jsonl").write_text("".join(first_two))
+    for name in ("config.yaml", "train.log"):
+        shutil.copy(out / name, again / name)
     return _train(assets, "resumed", 3)
 
 
@@ -78,6 +89,8 @@ def test_saved_model_has_a_trained_vision_tower_in_hf_names(assets, unbroken):
 def test_a_run_started_again_from_its_checkpoint_ends_as_the_unbroken_run(unbroken, resumed):
     (out, records), (again, resumed_records) = unbroken, resumed
     assert [r["step"] for r in resumed_records] == [1, 2, 3]
+    assert "resumed from " + str(again / "checkpoints" / "step_000002") + " at step 3" in \
+        (again / "train.log").read_text()
     for ours, theirs in zip(resumed_records, records):  # every metric but the clock's, exactly
         clock = [key for key in theirs if key.startswith("timing/") or key == "weight_sync/seconds"]
         assert {k: v for k, v in ours.items() if k not in clock} == {k: v for k, v in theirs.items() if k not in clock}

@@ -20,14 +20,25 @@ from rl360.cluster import WorkerGroup
 
 class PolicyGroup:
     def __init__(self, workers: WorkerGroup):
+        """Returns at once: the ranks build in their processes (the engines can start meanwhile); the first call
+        that needs their layouts waits for them."""
         self.workers = workers
         self.actors = workers.actors
-        self.layouts = workers.call("layout")
-        self.dp_size = self.layouts[0]["dp_size"]
-        self._returning = sorted((layout["dp_rank"], rank) for rank, layout in enumerate(self.layouts)
-                                 if layout["returns"])
-        if [dp for dp, _ in self._returning] != list(range(self.dp_size)):
-            raise RuntimeError(f"expected one result rank per data-parallel replica, got layouts {self.layouts}")
+        self._layouts: list[dict] | None = None
+
+    @property
+    def layouts(self) -> list[dict]:
+        if self._layouts is None:
+            layouts = self.workers.call("layout")
+            returning = sorted((layout["dp_rank"], rank) for rank, layout in enumerate(layouts) if layout["returns"])
+            if [dp for dp, _ in returning] != list(range(layouts[0]["dp_size"])):
+                raise RuntimeError(f"expected one result rank per data-parallel replica, got layouts {layouts}")
+            self._layouts, self._returning = layouts, returning
+        return self._layouts
+
+    @property
+    def dp_size(self) -> int:
+        return self.layouts[0]["dp_size"]
 
     def call(self, method: str, *args: Any) -> list[Any]:
         """`method(*args)` on every rank; the results in rank order."""
@@ -38,7 +49,8 @@ class PolicyGroup:
         the results of the replicas' result ranks, in data-parallel order."""
         size = len(batch) // self.dp_size
         shards = [batch.select(slice(i * size, (i + 1) * size)) for i in range(self.dp_size)]
-        results = self.workers.call_each(method, [(shards[layout["dp_rank"]], *args) for layout in self.layouts])
+        layouts = self.layouts
+        results = self.workers.call_each(method, [(shards[layout["dp_rank"]], *args) for layout in layouts])
         return [results[rank] for _, rank in self._returning]
 
     async def export_weights(self) -> AsyncIterator[ray.ObjectRef]:
