@@ -34,7 +34,7 @@ QUESTION = ("<image>What colour is the mark in the top left corner? Answer with 
 # the whole `image_zoom_in` call on the mark's box, as Qwen's Hermes format writes it (one token of the quickstart
 # tokenizer), and the tool's reply text to it
 CALL = "<tool_call>" + json.dumps({"name": "image_zoom_in", "arguments": {"bbox_2d": BBOX}}) + "</tool_call>"
-REPLY = f"Zoomed in on the region {BBOX}."
+REPLY = f"Zoomed in on the image to the region {BBOX}."  # the tool's reply, as DeepEyes words it
 # the quickstart model's probability of writing CALL first in its reply, set when it is built (an instruct model's
 # habit of calling its tools: it tells nothing about the answer)
 CALL_PRIOR = 0.5

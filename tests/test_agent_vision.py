@@ -38,7 +38,7 @@ def _png(width, height, colour):
 
 @pytest.fixture(scope="module")
 def vl_dir(tmp_path_factory):
-    texts = [QUESTION, "tool", "Zoomed in on the region [0, 0, 56, 56]."]
+    texts = [QUESTION, "tool", "Zoomed in on the image to the region [0, 0, 56, 56]."]
     return str(build_vision_quickstart_model(tmp_path_factory.mktemp("agent_vl") / "model", texts=texts, seed=3,
                                              added_tokens=[CALL]))
 
