@@ -225,7 +225,7 @@ def test_a_continued_sample_ends_at_a_stop_string_spanning_its_cut(served, model
     stop = stop_of(tokenizer, ids, j - 1, 2)
     rest = asyncio.run(_generate(served, {**greedy, "stop": [stop]}, PROMPTS[1] + ids[:j]))["output_ids"]
     assert rest[0] == ids[j] and len(rest) > 1  # the engine alone, from the cut, never sees the string whole
-    fleet = EngineFleet(SimpleNamespace(), SimpleNamespace(path=model_dir), None, None, Path(tmp_path),
+    fleet = EngineFleet(SimpleNamespace(router="fleet"), SimpleNamespace(path=model_dir), None, None, Path(tmp_path),
                         engines=[ServedEngine(served)])
     cut = Sample(list(PROMPTS[1]), ids[:j], [-1.0] * j, "abort")
 
