@@ -137,10 +137,16 @@ def _command_named(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if next((arg for arg in argv if not arg.startswith("-")), None) in ("train", "quickstart"):
+        from rl360.stopping import hold_early_signals
+
+        hold_early_signals()  # a stop signal while starting stops the run before its first step, not mid-import
     from rl360.tracking.console import plain_when_piped, quiet_known_warnings
 
     quiet_known_warnings()  # before megatron is imported, here and in every process started from here
     plain_when_piped()
+    wanted = _command_named(argv)
     parser = argparse.ArgumentParser(prog="rl360", description="RL post-training for language models")
     parser.add_argument("--version", action="version", version=f"rl360 {_version()}")
     parser.add_argument("--debug", action="store_true",
@@ -167,7 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     quick.add_argument("--config", default=None, help="config to use instead of the task's")
     quick.set_defaults(run=_quickstart)
 
-    wanted = _command_named(sys.argv[1:] if argv is None else argv)
     for name, reference in COMMAND_PARSERS.items():
         if wanted in (None, name):  # only the command run: importing another's module can take seconds
             module, function = reference.split(":")

@@ -456,6 +456,7 @@ def load_structured(schema: type, path: str | Path | None, overrides: list[str] 
     dataclass, not yet validated."""
     keys = schema_keys(schema) if keys is None else keys
     layers = [OmegaConf.structured(schema)]
+    replaced: dict[int, str] = {}  # layer index -> the mapping key it replaces rather than merges into
     verl_reward: dict[str, tuple[Any, str]] = {}
     if path is not None:
         path = Path(path)
@@ -477,11 +478,14 @@ def load_structured(schema: type, path: str | Path | None, overrides: list[str] 
             raise ConfigError(f"override {item!r} is not of the form key=value")
         item = item.lstrip("+")  # Hydra's +key=value (add) and ++key=value (add or replace): every key exists here
         where = f"override {item!r}"
-        layers.append(_layer(_checked(lambda item=item: OmegaConf.from_dotlist([item]), where), where, keys,
-                             verl_reward))
+        layer = _layer(_checked(lambda item=item: OmegaConf.from_dotlist([item]), where), where, keys, verl_reward)
+        key = item.split("=", 1)[0]
+        if keys.get(key) == "value" and OmegaConf.is_dict(OmegaConf.select(layer, key)):
+            replaced[len(layers)] = key  # as in Hydra, `key={...}` on the command line replaces the mapping
+        layers.append(layer)
     if verl_reward:
         layers.append(verl_reward_layer(verl_reward))
-    merged = _checked(lambda: OmegaConf.merge(*layers), str(path or "overrides"))
+    merged = _checked(lambda: _merge(layers, replaced), str(path or "overrides"))
     unset = _unset_environment(OmegaConf.to_container(merged, resolve=False))
     if len(unset) > 1:  # all of them in one line (one alone: the resolver's error below names it)
         reads = ", ".join(f"{key} reads {var}" for key, var in unset)
@@ -489,6 +493,17 @@ def load_structured(schema: type, path: str | Path | None, overrides: list[str] 
                           f"{' '.join(f'{var}=...' for _, var in unset)} or pass "
                           f"{' '.join(f'{key}=...' for key, _ in unset)} on the command line")
     return _checked(lambda: OmegaConf.to_object(merged), str(path or "overrides"))
+
+
+def _merge(layers: list[Any], replaced: dict[int, str]) -> Any:
+    """The layers merged in order (YAML files merge mappings key by key, as Hydra composes them); a layer in
+    `replaced` empties its mapping key first."""
+    merged = layers[0]
+    for index, layer in enumerate(layers[1:], start=1):
+        if index in replaced:
+            OmegaConf.update(merged, replaced[index], {}, merge=False)
+        merged = OmegaConf.merge(merged, layer)
+    return merged
 
 
 _ENV_WITHOUT_DEFAULT = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -30,8 +30,10 @@ CONFIG_HEADER = """\
 Every key of a run's config, as a YAML file (nested) or a `key=value` override (dotted) names it, with its
 type, default and meaning. A config file sets some of them; the rest keep these defaults. Overrides apply in
 order after the file, and a further YAML file among them (a preset such as `configs/algorithms/gspo.yaml`)
-replaces the keys it sets. A single value given for a list key (`data.train_files=a.parquet`) is a
-one-element list; Hydra's `+key=value` reads as `key=value`. verl's and Reasoning360's key names are
+replaces the keys it sets (a mapping such as `data.mix_weights` is merged key by key). A mapping given on the
+command line replaces the one before (`data.mix_weights={}` empties it; `data.mix_weights.math=1.0` sets one of
+its keys). A single value given for a list key (`data.train_files=a.parquet`) is a one-element list; Hydra's
+`+key=value` reads as `key=value`. verl's and Reasoning360's key names are
 explained in [from_verl.md](from_verl.md).
 
 """

@@ -5,8 +5,14 @@ The first such signal asks the run to stop at its next safe point: the step in p
 are not drawn ahead, the rollout in progress is abandoned: a resumed run draws it again, the same), a checkpoint
 of the last completed step is written, every process the run started is stopped, and the command prints one line,
 `rl360: stopped by SIGTERM at step 37; checkpoint outputs/x/checkpoints/step_000037; run the same command to
-resume`, and exits with `STOPPED_EXIT`. A second signal stops at once: one line naming the last checkpoint
-written, the run's processes killed, the same status.
+resume`, and exits with `STOPPED_EXIT`. At a terminal the signal is also acknowledged at once (`rl360: SIGINT:
+stopping at the next safe point ...`), since the safe point can be a step away; in a log (Slurm's, `timeout`'s)
+the stop line is the only one. A second signal stops at once: one line naming the last checkpoint written, the
+run's processes killed, the same status.
+
+A signal that comes while the command is still starting (reading its config, importing the trainer) is held
+(`hold_early_signals`, the command line's first step) and taken by the run as soon as its handlers are installed:
+the run stops before its first step.
 
     stop = StopSignals(checkpoints_dir)   # installs the handlers (again after ray.init: Ray replaces SIGTERM's)
     stop.requested                        # a signal came: stop at the next safe point
@@ -23,6 +29,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -30,6 +37,27 @@ from typing import Any
 from rl360.errors import STOPPED_EXIT, RunStopped
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+_held: list[str] = []  # the stop signals that came before a run installed its handlers, by name
+
+
+def hold_early_signals() -> None:
+    """Until a run installs `StopSignals`, a stop signal is held instead of ending the process (SIGUSR1's default)
+    or raising KeyboardInterrupt in an import: the run takes it when it starts. A second one ends the process at
+    once, with one line."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _hold)
+
+
+def _hold(signum: int, frame: Any) -> None:
+    _held.append(signal.Signals(signum).name)
+    if len(_held) > 1:
+        os.write(2, f"rl360: stopped at once by a second signal ({_held[-1]}) before the run started\n".encode())
+        kill_descendants()
+        os._exit(STOPPED_EXIT)
+
+
+_DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL, signal.SIGUSR1: signal.SIG_DFL}
 
 
 class StopSignals:
@@ -44,6 +72,8 @@ class StopSignals:
         self._read, self._write = os.pipe()
         threading.Thread(target=self._watch, name="rl360-stop-signals", daemon=True).start()
         self.install()
+        if _held:  # one came while the command was starting
+            self._handle(signal.Signals[_held.pop()].value, None)
 
     @property
     def requested(self) -> bool:
@@ -55,7 +85,7 @@ class StopSignals:
             return
         for sig in STOP_SIGNALS:
             previous = signal.signal(sig, self._handle)
-            self._previous.setdefault(sig, previous)
+            self._previous.setdefault(sig, _DEFAULTS[sig] if previous is _hold else previous)
 
     def uninstall(self) -> None:
         """Restore the handlers found at the first install; the watcher thread ends."""
@@ -84,6 +114,9 @@ class StopSignals:
         woken = os.read(self._read, 1)
         os.close(self._read)
         if woken != b"!":
+            return
+        if not sys.stdout.isatty():  # a log: the stop line is the one line
+            self._requested.set_result(None)
             return
         print(f"rl360: {self.signal_name}: stopping at the next safe point with a checkpoint (another signal "
               "stops at once)", flush=True)

@@ -80,6 +80,20 @@ def test_algorithm_presets_layer_over_a_base_config():
         load_config("configs/quickstart.yaml", ["configs/algorithms/nope.yaml"])
 
 
+def test_a_mapping_on_the_command_line_replaces_the_one_before_and_a_file_merges_into_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("RL360_MODEL_PATH", "m")
+    monkeypatch.setenv("RL360_DATA_DIR", "d")
+    template = "configs/templates/qwen2.5-7b-1node.yaml"  # data.mix_weights: six data_source prefixes
+    assert load_config(template, ["data.mix_weights={}"]).data.mix_weights == {}
+    assert load_config(template, ["+data.mix_weights={math: 1.0}"]).data.mix_weights == {"math": 1.0}
+    assert len(load_config(template, ["data.mix_weights.math=1.0"]).data.mix_weights) == 6  # one key of it
+    (tmp_path / "preset.yaml").write_text("data:\n  mix_weights: {math: 1.0}\n")
+    merged = load_config(template, [str(tmp_path / "preset.yaml")]).data.mix_weights
+    assert merged["math"] == 1.0 and merged["codegen"] == 0.25  # a YAML layer merges, as Hydra composes files
+    assert load_config(template, ["data.mix_weights={}", str(tmp_path / "preset.yaml")]).data.mix_weights == {
+        "math": 1.0}
+
+
 def test_estimators_and_losses_by_name_or_importable_reference():
     base = ["model.path=m", "data.train_files=[x.parquet]"]
     cfg = load_config(None, [*base, "algorithm.adv_estimator=tests.algo_fixtures:unit_advantages",

@@ -99,7 +99,7 @@ def test_a_signal_stops_the_run_with_a_checkpoint_and_one_line(stopped, name):
     assert signal_name == name and STOPS[name][1] <= step < TOTAL_STEPS
     assert Path(checkpoint) == run.out / "checkpoints" / f"step_{step:06d}"
     assert (run.out / "checkpoints" / "latest").read_text() != ""  # the resumed run has moved it on since
-    assert f"rl360: {name}: stopping at the next safe point with a checkpoint" in run.output
+    assert "stopping at the next safe point" not in run.output  # not a terminal: the stop line is the one line
     assert run.left == []
     assert f"resumed from {checkpoint} at step {step + 1}" in run.resumed_output
     log = (run.out / "train.log").read_text()
@@ -129,18 +129,52 @@ def test_sigusr1_stops_at_the_safe_point_with_one_line(tmp_path):
     proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == STOPPED_EXIT
-    assert out.splitlines() == ["rl360: SIGUSR1: stopping at the next safe point with a checkpoint (another signal "
-                                "stops at once)", "stopping"]
+    assert out.splitlines() == ["stopping"]
     assert err.splitlines() == [f"rl360: stopped by SIGUSR1 at step 7; checkpoint {tmp_path / 'step_000007'}; run "
                                 "the same command to resume"]
     assert not psutil.pid_exists(child)
+
+
+def test_at_a_terminal_the_signal_is_acknowledged_at_once(tmp_path):
+    """Ctrl-C at a terminal: the stop can be a step away, so the signal is answered at once, then the stop line."""
+    import pty
+
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "tests.stop_waiter", str(tmp_path), "finish"], cwd=REPO,
+                            stdout=secondary, stderr=subprocess.PIPE, text=True)
+    os.close(secondary)
+    with os.fdopen(primary, "r", errors="replace") as terminal:
+        assert terminal.readline().startswith("child ")
+        proc.send_signal(signal.SIGINT)
+        assert terminal.readline().rstrip("\r\n") == ("rl360: SIGINT: stopping at the next safe point with a "
+                                                      "checkpoint (another signal stops at once)")
+        assert terminal.readline().rstrip("\r\n") == "stopping"
+    assert proc.wait(timeout=60) == STOPPED_EXIT
+    assert proc.stderr.read().startswith("rl360: stopped by SIGINT at step 7")
+
+
+def test_a_signal_while_the_command_starts_stops_the_run_before_its_first_step(tmp_path):
+    """SIGUSR1's default action ends a process: one that comes while `rl360 train` still imports its modules is
+    held, and the run stops as soon as it has started, with its one line."""
+    proc = subprocess.Popen([sys.executable, "-c", "import os, signal, sys\n"
+                             "from rl360.stopping import hold_early_signals\n"
+                             "hold_early_signals()\n"
+                             "os.kill(os.getpid(), signal.SIGUSR1)  # before the run's handlers\n"
+                             "sys.argv = ['stop_waiter', sys.argv[1], 'finish']\n"
+                             "from tests.stop_waiter import main\n"
+                             "from rl360.errors import run_command\n"
+                             "sys.exit(run_command(main, sys.argv[1:]))", str(tmp_path)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == STOPPED_EXIT, err
+    assert err.splitlines() == [f"rl360: stopped by SIGUSR1 at step 7; checkpoint {tmp_path / 'step_000007'}; run "
+                                "the same command to resume"]
 
 
 def test_a_second_signal_stops_at_once_and_ends_every_process_started(tmp_path):
     (tmp_path / "latest").write_text("step_000004\n")
     proc, child = _waiter(tmp_path, "hang")
     proc.send_signal(signal.SIGINT)
-    assert proc.stdout.readline().startswith("rl360: SIGINT: stopping")
     assert proc.stdout.readline() == "stopping\n"  # now in the long checkpoint
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
