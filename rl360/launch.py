@@ -1,11 +1,15 @@
-"""`rl360 launch TEMPLATE [key=value ...]`: submit a Slurm template with `sbatch`; `--print` shows it instead.
+"""`rl360 launch TEMPLATE [--sbatch-option=value ...] [key=value | preset.yaml ...]`: submit a Slurm template with
+`sbatch`; `--print` shows it instead.
 
 TEMPLATE is a Slurm script (`launchers/slurm/*.sbatch`) or a run template (`configs/templates/*.yaml`), which
-stands for the script that trains it (the one whose `rl360 train` line names it). key=value arguments go on to the
-trainer. Before submitting, what the job needs is checked here, each mistake one line and exit status 2: the
-variables the template requires (RL360_REQUIRED_ENV), the environment (RL360_CONTAINER_IMAGE, RL360_CONDA_ENV, a
-conda environment that exists, or RL360_VENV) and `sbatch` itself. The job is submitted from the repository root
-(the script runs there), and sbatch's own line (`Submitted batch job N`) is printed.
+stands for the script that trains it (the one whose `rl360 train` line names it). After it, an argument starting
+with `-` is an sbatch option, given to sbatch before the script so that it replaces the script's `#SBATCH` line
+(`--partition=gpu --account=lab --time=1-00:00:00 --cpus-per-task=64`; written `--name=value`); key=value
+arguments and YAML presets go on to the trainer. Before submitting, what the job needs is checked here, each
+mistake one line and exit status 2: the variables the template requires (RL360_REQUIRED_ENV), the environment
+(RL360_CONTAINER_IMAGE, RL360_CONDA_ENV, a conda environment that exists, or RL360_VENV) and `sbatch` itself.
+The job is submitted from the repository root (the script runs there), and sbatch's own line (`Submitted batch
+job N`) is printed.
 
 `--print` submits nothing: it prints the `sbatch` command, the script, and the commands the script runs, from a
 dry run (`RL360_DRY_RUN=1`: `launchers/slurm/ray_cluster.sh` prints each command, srun, ray head, ray workers,
@@ -120,16 +124,37 @@ def add_launch_parser(commands) -> None:
     parser.add_argument("--print", dest="print_only", action="store_true",
                         help="print the sbatch command, the script and every command it runs; submit nothing")
     parser.add_argument("template", help="a launchers/slurm/*.sbatch script or a configs/templates/*.yaml run")
-    parser.add_argument("overrides", nargs="*", help="key=value arguments passed on to the trainer")
+    parser.add_argument("arguments", nargs=argparse.REMAINDER,
+                        help="sbatch options (--name=value: they replace the script's #SBATCH lines), then key=value "
+                             "overrides and YAML presets passed on to the trainer")
     parser.set_defaults(run=_run)
+
+
+def split_arguments(arguments: list[str]) -> tuple[list[str], list[str], bool]:
+    """(sbatch options, the trainer's arguments, --print) from what follows the template; a word that is neither
+    an option, a key=value nor a YAML file (the value of `-p gpu`) is a UserError saying how to write it."""
+    options, trainer, print_only = [], [], False
+    for argument in arguments:
+        if argument == "--print":
+            print_only = True
+        elif argument.startswith("-"):
+            options.append(argument)
+        elif "=" in argument or argument.endswith((".yaml", ".yml")):
+            trainer.append(argument)
+        else:
+            after = f" (after {options[-1]})" if options else ""
+            raise UserError(f"rl360 launch: {argument!r}{after} is neither a key=value override nor a YAML preset; "
+                            "give sbatch options as --name=value (--partition=gpu, not -p gpu)")
+    return options, trainer, print_only
 
 
 def _run(args: argparse.Namespace) -> int:
     script = script_for(Path(args.template))
-    command = ["sbatch", str(script.resolve().relative_to(REPO) if script.resolve().is_relative_to(REPO)
-                             else script.resolve()), *args.overrides]
-    if args.print_only:
-        return _print(script, command, args.overrides)
+    options, overrides, print_only = split_arguments(args.arguments)
+    command = ["sbatch", *options, str(script.resolve().relative_to(REPO) if script.resolve().is_relative_to(REPO)
+                                       else script.resolve()), *overrides]
+    if args.print_only or print_only:
+        return _print(script, command, overrides)
     check_submission(script, dict(os.environ))
     (REPO / "logs").mkdir(exist_ok=True)  # sbatch does not make the directory of #SBATCH --output
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)

@@ -50,8 +50,14 @@ def assets(tmp_path_factory) -> Path:
 
 
 def _command(assets: Path, out: Path, algorithm: str, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "rl360.cli", "train", "configs/quickstart.yaml", *ALGORITHMS[algorithm],
-            f"output_dir={out}", f"model.path={assets / 'model'}", f"data.train_files=[{assets / 'train.parquet'}]",
+    return [sys.executable, "-m", "rl360.cli", "train", "configs/quickstart.yaml",
+            *run_overrides(assets, out, algorithm, *overrides)]
+
+
+def run_overrides(assets: Path, out: Path, algorithm: str, *overrides: str) -> list[str]:
+    """What follows configs/quickstart.yaml on the command line of a run over `assets`."""
+    return [*ALGORITHMS[algorithm], f"output_dir={out}", f"model.path={assets / 'model'}",
+            f"data.train_files=[{assets / 'train.parquet'}]",
             "data.batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2", "trainer.save_hf=true",
             "rollout.max_response_length=6",  # decoding long enough (~0.05 s) for a kill to land in it
             "algorithm.kl_in_reward_coef=0.01", "algorithm.kl_in_reward_target=0.05",  # adaptive KL: restored too

@@ -74,7 +74,7 @@ def test_template_resources_match_its_config_and_fit_80gb(template, tmp_path, mo
     placement = make_placement(parallel.ranks, cfg.algorithm.adv_estimator == "gae", rollout, gpus)
     assert gpus == placement.gpus_needed == gpus_asked(parallel.ranks, False, rollout), placement.describe()
     assert not placement.colocate and not placement.notes  # the template's layout as written, nothing changed
-    assert f"RL360_GPUS_PER_NODE={options['gpus-per-node']}" in text
+    assert f"RL360_GPUS_PER_NODE=${{RL360_GPUS_PER_NODE:-{options['gpus-per-node']}}}" in text
     assert parallel.tensor <= int(options["gpus-per-node"])  # tensor-parallel groups stay inside a node
     assert cfg.cluster.ray_address == "auto" and rollout.engine_hosts == "ray"
     assert required_env(text) == ["RL360_MODEL_PATH", "RL360_DATA_DIR"]

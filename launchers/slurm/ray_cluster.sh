@@ -145,6 +145,12 @@ address_of() {
   die "could not read a non-loopback address of $1"
 }
 
+any_alive() {
+  local pid
+  for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done
+  return 1
+}
+
 teardown() {
   local status=$?
   trap - EXIT INT TERM
@@ -155,10 +161,10 @@ teardown() {
     run_on "$node" "ray stop --force" >> "$log_dir/$node.log" 2>&1 &
     stoppers+=($!)
   done
-  ( sleep 60; kill "${stoppers[@]}" 2>/dev/null ) &  # a node that does not answer does not hold the job
-  local watchdog=$!
+  local stop_deadline=$((SECONDS + 60))  # a node that does not answer does not hold the job
+  while any_alive "${stoppers[@]}" && (( SECONDS < stop_deadline )); do sleep 0.5; done
+  kill "${stoppers[@]}" 2>/dev/null || true
   wait "${stoppers[@]}" 2>/dev/null || true
-  kill "$watchdog" 2>/dev/null || true
   for pid in "${background[@]}"; do kill "$pid" 2>/dev/null || true; done
   if (( ${requeue:-0} )); then  # stopped on the time-limit warning: the same job again, which resumes
     echo "rl360 launch: requeueing job $SLURM_JOB_ID; it runs the same command again, which resumes" >&2
