@@ -105,7 +105,11 @@ def preempted(slurm, assets, tmp_path_factory) -> Job:
         slurm.run("scancel", "--signal=USR1", "--batch", job_id)  # Slurm's warning before the time limit
         slurm.wait_for(job_id, lambda job: seen(job)["Restarts"] == "1" and job["JobState"] == "PENDING",
                        JOB_TIMEOUT_S, "requeued")
-        # Slurm holds a requeued batch job about two minutes before it may start again; a test need not wait
+        # Slurm holds a requeued batch job about two minutes before it may start again; a test lifts the hold
+        # once the node has let the first run go and a second has passed (slurmd refuses a job whose credential
+        # is no newer, by its one-second clock, than the revocation of the first run's)
+        slurm.wait_for_node_idle()
+        time.sleep(2)
         slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
         final = slurm.wait_for(job_id, lambda job: seen(job)["JobState"] not in ("PENDING", "RUNNING",
                                                                                    "REQUEUED", "COMPLETING"),
