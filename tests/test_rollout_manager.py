@@ -164,7 +164,7 @@ def test_partial_rollouts_two_steps_ahead_train_and_stay_within_the_staleness_bo
     assert all(m["rollout/resumed"] >= m["rollout/aborted"] for m in metrics)
 
 
-@pytest.mark.parametrize("seed", [15, 0, 27])  # (steps, engine): (1, 0), (2, 1), (3, 1)
+@pytest.mark.parametrize("seed", [15, 0])  # (steps, engine): (1, 0), (2, 1)
 def test_an_engine_killed_mid_request_is_restarted_and_nothing_changes(assets, two_engines, seed):
     """The victim (a seeded engine) is SIGKILLed after a seeded number of steps, the moment its `/metrics` says it is
     decoding: the kill lands inside a generate request, which the fleet sees fail and sends to the other engine."""
