@@ -230,12 +230,16 @@ class AlgorithmConfig:
     partial_filter: bool = False
     # the trajectory endings kept: done, max_turns, budget, length, abort, image_token (rl360.core.TRAJECTORY_ENDINGS)
     partial_filter_keep: list[str] = field(default_factory=lambda: ["done", "max_turns"])
-    #   kept: done, max_turns (agents), budget / length (cut by the token budget), abort
     kl_coef: float = 0.0  # weight of the KL(policy || reference) loss; > 0 loads a reference model
     kl_estimator: str = "k3"  # k1 | k2 (mse) | k3 (low_var_kl) | abs; a "+" suffix: straight-through
     kl_in_reward_coef: float = 0.0  # KL(policy || reference) penalty in the reward, per token (0: off)
     kl_in_reward_target: float = 0.0  # > 0: adapt the coefficient towards this KL per sequence
     kl_in_reward_horizon: int = 10000  # adaptive controller horizon, in samples
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the run trains a critic (PPO's gae estimates advantages from its values)."""
+        return self.adv_estimator == "gae"
 
 
 @dataclass
@@ -812,14 +816,15 @@ def _check_algorithm(cfg: RunConfig) -> None:
     if algo.partial_filter and not algo.filter_groups:
         raise ConfigError("algorithm.partial_filter=true filters within dynamic sampling: "
                           "set algorithm.filter_groups=true")
-    if algo.partial_filter and (algo.adv_estimator == "gae" or algo.kl_in_reward_coef > 0):
+    if algo.partial_filter and (algo.uses_critic or algo.kl_in_reward_coef > 0):
         raise ConfigError("algorithm.partial_filter=true computes group advantages from the scores alone, before any "
                           "log-prob or value: use a group estimator (grpo, rloo, ...) and "
                           "algorithm.kl_in_reward_coef=0")
     for key in ("algorithm.gamma", "algorithm.lam"):
         if _get(cfg, key) > 1.0:
             raise ConfigError(f"{key}={_get(cfg, key)!r} must be in [0, 1]")
-    if cfg.algorithm.adv_estimator not in ("reinforce_plus_plus", "remax", "gae") and cfg.rollout.n < 2:
+    if cfg.algorithm.adv_estimator not in ("reinforce_plus_plus", "remax") and not algo.uses_critic and \
+            cfg.rollout.n < 2:
         raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs rollout.n >= 2")
 
 

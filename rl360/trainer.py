@@ -6,7 +6,6 @@ import concurrent.futures
 import contextlib
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -96,7 +95,7 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float, stop: StopSig
             # a Qwen2-VL / Qwen2.5-VL model (config.json model_type) renders image rows as ImagePrompts
             renderer = PromptRenderer.for_model(cfg.model.path, tokenizer, cfg.data.max_prompt_length)
             stream = _prompt_stream(cfg, renderer)
-            cfg, placement = _place(cfg, stop)
+            placement = _place(cfg, stop)
             # the policy (and critic) ranks build in their processes while the engines start below
             policy, critic = _workers(cfg, placement)
             # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer
@@ -108,8 +107,9 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float, stop: StopSig
             evaluation = TrainingEval(cfg, renderer, rollouts)  # data.val_files, sampled between steps by the engines
             steps = _Steps(cfg, out, tokenizer, policy, critic, rollouts, evaluation, stop)
             resumed = steps.resume()
-            run_config = {**to_dict(cfg), "resolved": {"model.attention": attention,
-                                                       "placement": placement.describe()}}
+            run_config = {**to_dict(cfg), "resolved": {
+                "model.attention": attention, "placement": placement.describe(),
+                "rollout.colocate": placement.colocate, "rollout.weight_sync": placement.weight_sync}}
             steps.tracker = Tracker(
                 out, run_config, cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
                 cfg.tracking.log_every, resume_after_step=steps.first_step - 1 if resumed else None,
@@ -136,36 +136,36 @@ def _prompt_stream(cfg: RunConfig, renderer: PromptRenderer) -> PromptStream | M
     return PromptStream(cfg.data.train_files, cfg.data.batch_size, **stream_kwargs)
 
 
-def _place(cfg: RunConfig, stop: StopSignals) -> tuple[RunConfig, Placement]:
+def _place(cfg: RunConfig, stop: StopSignals) -> Placement:
     """Ray started, and who runs on which GPU, decided once from the settings and the cluster's GPUs (refused here,
-    in seconds, when it cannot fit); colocation and the weight sync it needs are written into the run's config."""
+    in seconds, when it cannot fit): colocation and the weight sync it needs are the placement's, passed on to
+    whatever reads them (the config keeps what was asked)."""
     policy_ranks = cfg.actor.parallel.ranks
-    use_critic = cfg.algorithm.adv_estimator == "gae"
+    use_critic = cfg.algorithm.uses_critic
     in_process_engines = cfg.rollout.num_engines if cfg.rollout.engine == "hf" else 0
     gpus = start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus or max(
         os.cpu_count() or 1, policy_ranks * (2 if use_critic else 1) + in_process_engines), cfg.cluster.num_gpus)
     stop.install()  # again: ray.init replaced the SIGTERM handler with its own
     placement = make_placement(policy_ranks, use_critic, cfg.rollout, gpus)
     print(placement.describe(), flush=True)
-    cfg = replace(cfg, rollout=replace(cfg.rollout, colocate=placement.colocate, weight_sync=placement.weight_sync))
     memory_gb = cfg.cluster.gpu_memory_gb or (torch.cuda.get_device_properties(0).total_memory / GIB
                                               if torch.cuda.is_available() else 0)
     if placement.use_gpu and memory_gb and cfg.trainer.memory_check:
         # a layout that cannot fit stops here, not at an OOM an hour in
-        problem = plan(cfg, memory_gb).problem()
+        problem = plan(cfg, memory_gb, placement).problem()
         if problem is not None:
             raise ConfigError(f"{problem}; `rl360 plan` prints every term (trainer.memory_check=false to "
                               "start anyway)")
-    return cfg, placement
+    return placement
 
 
 def _workers(cfg: RunConfig, placement: Placement) -> tuple[PolicyGroup, PolicyGroup | None]:
-    """The policy's ranks, and the critic's (PPO's gae) on the same layout."""
-    groups = dict(use_gpu=placement.use_gpu, timeout_s=cfg.cluster.placement_timeout_s)
+    """The policy's ranks, and the critic's (PPO's gae) where the placement has them, on the same layout."""
+    groups = dict(use_gpu=placement.use_gpu, timeout_s=cfg.cluster.placement_timeout_s, colocated=placement.colocate)
     ranks = cfg.actor.parallel.ranks
     policy = PolicyGroup(WorkerGroup(PolicyWorker, ranks, cfg, name="policy", share=placement.gpu_share, **groups))
     critic = PolicyGroup(WorkerGroup(CriticWorker, ranks, cfg, name="critic", **groups)) \
-        if cfg.algorithm.adv_estimator == "gae" else None
+        if placement.critic_ranks else None
     return policy, critic
 
 
