@@ -29,6 +29,7 @@ from megatron_bridge.layer_spec import ATTENTION_CHOICES
 from megatron_bridge.lora import expand_targets
 from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.losses import AGG_MODES, KL_ESTIMATORS, ROLLOUT_IS_LEVELS, get_policy_loss
+from rl360.core.trajectory import TRAJECTORY_ENDINGS
 from rl360.errors import UserError
 from rl360.tracking.backends import missing_package
 
@@ -227,13 +228,18 @@ class AlgorithmConfig:
     # filtered one by one (uniform groups, and endings not in partial_filter_keep, dropped); the step trains on
     # data.batch_size * rollout.n trajectories, those of the groups whose scores vary most first
     partial_filter: bool = False
-    partial_filter_keep: list[str] = field(default_factory=lambda: ["done", "max_turns"])  # trajectory endings
-    #   kept: done, max_turns (agents), budget / length (cut by the token budget), abort
+    # the trajectory endings kept: done, max_turns, budget, length, abort, image_token (rl360.core.TRAJECTORY_ENDINGS)
+    partial_filter_keep: list[str] = field(default_factory=lambda: ["done", "max_turns"])
     kl_coef: float = 0.0  # weight of the KL(policy || reference) loss; > 0 loads a reference model
     kl_estimator: str = "k3"  # k1 | k2 (mse) | k3 (low_var_kl) | abs; a "+" suffix: straight-through
     kl_in_reward_coef: float = 0.0  # KL(policy || reference) penalty in the reward, per token (0: off)
     kl_in_reward_target: float = 0.0  # > 0: adapt the coefficient towards this KL per sequence
     kl_in_reward_horizon: int = 10000  # adaptive controller horizon, in samples
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the run trains a critic (PPO's gae estimates advantages from its values)."""
+        return self.adv_estimator == "gae"
 
 
 @dataclass
@@ -765,7 +771,14 @@ def context_length(cfg: RunConfig) -> int:
 
 
 def validate(cfg: RunConfig) -> None:
-    """Check value ranges and closed choices, and the relations between keys."""
+    """Check value ranges and closed choices, and the relations between keys, section by section."""
+    for check in (_check_values, _check_inputs, _check_algorithm, _check_actor, _check_rollout, _check_agent,
+                  _check_lora):
+        check(cfg)
+
+
+def _check_values(cfg: RunConfig) -> None:
+    """Each key on its own: closed choices, plug-ins that resolve, signs; trackers' packages installed."""
     for key, allowed in CHOICES.items():
         if _get(cfg, key) not in allowed:
             raise ConfigError(f"{key}={_get(cfg, key)!r} is not allowed; choose one of {list(allowed)}")
@@ -783,21 +796,10 @@ def validate(cfg: RunConfig) -> None:
     for name in ("wandb", "swanlab", "tensorboard"):
         if getattr(cfg.tracking, name) and (missing := missing_package(name)):
             raise ConfigError(missing)
-    if "" in cfg.rollout.stop:
-        raise ConfigError(f"rollout.stop={list(cfg.rollout.stop)!r} has an empty string, which every text holds: "
-                          "list non-empty stop strings")
-    endings = {"done", "max_turns", "budget", "length", "abort"}
-    unknown = sorted(set(cfg.algorithm.partial_filter_keep) - endings)
-    if unknown:
-        raise ConfigError(f"algorithm.partial_filter_keep has {unknown}; a trajectory ends as one of {sorted(endings)}")
-    if cfg.algorithm.partial_filter and not cfg.algorithm.filter_groups:
-        raise ConfigError("algorithm.partial_filter=true filters within dynamic sampling: "
-                          "set algorithm.filter_groups=true")
-    algo = cfg.algorithm
-    if algo.partial_filter and (algo.adv_estimator == "gae" or algo.kl_in_reward_coef > 0):
-        raise ConfigError("algorithm.partial_filter=true computes group advantages from the scores alone, before any "
-                          "log-prob or value: use a group estimator (grpo, rloo, ...) and "
-                          "algorithm.kl_in_reward_coef=0")
+
+
+def _check_inputs(cfg: RunConfig) -> None:
+    """The model, the data and the held-out evaluation."""
     if not cfg.model.path:
         raise ConfigError("model.path is empty: give a Hugging Face model directory (model.path=DIR); a config "
                           "that sets no model is a preset, to follow a base config: rl360 train BASE.yaml PRESET.yaml")
@@ -811,6 +813,38 @@ def validate(cfg: RunConfig) -> None:
     for k in cfg.eval.pass_k:
         if not 1 <= k <= cfg.eval.n:
             raise ConfigError(f"eval.pass_k has {k}: each k must be in [1, eval.n={cfg.eval.n}]")
+    if (cfg.model.min_pixels or cfg.model.max_pixels) and cfg.rollout.engine == "sglang":
+        raise ConfigError("model.min_pixels / model.max_pixels: SGLang takes an image's pixel bounds from the model's "
+                          "preprocessor_config.json (min_pixels, max_pixels); set them there and leave these at 0")
+    if cfg.model.min_pixels < 0 or cfg.model.max_pixels < 0:
+        raise ConfigError(f"model.min_pixels={cfg.model.min_pixels}, model.max_pixels={cfg.model.max_pixels}: "
+                          "0 (the image processor's own) or a positive area")
+
+
+def _check_algorithm(cfg: RunConfig) -> None:
+    """Advantage estimation and dynamic sampling."""
+    algo = cfg.algorithm
+    unknown = sorted(set(algo.partial_filter_keep) - set(TRAJECTORY_ENDINGS))
+    if unknown:
+        raise ConfigError(f"algorithm.partial_filter_keep has {unknown}; a trajectory ends as one of "
+                          f"{list(TRAJECTORY_ENDINGS)}")
+    if algo.partial_filter and not algo.filter_groups:
+        raise ConfigError("algorithm.partial_filter=true filters within dynamic sampling: "
+                          "set algorithm.filter_groups=true")
+    if algo.partial_filter and (algo.uses_critic or algo.kl_in_reward_coef > 0):
+        raise ConfigError("algorithm.partial_filter=true computes group advantages from the scores alone, before any "
+                          "log-prob or value: use a group estimator (grpo, rloo, ...) and "
+                          "algorithm.kl_in_reward_coef=0")
+    for key in ("algorithm.gamma", "algorithm.lam"):
+        if _get(cfg, key) > 1.0:
+            raise ConfigError(f"{key}={_get(cfg, key)!r} must be in [0, 1]")
+    if cfg.algorithm.adv_estimator not in ("reinforce_plus_plus", "remax") and not algo.uses_critic and \
+            cfg.rollout.n < 2:
+        raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs rollout.n >= 2")
+
+
+def _check_actor(cfg: RunConfig) -> None:
+    """The policy's batches, parallel layout and loss."""
     if (cfg.actor.ppo_mini_batch_size * cfg.rollout.n) % cfg.actor.parallel.data:
         raise ConfigError(
             f"actor.ppo_mini_batch_size * rollout.n = {cfg.actor.ppo_mini_batch_size * cfg.rollout.n} must be a "
@@ -827,12 +861,6 @@ def validate(cfg: RunConfig) -> None:
     if cfg.actor.parallel.sequence and cfg.actor.parallel.tensor == 1:
         raise ConfigError("actor.parallel.sequence=true splits tokens over the tensor-parallel ranks: it needs "
                           "actor.parallel.tensor > 1")
-    if (cfg.model.min_pixels or cfg.model.max_pixels) and cfg.rollout.engine == "sglang":
-        raise ConfigError("model.min_pixels / model.max_pixels: SGLang takes an image's pixel bounds from the model's "
-                          "preprocessor_config.json (min_pixels, max_pixels); set them there and leave these at 0")
-    if cfg.model.min_pixels < 0 or cfg.model.max_pixels < 0:
-        raise ConfigError(f"model.min_pixels={cfg.model.min_pixels}, model.max_pixels={cfg.model.max_pixels}: "
-                          "0 (the image processor's own) or a positive area")
     if cfg.actor.parallel.context > 1 and cfg.model.attention == "local":
         raise ConfigError(f"actor.parallel.context={cfg.actor.parallel.context} needs model.attention=auto, te or "
                           "torch (megatron's local attention refuses context parallelism)")
@@ -841,16 +869,21 @@ def validate(cfg: RunConfig) -> None:
             f"data.batch_size={cfg.data.batch_size} must be a multiple of "
             f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}"
         )
+    if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1.0:
+        raise ConfigError(f"actor.clip_ratio_c={cfg.actor.clip_ratio_c} must be > 1 (or 0 to disable dual clip)")
+    if cfg.actor.pack_sequences and cfg.model.attention == "local":
+        raise ConfigError("actor.pack_sequences=true needs model.attention=auto, te or torch (megatron's local "
+                          "attention refuses packed sequences)")
+
+
+def _check_rollout(cfg: RunConfig) -> None:
+    """The engines, their placement and weight sync, and what bounds a response."""
+    if "" in cfg.rollout.stop:
+        raise ConfigError(f"rollout.stop={list(cfg.rollout.stop)!r} has an empty string, which every text holds: "
+                          "list non-empty stop strings")
     if cfg.reward.overlong_buffer_len >= cfg.rollout.max_response_length:
         raise ConfigError(f"reward.overlong_buffer_len={cfg.reward.overlong_buffer_len} must be < "
                           f"rollout.max_response_length={cfg.rollout.max_response_length}")
-    for key in ("algorithm.gamma", "algorithm.lam"):
-        if _get(cfg, key) > 1.0:
-            raise ConfigError(f"{key}={_get(cfg, key)!r} must be in [0, 1]")
-    if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1.0:
-        raise ConfigError(f"actor.clip_ratio_c={cfg.actor.clip_ratio_c} must be > 1 (or 0 to disable dual clip)")
-    if cfg.algorithm.adv_estimator not in ("reinforce_plus_plus", "remax", "gae") and cfg.rollout.n < 2:
-        raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs rollout.n >= 2")
     if cfg.rollout.engine == "hf" and cfg.rollout.num_engines != 1:
         raise ConfigError(f"rollout.num_engines={cfg.rollout.num_engines} needs rollout.engine=server or sglang "
                           "(rollout.engine=hf is one in-process engine)")
@@ -871,15 +904,16 @@ def validate(cfg: RunConfig) -> None:
                           "and rollout.weight_sync=distributed or disk (tensor sync and colocation need the "
                           f"engines on the trainer's node; got engine={cfg.rollout.engine}, colocate="
                           f"{cfg.rollout.colocate}, weight_sync={cfg.rollout.weight_sync})")
-    if cfg.actor.pack_sequences and cfg.model.attention == "local":
-        raise ConfigError("actor.pack_sequences=true needs model.attention=auto, te or torch (megatron's local "
-                          "attention refuses packed sequences)")
     if cfg.rollout.partial and (cfg.rollout.engine == "hf" or cfg.rollout.mode != "async"):
         raise ConfigError("rollout.partial=true needs rollout.engine=server or sglang and rollout.mode=async "
                           f"(got engine={cfg.rollout.engine}, mode={cfg.rollout.mode}): only then can a weight "
                           "update meet requests in flight")
     if cfg.rollout.mem_fraction > 1:
         raise ConfigError(f"rollout.mem_fraction={cfg.rollout.mem_fraction} must be in (0, 1]")
+
+
+def _check_agent(cfg: RunConfig) -> None:
+    """The multi-turn agent loop and its tools."""
     if cfg.agent.loop and not cfg.agent.tools:
         raise ConfigError(f"agent.loop={cfg.agent.loop!r} needs agent.tools: name at least one (python, image_zoom_in "
                           "or 'module:Class')")
@@ -888,7 +922,6 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError(f"agent.tools[{index}]={name!r}: a tool name or 'module:Class'")
     if not cfg.agent.parser:
         raise ConfigError("agent.parser is empty: hermes, pyvision or 'module:function'")
-    _check_lora(cfg)
     if cfg.agent.min_pixels > cfg.agent.max_pixels:
         raise ConfigError(f"agent.min_pixels={cfg.agent.min_pixels} must be <= agent.max_pixels={cfg.agent.max_pixels}")
 

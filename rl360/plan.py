@@ -56,6 +56,7 @@ from megatron_bridge.config_map import head_dim, num_experts, num_query_groups, 
 from megatron_bridge.lora import expand_targets
 from megatron_bridge.vision import is_vision_language, language_config, vision_parameter_count
 from rl360.actor.batch import interleaved_micro_batches, interleaving_group
+from rl360.cluster.placement import Placement
 from rl360.config import context_length
 from rl360.model_shapes import RELEASED, close_names, released_config, released_name
 
@@ -182,9 +183,12 @@ def lora_rank_parameters(hf: dict[str, Any], rank: int, targets: tuple[str, ...]
     return per_layer * -(-hf["num_hidden_layers"] // pipeline)
 
 
-def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
+def plan(cfg: Any, gpu_memory_gb: float = 80.0, placement: Placement | None = None) -> Plan:
+    """The per-GPU memory of a policy rank (and of an engine of its own) under `cfg`, colocated or not as
+    `placement` decided (without one: as `rollout.colocate` asks)."""
     hf = hf_file = model_config(cfg.model.path)
     parallel, actor, rollout = cfg.actor.parallel, cfg.actor, cfg.rollout
+    colocate = placement.colocate if placement is not None else bool(rollout.colocate)
     tp, pp, ep = parallel.tensor, parallel.pipeline, parallel.expert
     dtype = DTYPE_BYTES[cfg.model.dtype]
     dense, experts = max((rank_parameter_split(hf, tp, pp, stage, expert=ep) for stage in range(pp)), key=sum)
@@ -207,20 +211,20 @@ def plan(cfg: Any, gpu_memory_gb: float = 80.0) -> Plan:
     updating = ("train", "step") if actor.offload else PHASES
     sharded = f", 1/{shards}" if shards > 1 else ""  # the distributed optimizer's share
     adapters = f" + LoRA rank {actor.lora.rank}" if lora else ""
-    terms = [Term(f"policy weights{adapters}", (params + lora) * dtype, updating if rollout.colocate else PHASES),
+    terms = [Term(f"policy weights{adapters}", (params + lora) * dtype, updating if colocate else PHASES),
              Term(f"policy gradients (fp32 buffer{', adapters' if lora else ''})", trained * 4, updating),
              Term(f"policy optimizer (Adam{' + fp32 main weights' if dtype == 2 else ''}{sharded})",
                   optimizer_params * optimizer_bytes, ("step",) if actor.offload else PHASES)]
     if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
         terms.append(Term("reference model weights", params * dtype, ("train",) if actor.offload else PHASES))
-    if cfg.algorithm.adv_estimator == "gae":
+    if cfg.algorithm.uses_critic:
         terms.append(Term("critic weights, gradients, optimizer",
                           params * (dtype + 4) + optimizer_params * optimizer_bytes, updating))
     terms.append(Term(f"activations (recompute={actor.recompute})", activation_bytes(cfg, hf), ("train",)))
     engine_lines = []
-    if rollout.colocate and rollout.engine == "hf":  # the whole model, beside policy rank 0, all the time
+    if colocate and rollout.engine == "hf":  # the whole model, beside policy rank 0, all the time
         terms.append(Term("colocated hf engine weights", rank_parameters(hf_file, 1, 1, 0) * dtype))
-    elif rollout.colocate:
+    elif colocate:
         terms.append(Term(f"colocated engine (mem_fraction {rollout.mem_fraction:g})",
                           rollout.mem_fraction * gpu_memory_gb * GIB, ("rollout",)))
     elif rollout.engine == "sglang":
@@ -326,8 +330,6 @@ def _is_eval_config(path: str) -> bool:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from rl360.cluster.placement import gpus_asked, make_placement
     from rl360.config import ConfigError, load_config
 
@@ -337,10 +339,9 @@ def _run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     parallel = cfg.actor.parallel
     ranks = parallel.ranks
-    critic = cfg.algorithm.adv_estimator == "gae"
+    critic = cfg.algorithm.uses_critic
     gpus = args.gpus or gpus_asked(ranks, critic, cfg.rollout)
     placement = make_placement(ranks, critic, cfg.rollout, gpus)
-    cfg = replace(cfg, rollout=replace(cfg.rollout, colocate=placement.colocate, weight_sync=placement.weight_sync))
     context = f" x CP {parallel.context}" if parallel.context > 1 else ""
     experts = f" (EP {parallel.expert} within them)" if parallel.expert > 1 else ""
     nodes = -(-ranks // args.gpus_per_node)
@@ -362,6 +363,6 @@ def _run(args: argparse.Namespace) -> int:
                     for stage in range(parallel.pipeline))
         print(f"LoRA rank {cfg.actor.lora.rank}: {adapters:,} trainable parameters a rank against {whole:,} frozen "
               f"({adapters / whole:.2%})")
-    result = plan(cfg, args.gpu_memory_gb)
+    result = plan(cfg, args.gpu_memory_gb, placement)
     print(result.report())
     return 0 if result.fits() else 1

@@ -17,10 +17,9 @@ from typing import Any
 
 import yaml
 
-from rl360.config import ConfigError, RunConfig, to_dict
+from rl360.config import AlgorithmConfig, ConfigError, RunConfig, to_dict
 
 CONFIG_FILE = "config.yaml"
-CRITIC_ESTIMATORS = ("gae",)  # advantage estimators that train a value model beside the policy
 
 # key -> why a checkpoint cannot resume under another value
 REFUSED = {
@@ -107,7 +106,7 @@ def _ignored(key: str) -> bool:
 
 
 def _has_critic(estimator: Any) -> bool:
-    return estimator in CRITIC_ESTIMATORS
+    return isinstance(estimator, str) and AlgorithmConfig(adv_estimator=estimator).uses_critic
 
 
 def _show(value: Any) -> str:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -16,8 +16,9 @@ from rl360.actor.critic import CriticWorker
 from rl360.actor.policy import PolicyWorker
 from rl360.actor.policy_group import PolicyGroup
 from rl360.agents.group import agent_group
-from rl360.algos.advantages import get_advantage_estimator
-from rl360.algos.kl_control import KLController
+from rl360.algos.advantages import compute_advantages, get_advantage_estimator, token_rewards
+from rl360.algos.dynamic_sampling import trained_rows
+from rl360.algos.kl_control import KLController, kl_in_reward
 from rl360.algos.losses import kl_penalty
 from rl360.checkpointing import (
     ConvertInfo,
@@ -28,7 +29,7 @@ from rl360.checkpointing import (
     set_previous_run_aside,
 )
 from rl360.cluster import WorkerGroup, start_ray, stop_ray
-from rl360.cluster.placement import make_placement
+from rl360.cluster.placement import Placement, make_placement
 from rl360.config import ConfigError, RunConfig, to_dict
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream
 from rl360.errors import RunStopped
@@ -36,7 +37,7 @@ from rl360.eval.during_training import TrainingEval
 from rl360.plan import GIB, plan
 from rl360.rewards.pool import open_reward_pool
 from rl360.rollout.ahead import keep_ahead, restore_ahead
-from rl360.rollout.sampler import RolloutSampler
+from rl360.rollout.sampler import RolloutSampler, StepRollouts
 from rl360.run_checks import CheckedRun, check_run
 from rl360.run_config import save_run_config
 from rl360.stopping import StopSignals, kill_descendants
@@ -87,193 +88,228 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float, stop: StopSig
     # reward workers with only the environment they need; a line says what isolation untrusted code gets, and
     # the run refuses to start when the data runs code that the sandbox here cannot isolate
     rewards = open_reward_pool(cfg.reward, routes)
-    tracker = rollouts = None
-    done = 0  # the last step completed
-    try:
-        # a Qwen2-VL / Qwen2.5-VL model (config.json model_type) renders image rows as ImagePrompts
-        renderer = PromptRenderer.for_model(cfg.model.path, tokenizer, cfg.data.max_prompt_length)
-        stream_kwargs = dict(seed=cfg.seed, shuffle=cfg.data.shuffle, shuffle_buffer=cfg.data.shuffle_buffer,
-                             on_bad_row=cfg.data.on_bad_row, filter_fn=renderer.fits)
-        if cfg.data.mix_weights:  # sample data_source prefixes in these proportions
-            stream = MixedPromptStream.by_data_source(cfg.data.train_files, cfg.data.mix_weights, cfg.data.batch_size,
-                                                      **stream_kwargs)
-        else:
-            stream = PromptStream(cfg.data.train_files, cfg.data.batch_size, **stream_kwargs)
+    steps = None
+    with contextlib.ExitStack() as closing:  # on the way out: the tracker, the rollout sampler, the reward pool
+        closing.callback(rewards.close)
+        try:
+            # a Qwen2-VL / Qwen2.5-VL model (config.json model_type) renders image rows as ImagePrompts
+            renderer = PromptRenderer.for_model(cfg.model.path, tokenizer, cfg.data.max_prompt_length)
+            stream = _prompt_stream(cfg, renderer)
+            placement = _place(cfg, stop)
+            # the policy (and critic) ranks build in their processes while the engines start below
+            policy, critic = _workers(cfg, placement)
+            # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer
+            rollouts = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy, placement, **turns)
+            closing.callback(rollouts.close)
+            attention = policy.call("attention_backend")[0]  # what model.attention (auto: te or torch) resolved to
+            why = f" ({policy.call('attention_reason')[0]})" if cfg.model.attention == "auto" else ""
+            print(f"policy layer spec: model.attention={cfg.model.attention} -> {attention}{why}", flush=True)
+            evaluation = TrainingEval(cfg, renderer, rollouts)  # data.val_files, sampled between steps by the engines
+            steps = _Steps(cfg, out, tokenizer, policy, critic, rollouts, evaluation, stop)
+            resumed = steps.resume()
+            run_config = {**to_dict(cfg), "resolved": {
+                "model.attention": attention, "placement": placement.describe(),
+                "rollout.colocate": placement.colocate, "rollout.weight_sync": placement.weight_sync}}
+            steps.tracker = Tracker(
+                out, run_config, cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
+                cfg.tracking.log_every, resume_after_step=steps.first_step - 1 if resumed else None,
+                total_steps=cfg.trainer.total_steps, started=started, use_swanlab=cfg.tracking.swanlab,
+                use_tensorboard=cfg.tracking.tensorboard)
+            closing.callback(steps.tracker.close)
+            if cfg.trainer.eval_before_train and resumed is None:  # the starting weights, logged as step 0
+                steps.tracker.log(0, evaluation.run(0))
+            steps.run()
+        except Exception as err:  # stopping, its workers signalled too (Slurm signals every process of a job)
+            if not stop.requested or isinstance(err, RunStopped):
+                raise
+            raise stop.stopped(steps.done if steps is not None else 0, latest_checkpoint(out / "checkpoints"),
+                               f" (the run failed while stopping: {type(err).__name__}, in train.log)") from err
+    return out
 
-        parallel = cfg.actor.parallel
-        policy_ranks = parallel.ranks
-        use_critic = cfg.algorithm.adv_estimator == "gae"
-        in_process_engines = cfg.rollout.num_engines if cfg.rollout.engine == "hf" else 0
-        gpus = start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus or max(
-            os.cpu_count() or 1, policy_ranks * (2 if use_critic else 1) + in_process_engines), cfg.cluster.num_gpus)
-        stop.install()  # again: ray.init replaced the SIGTERM handler with its own
-        # who runs on which GPU, decided once from the settings and the cluster's GPUs (refused here, in seconds,
-        # when it cannot fit); colocation and the weight sync it needs are written into the run's config
-        placement = make_placement(policy_ranks, use_critic, cfg.rollout, gpus)
-        print(placement.describe(), flush=True)
-        cfg = replace(cfg, rollout=replace(cfg.rollout, colocate=placement.colocate,
-                                           weight_sync=placement.weight_sync))
-        memory_gb = cfg.cluster.gpu_memory_gb or (torch.cuda.get_device_properties(0).total_memory / GIB
-                                                  if torch.cuda.is_available() else 0)
-        if placement.use_gpu and memory_gb and cfg.trainer.memory_check:
-            # a layout that cannot fit stops here, not at an OOM an hour in
-            problem = plan(cfg, memory_gb).problem()
-            if problem is not None:
-                raise ConfigError(f"{problem}; `rl360 plan` prints every term (trainer.memory_check=false to "
-                                  "start anyway)")
-        groups = dict(use_gpu=placement.use_gpu, timeout_s=cfg.cluster.placement_timeout_s)
-        # the policy (and critic) ranks build in their processes while the engines start below
-        policy = PolicyGroup(WorkerGroup(PolicyWorker, policy_ranks, cfg, name="policy", share=placement.gpu_share,
-                                         **groups))
-        critic = PolicyGroup(WorkerGroup(CriticWorker, policy_ranks, cfg, name="critic", **groups)) \
-            if use_critic else None
-        # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer
-        rollouts = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy, placement, **turns)
-        attention = policy.call("attention_backend")[0]  # what model.attention (auto: te or torch) resolved to
-        why = f" ({policy.call('attention_reason')[0]})" if cfg.model.attention == "auto" else ""
-        print(f"policy layer spec: model.attention={cfg.model.attention} -> {attention}{why}", flush=True)
-        evaluation = TrainingEval(cfg, renderer, rollouts)  # data.val_files, sampled between steps by the engines
-        estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
-        kl_control = KLController(cfg.algorithm.kl_in_reward_coef, cfg.algorithm.kl_in_reward_target,
-                                  cfg.algorithm.kl_in_reward_horizon)
-        models = {"policy": policy, **({"critic": critic} if critic is not None else {})}
-        checkpoints = out / "checkpoints"
-        # resuming: what the interrupted run wrote after `latest` goes; starting over: another run's checkpoints
-        # are moved aside whole (printed), never pruned or overwritten
-        resumed = open_checkpoints(checkpoints, cfg.trainer.resume)
-        first_step = 1
+
+def _prompt_stream(cfg: RunConfig, renderer: PromptRenderer) -> PromptStream | MixedPromptStream:
+    stream_kwargs = dict(seed=cfg.seed, shuffle=cfg.data.shuffle, shuffle_buffer=cfg.data.shuffle_buffer,
+                         on_bad_row=cfg.data.on_bad_row, filter_fn=renderer.fits)
+    if cfg.data.mix_weights:  # sample data_source prefixes in these proportions
+        return MixedPromptStream.by_data_source(cfg.data.train_files, cfg.data.mix_weights, cfg.data.batch_size,
+                                                **stream_kwargs)
+    return PromptStream(cfg.data.train_files, cfg.data.batch_size, **stream_kwargs)
+
+
+def _place(cfg: RunConfig, stop: StopSignals) -> Placement:
+    """Ray started, and who runs on which GPU, decided once from the settings and the cluster's GPUs (refused here,
+    in seconds, when it cannot fit): colocation and the weight sync it needs are the placement's, passed on to
+    whatever reads them (the config keeps what was asked)."""
+    policy_ranks = cfg.actor.parallel.ranks
+    use_critic = cfg.algorithm.uses_critic
+    in_process_engines = cfg.rollout.num_engines if cfg.rollout.engine == "hf" else 0
+    gpus = start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus or max(
+        os.cpu_count() or 1, policy_ranks * (2 if use_critic else 1) + in_process_engines), cfg.cluster.num_gpus)
+    stop.install()  # again: ray.init replaced the SIGTERM handler with its own
+    placement = make_placement(policy_ranks, use_critic, cfg.rollout, gpus)
+    print(placement.describe(), flush=True)
+    memory_gb = cfg.cluster.gpu_memory_gb or (torch.cuda.get_device_properties(0).total_memory / GIB
+                                              if torch.cuda.is_available() else 0)
+    if placement.use_gpu and memory_gb and cfg.trainer.memory_check:
+        # a layout that cannot fit stops here, not at an OOM an hour in
+        problem = plan(cfg, memory_gb, placement).problem()
+        if problem is not None:
+            raise ConfigError(f"{problem}; `rl360 plan` prints every term (trainer.memory_check=false to "
+                              "start anyway)")
+    return placement
+
+
+def _workers(cfg: RunConfig, placement: Placement) -> tuple[PolicyGroup, PolicyGroup | None]:
+    """The policy's ranks, and the critic's (PPO's gae) where the placement has them, on the same layout."""
+    groups = dict(use_gpu=placement.use_gpu, timeout_s=cfg.cluster.placement_timeout_s, colocated=placement.colocate)
+    ranks = cfg.actor.parallel.ranks
+    policy = PolicyGroup(WorkerGroup(PolicyWorker, ranks, cfg, name="policy", share=placement.gpu_share, **groups))
+    critic = PolicyGroup(WorkerGroup(CriticWorker, ranks, cfg, name="critic", **groups)) \
+        if placement.critic_ranks else None
+    return policy, critic
+
+
+class _Steps:
+    """The run's steps over its built parts, from the first (or the resumed) step to the last, and its
+    checkpoints. `done`: the last step completed."""
+
+    def __init__(self, cfg: RunConfig, out: Path, tokenizer, policy: PolicyGroup, critic: PolicyGroup | None,
+                 rollouts: RolloutSampler, evaluation: TrainingEval, stop: StopSignals):
+        self.cfg, self.out, self.tokenizer, self.stop = cfg, out, tokenizer, stop
+        self.policy, self.critic, self.rollouts, self.evaluation = policy, critic, rollouts, evaluation
+        algo = cfg.algorithm
+        self.estimator = get_advantage_estimator(algo.adv_estimator)
+        self.kl_control = KLController(algo.kl_in_reward_coef, algo.kl_in_reward_target, algo.kl_in_reward_horizon)
+        self.models = {"policy": policy, **({"critic": critic} if critic is not None else {})}
+        self.checkpoints = out / "checkpoints"
+        self.tracker: Tracker | None = None
+        self.first_step, self.done = 1, 0
         # async: step -> the future of its rollouts, for the steps generated ahead of the one training
-        generating: dict[int, concurrent.futures.Future] = {}
+        self.generating: dict[int, concurrent.futures.Future] = {}
+        self.ahead = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0
+
+    def resume(self) -> Path | None:
+        """Resuming: what the interrupted run wrote after `latest` goes; starting over: another run's checkpoints
+        are moved aside whole (printed), never pruned or overwritten. Returns the checkpoint resumed from."""
+        resumed = open_checkpoints(self.checkpoints, self.cfg.trainer.resume)
         if resumed is not None:  # weights, optimizer, data position, KL coefficient; then the engines catch up
-            state = load_checkpoint(resumed, models)
+            state = load_checkpoint(resumed, self.models)
             # async: the steps drawn ahead before the checkpoint, kept in it, are trained on as they were drawn
-            generating, data, ahead_note = restore_ahead(resumed, cfg, state["data"])
-            rollouts.load_data_state(data)
-            kl_control.coef = state["kl_coef"]
-            first_step = state["step"] + 1
-            rollouts.sync_weights(version=state["step"])
-            print(f"resumed from {resumed} at step {first_step}", flush=True)
+            self.generating, data, ahead_note = restore_ahead(resumed, self.cfg, state["data"])
+            self.rollouts.load_data_state(data)
+            self.kl_control.coef = state["kl_coef"]
+            self.first_step = state["step"] + 1
+            self.rollouts.sync_weights(version=state["step"])
+            print(f"resumed from {resumed} at step {self.first_step}", flush=True)
             if ahead_note:
                 print(ahead_note, flush=True)
-        run_config = {**to_dict(cfg), "resolved": {"model.attention": attention, "placement": placement.describe()}}
-        tracker = Tracker(out, run_config, cfg.tracking.wandb, cfg.tracking.project, cfg.tracking.run_name,
-                          cfg.tracking.log_every, resume_after_step=first_step - 1 if resumed else None,
-                          total_steps=cfg.trainer.total_steps, started=started, use_swanlab=cfg.tracking.swanlab,
-                          use_tensorboard=cfg.tracking.tensorboard)
-        if cfg.trainer.eval_before_train and resumed is None:  # the starting weights, logged as step 0
-            tracker.log(0, evaluation.run(0))
-        ahead = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0
+        return resumed
 
-        def save(step: int, pending: dict[int, concurrent.futures.Future]) -> Path:
-            data, extra = keep_ahead(pending, rollouts, step, cfg)
-            return save_checkpoint(checkpoints, step, models, {"data": data, "kl_coef": kl_control.coef},
-                                   cfg.trainer.keep_checkpoints, ConvertInfo(cfg.model.path, parallel.tensor,
-                                                                             parallel.pipeline, cfg.model.dtype), extra)
-
-        done = first_step - 1  # the last step completed
-        for step in range(first_step, cfg.trainer.total_steps + 1):
-            if stop.requested:
+    def run(self) -> None:
+        cfg, total = self.cfg, self.cfg.trainer.total_steps
+        self.done = self.first_step - 1
+        for step in range(self.first_step, total + 1):
+            if self.stop.requested:
                 break
             started = time.perf_counter()
-            # 1-3. prompts -> n rollouts each (with the engine's log-probs) -> rewards by data_source, from the
-            #      rollout sampler (DAPO's dynamic sampling and ReMax's greedy baselines happen there too);
-            #      async: the next `ahead` steps' rollouts are generated while this step trains
-            for upcoming in range(step, min(step + ahead, cfg.trainer.total_steps) + 1):
-                if upcoming not in generating:
-                    generating[upcoming] = rollouts.generate(upcoming)
-            # a stop during a rollout abandons it when no step is drawn ahead (a resume draws it again, the same)
-            step_rollouts = generating[step].result() if ahead else stop.wait_for(generating[step])
-            if step_rollouts is None:
-                generating.pop(step).cancel()
+            drawn = self.draw(step)
+            if drawn is None:
                 break
-            generating.pop(step)
-            timing = {"rollout_wait": time.perf_counter() - started, **step_rollouts.timing}
-            scored, baselines, sampling_metrics = step_rollouts.scored, step_rollouts.baselines, step_rollouts.metrics
-            batch, scores = scored.batch(tokenizer.pad_token_id or 0), scored.scores
-            partial = scored.train_mask is not None
-            if partial:  # partial dynamic filtering: advantages over whole groups, then only the kept trajectories
-                batch.advantages, batch.returns = estimator(
-                    _token_level(scores, batch), batch.response_mask, [i // cfg.rollout.n for i in range(len(batch))],
-                    norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, gamma=cfg.algorithm.gamma,
-                    lam=cfg.algorithm.lam, reward_baselines=baselines)
-                batch, scores = batch.select(scored.train_mask), scores[scored.train_mask]
-
-            # 4. old / reference log-probs (and PPO's values) and advantages
-            with _timer(timing, "logprobs"):
-                batch.old_logprobs = torch.cat(policy.shard_call("compute_logprobs", batch))
-                if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
-                    batch.ref_logprobs = torch.cat(policy.shard_call("compute_logprobs", batch, True))
-                if critic is not None:
-                    batch.values = torch.cat(critic.shard_call("compute_values", batch))
-            if due(cfg.trainer.dump_rollouts_every, step):  # prompts, responses, scores, log-prob differences
-                dump_rollouts(out, step, scored.samples, scored.rows, scores, batch, tokenizer.decode,
-                              scored.train_mask)
-            token_rewards = _token_level(scores, batch)
-            if cfg.algorithm.kl_in_reward_coef > 0:  # KL penalty in the reward, per token
-                token_kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.algorithm.kl_estimator)
-                token_kl = token_kl * batch.response_mask
-                token_rewards = token_rewards - kl_control.coef * token_kl
-                sequence_kl = token_kl.sum(-1).mean().item()
-                sampling_metrics.update({"reward/kl": sequence_kl, "reward/kl_coef": kl_control.coef})
-                kl_control.update(sequence_kl, len(batch))
-            if not partial:
-                batch.advantages, batch.returns = estimator(
-                    token_rewards, batch.response_mask, [i // cfg.rollout.n for i in range(len(batch))],
-                    norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, gamma=cfg.algorithm.gamma,
-                    lam=cfg.algorithm.lam, reward_baselines=baselines, values=batch.values)
-
-            # 5. critic and policy updates (shards again: they now carry log-probs, advantages, returns)
-            update_metrics = {}
-            if critic is not None:
-                with _timer(timing, "critic_update"):
-                    update_metrics.update(_merge_rank_metrics(critic.shard_call("update", batch)))
-            if critic is None or step > cfg.critic.warmup_steps:
-                with _timer(timing, "update"):
-                    update_metrics.update(_merge_rank_metrics(policy.shard_call("update", batch)))
-
-            # 6. weights into the engines, in HF names and bounded buckets (async: requests in flight end
-            #    first, or with rollout.partial are aborted and continued under the new weights)
-            with _timer(timing, "weight_sync"):
-                sync_metrics = rollouts.sync_weights(version=step)
-
-            # 7. held-out evaluation when due (trainer.eval_every, eval_at_end) of the weights just synced, and log
-            metrics = {
-                **evaluation.at(step),
-                **_rollout_metrics(batch, scores),
-                **sampling_metrics,
-                **update_metrics,
-                **sync_metrics,
-                **{f"timing/{k}_s": v for k, v in timing.items()},
-                "timing/step_s": time.perf_counter() - started,
-            }
-            tracker.log(step, metrics)
-            done = step
-
+            self.tracker.log(step, self.train(step, drawn, started))
+            self.done = step
             # 8. a resumable checkpoint now and then, and at the end (the data position before the next
             #    step's prompts; async: the steps already under way, waited for and kept with it)
             every = cfg.trainer.save_every
-            if every and (step % every == 0 or step == cfg.trainer.total_steps):
-                save(step, generating)
-        if done < cfg.trainer.total_steps:  # stopped by a signal: a checkpoint of the last step completed
-            latest = latest_checkpoint(checkpoints)
-            if done >= first_step and (latest is None or latest.name != f"step_{done:06d}"):
-                latest = save(done, generating)
-            raise stop.stopped(done, latest)
+            if every and (step % every == 0 or step == total):
+                self.save(step)
+        if self.done < total:  # stopped by a signal: a checkpoint of the last step completed
+            latest = latest_checkpoint(self.checkpoints)
+            if self.done >= self.first_step and (latest is None or latest.name != f"step_{self.done:06d}"):
+                latest = self.save(self.done)
+            raise self.stop.stopped(self.done, latest)
         if cfg.trainer.save_hf:  # data-parallel replicas hold the same weights: replica 0 writes them
-            policy.save_hf(str(out / "hf"))
-            tokenizer.save_pretrained(str(out / "hf"))
-    except Exception as err:  # stopping, its workers signalled too (Slurm signals every process of a job)
-        if not stop.requested or isinstance(err, RunStopped):
-            raise
-        raise stop.stopped(done, latest_checkpoint(out / "checkpoints"),
-                           f" (the run failed while stopping: {type(err).__name__}, in train.log)") from err
-    finally:
-        if tracker is not None:
-            tracker.close()
-        if rollouts is not None:
-            rollouts.close()
-        rewards.close()
-    return out
+            self.policy.save_hf(str(self.out / "hf"))
+            self.tokenizer.save_pretrained(str(self.out / "hf"))
+
+    def draw(self, step: int) -> StepRollouts | None:
+        """1-3. prompts -> n rollouts each (with the engine's log-probs) -> rewards by data_source, from the
+        rollout sampler (DAPO's dynamic sampling and ReMax's greedy baselines happen there too); async: the next
+        `ahead` steps' rollouts are generated while this step trains. None: stopped while waiting."""
+        for upcoming in range(step, min(step + self.ahead, self.cfg.trainer.total_steps) + 1):
+            if upcoming not in self.generating:
+                self.generating[upcoming] = self.rollouts.generate(upcoming)
+        # a stop during a rollout abandons it when no step is drawn ahead (a resume draws it again, the same)
+        drawn = self.generating[step].result() if self.ahead else self.stop.wait_for(self.generating[step])
+        if drawn is None:
+            self.generating.pop(step).cancel()
+            return None
+        self.generating.pop(step)
+        return drawn
+
+    def train(self, step: int, drawn: StepRollouts, started: float) -> dict[str, float]:
+        """Steps 4-7 on the step's rollouts; returns the step's metrics."""
+        algo = self.cfg.algorithm
+        timing = {"rollout_wait": time.perf_counter() - started, **drawn.timing}
+        scored, sampling_metrics = drawn.scored, drawn.metrics
+        sampled = scored.batch(self.tokenizer.pad_token_id or 0)
+        # partial dynamic filtering: advantages over whole groups (below), the update on the kept trajectories
+        batch, scores = trained_rows(sampled, scored.scores, scored.train_mask)
+        # 4. old / reference log-probs (and PPO's values) and advantages
+        with _timer(timing, "logprobs"):
+            self.logprobs(batch)
+        if due(self.cfg.trainer.dump_rollouts_every, step):  # prompts, responses, scores, log-prob differences
+            dump_rollouts(self.out, step, scored.samples, scored.rows, scores, batch, self.tokenizer.decode,
+                          scored.train_mask)
+        rewards = token_rewards(scored.scores, sampled.response_mask)
+        if algo.kl_in_reward_coef > 0:  # KL penalty in the reward, per token
+            rewards, kl_metrics = kl_in_reward(rewards, batch, self.kl_control, algo.kl_estimator)
+            sampling_metrics.update(kl_metrics)
+        batch.advantages, batch.returns = compute_advantages(
+            self.estimator, rewards, sampled.response_mask, self.cfg.rollout.n, algo, drawn.baselines, batch.values,
+            keep=scored.train_mask)
+        # 5. critic and policy updates (shards again: they now carry log-probs, advantages, returns)
+        update_metrics = self.update(step, batch, timing)
+        # 6. weights into the engines, in HF names and bounded buckets (async: requests in flight end
+        #    first, or with rollout.partial are aborted and continued under the new weights)
+        with _timer(timing, "weight_sync"):
+            sync_metrics = self.rollouts.sync_weights(version=step)
+        # 7. held-out evaluation when due (trainer.eval_every, eval_at_end) of the weights just synced, and log
+        return {
+            **self.evaluation.at(step),
+            **_rollout_metrics(batch, scores),
+            **sampling_metrics,
+            **update_metrics,
+            **sync_metrics,
+            **{f"timing/{k}_s": v for k, v in timing.items()},
+            "timing/step_s": time.perf_counter() - started,
+        }
+
+    def logprobs(self, batch: RolloutBatch) -> None:
+        """The trainer's log-probs of the sampled tokens, the reference model's when a KL needs them, the critic's
+        values when there is one."""
+        algo = self.cfg.algorithm
+        batch.old_logprobs = torch.cat(self.policy.shard_call("compute_logprobs", batch))
+        if algo.kl_coef > 0 or algo.kl_in_reward_coef > 0:
+            batch.ref_logprobs = torch.cat(self.policy.shard_call("compute_logprobs", batch, True))
+        if self.critic is not None:
+            batch.values = torch.cat(self.critic.shard_call("compute_values", batch))
+
+    def update(self, step: int, batch: RolloutBatch, timing: dict[str, float]) -> dict[str, float]:
+        metrics = {}
+        if self.critic is not None:
+            with _timer(timing, "critic_update"):
+                metrics.update(_merge_rank_metrics(self.critic.shard_call("update", batch)))
+        if self.critic is None or step > self.cfg.critic.warmup_steps:
+            with _timer(timing, "update"):
+                metrics.update(_merge_rank_metrics(self.policy.shard_call("update", batch)))
+        return metrics
+
+    def save(self, step: int) -> Path:
+        cfg, parallel = self.cfg, self.cfg.actor.parallel
+        data, extra = keep_ahead(self.generating, self.rollouts, step, cfg)
+        return save_checkpoint(self.checkpoints, step, self.models, {"data": data, "kl_coef": self.kl_control.coef},
+                               cfg.trainer.keep_checkpoints, ConvertInfo(cfg.model.path, parallel.tensor,
+                                                                         parallel.pipeline, cfg.model.dtype), extra)
 
 
 # Metrics every rank computes identically; all others are each rank's share of a global mean, so they add up.
@@ -283,16 +319,6 @@ _SAME_ON_EVERY_RANK = ("actor/grad_norm", "actor/update_skipped", "critic/grad_n
 def _merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return {key: per_rank[0][key] if key in _SAME_ON_EVERY_RANK else sum(m[key] for m in per_rank)
             for key in per_rank[0]}
-
-
-def _token_level(scores: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
-    """Each response's score on its last generated token (the last one trained on; tool tokens after it get
-    none), zeros elsewhere: `[batch, response_len]`."""
-    rewards = torch.zeros_like(batch.response_mask)
-    slots = torch.arange(1, batch.response_mask.shape[1] + 1, device=batch.response_mask.device)
-    last = (((batch.response_mask > 0) * slots).amax(-1) - 1).clamp(min=0)
-    rewards[torch.arange(len(batch)), last] = scores
-    return rewards
 
 
 def _rollout_metrics(batch: RolloutBatch, scores: torch.Tensor) -> dict[str, float]:

@@ -15,6 +15,13 @@ def never_returns(solution_str, ground_truth, extra_info=None):
         time.sleep(1)
 
 
+@register_reward("test_sleep")
+def sleeps_then_scores(solution_str, ground_truth, extra_info=None):
+    """Sleeps `solution_str` seconds, then scores 1."""
+    time.sleep(float(solution_str))
+    return 1.0
+
+
 @register_reward("test_raise")
 def raises(solution_str, ground_truth, extra_info=None):
     raise ValueError(f"bad response {solution_str!r}")

@@ -860,3 +860,19 @@ def test_a_training_run_with_the_agent_loop_logs_its_metrics(tmp_path):
         assert record["agent/generated_tokens/mean"] == record["response_length/mean"]
         assert record["rollout/logprob_abs_diff"] <= 1e-6
         assert record["reward/mean"] == 1.0  # every reward call was handed its trajectory's summary
+
+
+def test_agent_and_tool_settings_default_to_the_agent_section():
+    """One definition of each agent limit: the settings a loop and its tools get without a config are the agent
+    (and rollout) sections' defaults, the tool timeout among them."""
+    from rl360.config import AgentConfig, RolloutConfig
+
+    section, rollout, tools, loop = AgentConfig(), RolloutConfig(), ToolSettings(), AgentSettings()
+    assert (tools.timeout_s, tools.memory_mb, tools.max_output_chars, tools.max_pixels, tools.min_pixels,
+            tools.max_image_tokens, tools.python, tools.workers) == (
+        section.tool_timeout_s, section.tool_memory_mb, section.max_tool_output_chars, section.max_pixels,
+        section.min_pixels, section.max_image_tokens, section.python, section.tool_workers)
+    assert (loop.max_turns, loop.max_response_length, loop.tool_timeout_s, loop.min_pixels, loop.max_pixels,
+            loop.stop_after_call, loop.batch_turns, loop.max_turn_tokens) == (
+        section.max_turns, rollout.max_response_length, section.tool_timeout_s, section.min_pixels,
+        section.max_pixels, section.stop_after_call, section.batch_turns, section.max_turn_tokens)

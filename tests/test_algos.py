@@ -739,6 +739,61 @@ def test_kl_controller_fixed_and_adaptive():
     assert adaptive.coef == pytest.approx(0.1 * (1 + 0.2 * 0.1) * (1 - 0.2 * 0.1))
 
 
+def test_kl_in_reward_subtracts_the_penalty_at_the_coefficient_used_then_adapts():
+    from rl360.algos.kl_control import KLController, kl_in_reward
+
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    batch = SimpleNamespace(old_logprobs=torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -0.5]]),
+                            ref_logprobs=torch.tensor([[-1.5, -1.0, -9.0], [-0.5, -1.5, -0.25]]), response_mask=mask)
+    rewards = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
+    controller = KLController(0.5, target=0.1, horizon=100)
+    penalized, metrics = kl_in_reward(rewards, batch, controller, "k1")
+    token_kl = (batch.old_logprobs - batch.ref_logprobs) * mask  # k1; the masked-out token gets none
+    torch.testing.assert_close(penalized, rewards - 0.5 * token_kl)
+    assert metrics == {"reward/kl": pytest.approx(token_kl.sum(-1).mean().item()), "reward/kl_coef": 0.5}
+    assert controller.coef == pytest.approx(0.5 * (1 + 0.2 * 2 / 100))  # KL far above the target, 2 samples
+
+
+def test_advantages_of_kept_trajectories_are_their_whole_groups_from_one_estimator_call():
+    """Partial dynamic filtering: a group's advantages come from all its responses, trained on or not; the
+    estimator runs once, with the algorithm's settings and the step's baselines and values."""
+    from rl360.algos.advantages import compute_advantages, grpo_advantage, token_rewards
+
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    rewards = token_rewards(torch.tensor([1.0, 0.0, 0.5, 0.0]), mask)
+    assert rewards.nonzero().tolist() == [[0, 1], [2, 2]]  # the score on each response's last token
+    calls = []
+
+    def estimator(token_level_rewards, response_mask, index, **kwargs):
+        calls.append((index, kwargs))
+        return grpo_advantage(token_level_rewards, response_mask, index, **kwargs)
+
+    algorithm = SimpleNamespace(norm_adv_by_std_in_grpo=True, gamma=0.9, lam=0.8)
+    values = torch.ones(4, 3)
+    keep = torch.tensor([True, False, False, True])
+    advantages, returns = compute_advantages(estimator, rewards, mask, 2, algorithm, None, values, keep=keep)
+    assert calls == [([0, 0, 1, 1], {"norm_adv_by_std_in_grpo": True, "gamma": 0.9, "lam": 0.8,
+                                     "reward_baselines": None, "values": values})]
+    whole, _ = grpo_advantage(rewards, mask, [0, 0, 1, 1])
+    torch.testing.assert_close(advantages, whole[keep])
+    torch.testing.assert_close(returns, whole[keep])
+    assert advantages[1].abs().sum() > 0  # a kept row alone in its group would get 0
+    every, _ = compute_advantages(estimator, rewards, mask, 2, algorithm)
+    torch.testing.assert_close(every, whole)
+
+
+def test_trained_rows_are_the_kept_ones_or_all():
+    from rl360.actor.batch import build_batch
+    from rl360.algos.dynamic_sampling import trained_rows
+
+    batch = build_batch([[1], [2], [3]], [[4], [5, 6], [7]], [[0.0], [0.0, 0.0], [0.0]])
+    scores = torch.tensor([0.1, 0.2, 0.3])
+    every, every_score = trained_rows(batch, scores, None)
+    assert every is batch and every_score is scores
+    kept, kept_scores = trained_rows(batch, scores, torch.tensor([False, True, True]))
+    assert kept.input_ids.tolist() == batch.input_ids[1:].tolist() and kept_scores.tolist() == scores[1:].tolist()
+
+
 def test_gpg_scales_group_centred_scores_by_the_share_of_informative_responses():
     scores, index, mask, _ = _inputs(4)
     scores[:4] = torch.tensor([1.0, 0.0, 0.0, 1.0])  # group 0 varies; group 2 is uniform; group 3 is one

@@ -244,3 +244,37 @@ def test_evaluation_during_training_needs_held_out_files_and_ks_within_n():
         load_config(None, BASE + ["data.val_files=[v.parquet]", "trainer.eval_every=-1"])
     cfg = load_config(None, BASE + ["data.val_files=v.parquet", "trainer.eval_every=5"])
     assert cfg.data.val_files == ["v.parquet"] and cfg.eval.n == 1 and cfg.eval.temperature == 0.0
+
+
+def _endings_given(path) -> set[str]:
+    """The strings a module assigns to `ended_by` (dict keys left out: `{"stop": "done"}.get(...)` gives "done")."""
+    import ast
+
+    keys, given = set(), set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) and node.value is not None else []
+        if any(isinstance(target, ast.Name) and target.id == "ended_by" for target in targets):
+            for part in ast.walk(node.value):
+                if isinstance(part, ast.Dict):
+                    keys |= {id(key) for key in part.keys}
+                elif isinstance(part, ast.Constant) and isinstance(part.value, str) and id(part) not in keys:
+                    given.add(part.value)
+    return given
+
+
+def test_every_trajectory_ending_can_be_kept_by_partial_filtering():
+    """One list of endings: every one the agent loop gives is one partial_filter_keep may name, and config
+    validation accepts each of them."""
+    from pathlib import Path
+
+    from rl360.core import TRAJECTORY_ENDINGS
+
+    loop = Path(__file__).resolve().parents[1] / "rl360" / "agents" / "loop.py"
+    given = _endings_given(loop)
+    assert {"done", "max_turns", "budget", "image_token"} <= given  # the check reads the loop's endings
+    assert given <= set(TRAJECTORY_ENDINGS)
+    cfg = load_config(None, BASE + [f"algorithm.partial_filter_keep=[{','.join(TRAJECTORY_ENDINGS)}]"])
+    assert cfg.algorithm.partial_filter_keep == list(TRAJECTORY_ENDINGS)
+    with pytest.raises(ConfigError, match=r"partial_filter_keep has \['finished'\].*'image_token'"):
+        load_config(None, BASE + ["algorithm.partial_filter_keep=[done,finished]"])

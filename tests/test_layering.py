@@ -117,3 +117,46 @@ def test_the_lower_floors_stand_alone(module):
             "if m in sys.modules); print(heavy); sys.exit(bool(heavy))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(root: Path = ROOT, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Every function (method, nested function) of more than `limit` lines, its decorators left out, as
+    `file:line: name (N lines)`."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_is_over_80_lines():
+    offences = long_functions()
+    assert not offences, f"functions over {MAX_FUNCTION_LINES} lines (split them):\n" + "\n".join(offences)
+
+
+def test_a_long_function_is_named(tmp_path):
+    """The check itself: a method one line over the limit is reported, one at the limit is not."""
+    (tmp_path / "rl360").mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES - 1))
+    (tmp_path / "rl360" / "mod.py").write_text(
+        f"def fits():\n{body}\n\nclass Step:\n    @property\n    def grows(self):\n"
+        + body.replace("    ", "        ") + "        return x0\n")
+    assert long_functions(tmp_path / "rl360") == [f"rl360/mod.py:{MAX_FUNCTION_LINES + 5}: grows "
+                                                  f"({MAX_FUNCTION_LINES + 1} lines)"]
+
+
+def test_the_layout_doc_shows_these_floors():
+    """docs/layout.md's floors table names every room on the floor given here."""
+    doc = (ROOT.parent / "docs" / "layout.md").read_text(encoding="utf-8")
+    shown = {}
+    for line in doc.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].isdigit():
+            shown[int(cells[0])] = [name.strip(" `") for name in cells[1].split(",")]
+    assert shown == dict(enumerate(FLOORS))

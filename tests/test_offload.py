@@ -81,7 +81,7 @@ def test_the_optimizer_state_is_on_the_device_only_for_its_steps(megatron_single
 
 
 def test_colocated_engines_get_the_weights_memory_too(megatron_single_rank, model_dir):
-    worker = PolicyWorker(_config(model_dir, "actor.offload=true", "rollout.colocate=true", "rollout.engine=server"))
+    worker = PolicyWorker(_config(model_dir, "actor.offload=true", "rollout.engine=server"), colocated=True)
     before = _weights(worker)
     assert worker.offload.resident_bytes() == {"weights": 0, "grads": 0, "optimizer": 0, "reference": 0}
     _train(worker, steps=1)

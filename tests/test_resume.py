@@ -348,15 +348,14 @@ def test_kept_rollouts_are_drawn_again_under_a_config_that_changes_them(killed):
     out = killed[ASYNC].out
     checkpoint = out / "checkpoints" / f"step_{TOTAL_STEPS - SAVE_EVERY:06d}"
     before = json.loads((checkpoint / "trainer.json").read_text())["data"]
-    resolved = [f"rollout.colocate={str(False).lower()}"]  # as the trainer's placement resolves it here
-    same = load_config(out / "config.yaml", resolved)
+    same = load_config(out / "config.yaml")
     pending, data, note = restore_ahead(checkpoint, same, before)
     assert sorted(pending) == [TOTAL_STEPS - SAVE_EVERY + 1] and data != before
     assert note == f"resume: step {TOTAL_STEPS - SAVE_EVERY + 1} trains on the rollouts drawn before {checkpoint.name}"
     kept = pending[TOTAL_STEPS - SAVE_EVERY + 1].result()
     assert len(kept.scored.samples) == 16 and kept.data_before == before
     assert {sample.weight_version for sample in kept.scored.samples} == {TOTAL_STEPS - SAVE_EVERY - 1}
-    changed = load_config(out / "config.yaml", [*resolved, "rollout.n=2"])
+    changed = load_config(out / "config.yaml", ["rollout.n=2"])
     assert restore_ahead(checkpoint, changed, before) == (
         {}, before, f"resume: the rollouts of step {TOTAL_STEPS - SAVE_EVERY + 1} kept in {checkpoint.name} are "
                     "drawn again from its weights (rollout.n 4 -> 2)")

@@ -168,6 +168,18 @@ def test_a_timeout_among_normal_calls_leaves_the_others_scored():
     assert [r.timed_out for r in results] == [False, True, False, False, False]
 
 
+def test_the_timeout_holds_for_every_call_of_a_worker_not_only_its_first():
+    """A worker that has answered takes its next calls under the same timeout: a call that would score 1 after
+    8 s scores 0, timed out, as the second call of one `score` and as the first of a later `score`."""
+    slow = RewardItem("test_sleep", "8", "")
+    with RewardPool(num_workers=1, timeout_s=2.0) as pool:
+        results = pool.score([_math(2), slow])
+        assert [(r.score, r.timed_out) for r in results] == [(1.0, False), (0.0, True)]
+        assert pool.score([_math(2)])[0].score == 1.0  # the worker that replaced the timed-out one answers
+        later = pool.score([slow])[0]
+        assert (later.score, later.timed_out) == (0.0, True)
+
+
 def test_raising_reward_scores_zero_with_its_error():
     with RewardPool(num_workers=1, timeout_s=30) as pool:
         results = pool.score([RewardItem("test_raise", "oops", "y"), _math(2)])

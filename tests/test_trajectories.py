@@ -6,10 +6,10 @@ import torch
 
 from rl360.actor.batch import build_batch
 from rl360.actor.policy import PolicyWorker
+from rl360.algos.advantages import token_rewards
 from rl360.core import Sample, SamplingParams, Turn
 from rl360.engine.hf_engine import HFEngine
 from rl360.rollout.sampler import Scored
-from rl360.trainer import _token_level
 from tests.helpers import make_tiny_qwen2
 
 TOOL = [20, 21, 22]  # what a tool "printed" between the turns
@@ -60,7 +60,7 @@ def test_single_turn_samples_build_the_batch_they_always_did():
                       [s.logprobs for s in samples], pad_id=0)
     for name in ("input_ids", "response_start", "response_ids", "response_mask", "rollout_logprobs"):
         assert torch.equal(getattr(new, name), getattr(old, name)), name
-    rewards = _token_level(torch.tensor([1.0, 2.0, 3.0]), new)
+    rewards = token_rewards(torch.tensor([1.0, 2.0, 3.0]), new.response_mask)
     assert rewards.nonzero().tolist() == [[0, 1], [1, 3], [2, 0]]
 
 
@@ -72,7 +72,7 @@ def test_the_score_lands_on_the_last_generated_token():
                         [s.logprobs for s in samples], loss_masks=[s.loss_mask for s in samples])
     assert batch.response_mask.tolist() == [[1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 1, 1]]
     assert batch.input_ids[0, 1:6].tolist() == [5, 6, *TOOL]  # the tool's tokens stay in the context
-    rewards = _token_level(torch.tensor([2.0, 3.0]), batch)
+    rewards = token_rewards(torch.tensor([2.0, 3.0]), batch.response_mask)
     assert rewards.nonzero().tolist() == [[0, 1], [1, 5]] and rewards[rewards != 0].tolist() == [2.0, 3.0]
     with pytest.raises(ValueError, match="sample 0: a loss mask of 1 tokens for a response of 2"):
         build_batch([[1]], [[5, 6]], [[0.0, 0.0]], loss_masks=[[1]])

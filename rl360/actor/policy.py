@@ -60,12 +60,13 @@ class PolicyWorker:
     metric_prefix = "actor"
 
     def __init__(self, cfg: RunConfig, rank: int = 0, world_size: int = 1,
-                 master_addr: str = "127.0.0.1", master_port: int = 0):
+                 master_addr: str = "127.0.0.1", master_port: int = 0, colocated: bool = False):
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         self.cfg = cfg
+        self.colocated = colocated  # the placement's: engines share this rank's GPU and take its memory between calls
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
             torch.device("cpu")
         parallel = cfg.actor.parallel
@@ -120,7 +121,7 @@ class PolicyWorker:
         if self.ref_models is not None:
             groups["reference"] = parameters(self.ref_models)
         return StateOffload(groups, keep_values={"weights": True, "grads": False, "optimizer": True, "reference": True},
-                            resident_between_calls=() if self.cfg.rollout.colocate else ("weights",))
+                            resident_between_calls=() if self.colocated else ("weights",))
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes of this rank's weights, gradients, optimizer state and reference model (offloaded or not)."""

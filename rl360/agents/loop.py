@@ -70,25 +70,30 @@ from rl360.agents.parsers import Parser, ParseResult, ToolCall
 from rl360.agents.replies import ShownReply, tool_messages
 from rl360.agents.tools.base import Tool, ToolReply, TrajectoryState, release_tools
 from rl360.agents.tools.images import IMAGE_PAD, qwen_vl_placeholder
+from rl360.config import AgentConfig, RolloutConfig
 from rl360.core.prompt import ImagePrompt, Prompt, prompt_ids, prompt_images
 from rl360.core.sampling import SamplingParams
 from rl360.core.trajectory import Sample, TrajectorySummary
 
 GenerateTurn = Callable[[Prompt, SamplingParams, int], Awaitable[Sample]]
+_AGENT, _ROLLOUT = AgentConfig(), RolloutConfig()  # the config sections' defaults, defined there once
 
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """What bounds one trajectory (from the `agent` and `rollout` config sections)."""
+    """What bounds one trajectory (from the `agent` and `rollout` config sections, whose defaults are these)."""
 
-    max_turns: int = 5  # generated turns
-    max_response_length: int = 1024  # response tokens, generated and inserted together
-    tool_timeout_s: float = 30.0  # per call, for tools that do not enforce their own (python does)
-    min_pixels: int = 3136  # Qwen-VL image bounds, for the placeholder of an image a tool returns
-    max_pixels: int = 1003520
-    stop_after_call: bool = False  # a turn ends at a token that closes a tool call (see the module docstring)
-    batch_turns: bool = False  # the trajectories' turns in step, one request a round (`rl360.agents.group`)
-    max_turn_tokens: int = 0  # generated tokens of one turn at most (0: only max_response_length bounds it)
+    max_turns: int = _AGENT.max_turns  # generated turns
+    max_response_length: int = _ROLLOUT.max_response_length  # response tokens, generated and inserted together
+    tool_timeout_s: float = _AGENT.tool_timeout_s  # per call, for tools that do not enforce their own (python does)
+    min_pixels: int = _AGENT.min_pixels  # Qwen-VL image bounds, for the placeholder of an image a tool returns
+    max_pixels: int = _AGENT.max_pixels
+    # a turn ends at a token that closes a tool call (see the module docstring)
+    stop_after_call: bool = _AGENT.stop_after_call
+    # the trajectories' turns in step, one request a round (`rl360.agents.group`)
+    batch_turns: bool = _AGENT.batch_turns
+    # generated tokens of one turn at most (0: only max_response_length bounds it)
+    max_turn_tokens: int = _AGENT.max_turn_tokens
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ Responses that share an `index` value were sampled from the same prompt (a group
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -19,6 +20,31 @@ ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
 register_advantage_estimator = ESTIMATORS.register
 get_advantage_estimator = ESTIMATORS.get
 advantage_estimators = ESTIMATORS.names
+
+
+def token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Each response's score on its last generated token (the last one trained on; tool tokens after it get
+    none), zeros elsewhere: `[batch, response_len]`."""
+    rewards = torch.zeros_like(response_mask)
+    slots = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
+    last = (((response_mask > 0) * slots).amax(-1) - 1).clamp(min=0)
+    rewards[torch.arange(len(response_mask)), last] = scores
+    return rewards
+
+
+def compute_advantages(estimator: AdvantageFn, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                       group_size: int, algorithm: Any, reward_baselines: torch.Tensor | None = None,
+                       values: torch.Tensor | None = None, keep: torch.Tensor | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) of a step's responses: `estimator` called once over all of them, each `group_size`
+    consecutive rows one prompt's group, with the `algorithm` section's `norm_adv_by_std_in_grpo`, `gamma` and
+    `lam`. `keep` ([batch] bool, partial dynamic filtering): the rows returned, their groups' advantages taken over
+    every response sampled."""
+    index = [row // group_size for row in range(len(token_level_rewards))]
+    advantages, returns = estimator(
+        token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
+        gamma=algorithm.gamma, lam=algorithm.lam, reward_baselines=reward_baselines, values=values)
+    return (advantages, returns) if keep is None else (advantages[keep], returns[keep])
 
 
 def _groups(index: Sequence) -> dict[object, list[int]]:

@@ -3,6 +3,8 @@ trajectories one by one) and DAPO's overlong soft penalty."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -25,6 +27,14 @@ def partial_keep(scores: torch.Tensor, group_size: int, ending_kept: torch.Tenso
     group may keep only some of its trajectories."""
     varied = varied_groups(scores, group_size).repeat_interleave(group_size) | (group_size == 1)
     return varied & ending_kept
+
+
+def trained_rows(batch: Any, scores: torch.Tensor, keep: torch.Tensor | None) -> tuple[Any, torch.Tensor]:
+    """Partial dynamic filtering's trajectories trained on: the rows `keep` marks of `batch` (its `select`) and of
+    `scores`; both as they are when `keep` is None (every trajectory is trained on)."""
+    if keep is None:
+        return batch, scores
+    return batch.select(keep), scores[keep]
 
 
 def most_varied(keep: torch.Tensor, stds: torch.Tensor, count: int) -> torch.Tensor:

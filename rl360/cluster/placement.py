@@ -1,7 +1,8 @@
 """Who runs on which GPU: one placement plan for a run, made from its settings and the GPUs the cluster has
-before any worker starts, read by the trainer, the engine fleet and `rl360 plan`.
+before any worker starts, read by the trainer, the engine fleet, the policy's ranks and `rl360 plan`. What it
+decides (colocation, the weight sync that needs) is this value, passed on; the config keeps what was asked.
 
-    placement = make_placement(cfg.actor.parallel.ranks, cfg.algorithm.adv_estimator == "gae", cfg.rollout,
+    placement = make_placement(cfg.actor.parallel.ranks, cfg.algorithm.uses_critic, cfg.rollout,
                                gpus=ray_gpus)        # PlacementError naming what does not fit
     print(placement.describe())
     placement.engine_devices(0, visible)          # engine 0's GPUs on the trainer's node (engine_hosts=local)

@@ -9,7 +9,7 @@
 
 from rl360.core.prompt import ImagePrompt, Prompt, prompt_ids, prompt_images
 from rl360.core.sampling import SamplingParams
-from rl360.core.trajectory import Sample, TrajectorySummary, Turn
+from rl360.core.trajectory import TRAJECTORY_ENDINGS, Sample, TrajectorySummary, Turn
 
-__all__ = ["ImagePrompt", "Prompt", "SamplingParams", "Sample", "TrajectorySummary", "Turn", "prompt_ids",
-           "prompt_images"]
+__all__ = ["TRAJECTORY_ENDINGS", "ImagePrompt", "Prompt", "SamplingParams", "Sample", "TrajectorySummary", "Turn",
+           "prompt_ids", "prompt_images"]

@@ -19,6 +19,11 @@ from typing import Any
 
 from rl360.core.prompt import ImagePrompt, Prompt
 
+# How a trajectory ends (`Sample.ended_by`), the one list of them: a single response ends done (a stop token),
+# length (the token budget) or abort; an agent's trajectory (rl360.agents.loop) also max_turns, budget (the
+# response-token budget, reached between turns) or image_token (a turn with calls that sampled the image token).
+TRAJECTORY_ENDINGS = ("done", "max_turns", "budget", "length", "abort", "image_token")
+
 
 @dataclass(frozen=True)
 class Turn:
@@ -44,7 +49,7 @@ class TrajectorySummary:
     tool_calls: Mapping[str, int] = field(default_factory=dict)  # calls per tool name
     tool_errors: int = 0  # calls that failed or timed out
     tool_timeouts: int = 0
-    ended_by: str = "done"  # done | max_turns | budget | length | abort
+    ended_by: str = "done"  # one of TRAJECTORY_ENDINGS
 
     @property
     def num_tool_calls(self) -> int:
@@ -82,8 +87,8 @@ class Sample:
 
     @property
     def ended_by(self) -> str:
-        """How the trajectory ended: done (a stop token), length (the token budget) or abort (an agent's sample
-        also max_turns or budget)."""
+        """How the trajectory ended, one of `TRAJECTORY_ENDINGS`: done (a stop token), length (the token budget)
+        or abort (an agent's sample also max_turns, budget or image_token)."""
         return {"stop": "done", "length": "length"}.get(self.finish_reason, "abort")
 
     def versions(self) -> list[int]:

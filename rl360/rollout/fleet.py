@@ -287,7 +287,7 @@ class EngineFleet:
     async def _send_weights(self, version: int) -> dict[str, float]:
         """One send through the first engine's `sync_weights` to all of them; engines that died on the way are
         restarted (up to rollout.max_engine_restarts) and the send tried again."""
-        args = WeightSyncArgs(self.rollout.weight_sync, self.api_key, self.log_dir / "weights")
+        args = WeightSyncArgs(self.placement.weight_sync, self.api_key, self.log_dir / "weights")
         for attempt in range(self.rollout.max_engine_restarts + 1):
             await self._restarts_done()  # engines found dead on the way are back, with a new address
             try:

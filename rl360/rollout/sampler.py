@@ -137,8 +137,8 @@ class RolloutSampler:
         self.generate_group = generate_group
         self.stop_ids = stop_token_ids(tokenizer, cfg.rollout.stop_tokens)
         # where the engines run (on CPU when none is given)
-        placement = placement or make_placement(cfg.actor.parallel.ranks, cfg.algorithm.adv_estimator == "gae",
-                                                cfg.rollout, gpus=0)
+        placement = placement or make_placement(cfg.actor.parallel.ranks, cfg.algorithm.uses_critic, cfg.rollout,
+                                                gpus=0)
         # policy: the PolicyGroup, whose export ranks send the weights
         self.fleet = EngineFleet(cfg.rollout, cfg.model, placement, policy, Path(cfg.output_dir) / "rollout",
                                  cfg.trainer.num_threads, cfg.cluster.placement_timeout_s)
@@ -229,7 +229,7 @@ class RolloutSampler:
             "rollout/mixed_version_frac": sum(sample.token_versions is not None for sample in samples) / len(samples),
             **self.fleet.restart_metrics(),
         })
-        if self.cfg.rollout.colocate:  # the engines' memory goes to training until the next weight update
+        if self.fleet.placement.colocate:  # the engines' memory goes to training until the next weight update
             metrics["rollout/engines_released"] = await self.fleet.release(["weights", "kv_cache"])
         return StepRollouts(scored, baselines, metrics, timing, turn.start_state.result())
 

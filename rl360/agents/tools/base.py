@@ -20,20 +20,24 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from rl360.algos.registry import Registry
+from rl360.config import AgentConfig
+
+_AGENT = AgentConfig()  # the agent section's defaults: each tool limit is defined there, once
 
 
 @dataclass(frozen=True)
 class ToolSettings:
-    """The limits every tool is built with (from the `agent` config section)."""
+    """The limits every tool is built with (from the `agent` config section, whose defaults are these)."""
 
-    timeout_s: float = 10.0  # wall clock per call
-    memory_mb: int = 1024  # memory of the code a call runs
-    max_output_chars: int = 4096  # text of one reply, longer is cut (and counted as an error)
-    max_pixels: int = 1003520  # an image a tool returns is resized to at most this many pixels
-    min_pixels: int = 3136  # ... and at least this many (28 x 28 x 4)
-    max_image_tokens: int = 8192  # image tokens tools may add to one trajectory
-    python: str = ""  # interpreter of the python tool ("": the sandbox's own)
-    workers: int = 0  # processes starting the python tool's interpreters (0: the CPU count; more when one is full)
+    timeout_s: float = _AGENT.tool_timeout_s  # wall clock per call
+    memory_mb: int = _AGENT.tool_memory_mb  # memory of the code a call runs
+    max_output_chars: int = _AGENT.max_tool_output_chars  # text of one reply, longer is cut (and counted as an error)
+    max_pixels: int = _AGENT.max_pixels  # an image a tool returns is resized to at most this many pixels
+    min_pixels: int = _AGENT.min_pixels  # ... and at least this many (28 x 28 x 4)
+    max_image_tokens: int = _AGENT.max_image_tokens  # image tokens tools may add to one trajectory
+    python: str = _AGENT.python  # interpreter of the python tool ("": the sandbox's own)
+    # processes starting the python tool's interpreters (0: the CPU count; more when one is full)
+    workers: int = _AGENT.tool_workers
 
 
 @dataclass
