@@ -28,6 +28,10 @@ import sys
 import time
 from pathlib import Path
 
+if not __package__:  # run as a script (the node runner, RL360_ON_NODE): the repository root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.up_down import UpDown  # noqa: E402
+
 STATE_DIR = Path("/tmp/rl360-netns")
 # PID 1 of a node: reaps the orphans Ray's daemons leave, and ends on SIGTERM (PID 1 ignores unhandled signals)
 _INIT = ("import os, signal, sys, time\n"
@@ -45,7 +49,7 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
-class NetnsCluster:
+class NetnsCluster(UpDown):
     """`size` nodes named `<prefix><i>` at `<subnet>.<i>`, joined by the bridge `<prefix>br` (root namespace)."""
 
     def __init__(self, size: int = 3, prefix: str = "rl360-n", subnet: str = "10.77.0", state_dir: Path = STATE_DIR):
@@ -60,17 +64,6 @@ class NetnsCluster:
     def on_node(self) -> str:
         """The runner for RL360_ON_NODE: a command prefix, `{node}` standing for the node."""
         return f"{sys.executable} {Path(__file__).resolve()} exec --state {self.state_dir} {{node}}"
-
-    def __enter__(self) -> NetnsCluster:
-        try:
-            self.up()
-        except BaseException:
-            self.down()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.down()
 
     def up(self) -> None:
         """Make the bridge and the nodes; CalledProcessError (with ip's message) when the kernel refuses."""

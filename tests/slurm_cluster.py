@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.up_down import UpDown
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
 
@@ -47,7 +49,7 @@ def _memory_mb() -> int:
     raise RuntimeError("no MemTotal in /proc/meminfo")
 
 
-class SlurmCluster:
+class SlurmCluster(UpDown):
     def __init__(self, root: Path):
         self.root = root
         self.node = socket.gethostname().split(".")[0]
@@ -58,17 +60,6 @@ class SlurmCluster:
     def env(self, **extra: str) -> dict[str, str]:
         path = os.environ.get("PATH", "")
         return {**os.environ, "SLURM_CONF": str(self.conf), "PATH": f"{path}:/usr/sbin", **extra}
-
-    def __enter__(self) -> SlurmCluster:
-        try:
-            self.up()
-        except BaseException:
-            self.down()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.down()
 
     def up(self) -> None:
         root = self.root
