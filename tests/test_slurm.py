@@ -4,6 +4,9 @@ machine): the 1-node template, with its cluster-sized settings set back to the q
 Ray up and runs `rl360 train` through srun. Slurm's time-limit warning (`scancel --signal=USR1 --batch`, what
 `#SBATCH --signal=B:USR1@300` sends) stops the run with a checkpoint, the job requeues itself, and the requeued job
 resumes and ends exactly as the unbroken run of tests/resume_runs.py (same metrics, same weights).
+
+The job's bring-up stops stale Ray processes on its node (`ray stop --force`), as on a cluster's exclusive node:
+here that is this machine, so Ray clusters of other test runs going on beside this one are stopped too.
 """
 
 import json
