@@ -1,4 +1,5 @@
-"""`rl360` command line: `rl360 train CONFIG [key=value ...]`, `rl360 quickstart [key=value ...]`,
+"""`rl360` command line: `rl360 train CONFIG [key=value ...]`, `rl360 sft CONFIG [key=value ...]`,
+`rl360 quickstart [key=value ...]`,
 `rl360 data inspect FILE...`, `rl360 reward check FILE.parquet --responses R.jsonl --out S.jsonl`,
 `rl360 convert hf-to-megatron|megatron-to-hf ...`, `rl360 serve sandbox [--port N] [--api-key-env VAR]`,
 `rl360 serve model --model DIR [--port N] [--api-key-env VAR]`,
@@ -47,6 +48,19 @@ def _train(args: argparse.Namespace) -> int:
     from rl360.trainer import train
 
     out = train(cfg, checked)
+    print(f"done: metrics in {out / 'metrics.jsonl'}" + (f", model in {out / 'hf'}" if cfg.trainer.save_hf else ""))
+    return 0
+
+
+def _sft(args: argparse.Namespace) -> int:
+    from rl360.config import load_config
+
+    cfg = load_config(args.config, args.overrides, command="sft")
+
+    from rl360.sft import check_sft, sft
+
+    check_sft(cfg)  # a mistake (a path, a data row, a resume's change) is answered before Ray starts
+    out = sft(cfg, latest_checked=True)
     print(f"done: metrics in {out / 'metrics.jsonl'}" + (f", model in {out / 'hf'}" if cfg.trainer.save_hf else ""))
     return 0
 
@@ -129,11 +143,11 @@ COMMAND_PARSERS = {
 
 
 def _command_named(argv: list[str]) -> str | None:
-    """The command of `argv` (its first word not an option): a name of COMMAND_PARSERS, "" for `train` and
+    """The command of `argv` (its first word not an option): a name of COMMAND_PARSERS, "" for `train`, `sft` and
     `quickstart` (which need none of them), None otherwise (every parser is added: help, or a misspelt command
     answered with the whole list)."""
     word = next((arg for arg in argv if not arg.startswith("-")), None)
-    return word if word in COMMAND_PARSERS else "" if word in ("train", "quickstart") else None
+    return word if word in COMMAND_PARSERS else "" if word in ("train", "sft", "quickstart") else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("config", help="YAML config, e.g. configs/quickstart.yaml")
     train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.total_steps=10")
     train.set_defaults(run=_train)
+
+    tune = commands.add_parser("sft", help="supervised fine-tuning on conversations (parquet or jsonl) from a YAML "
+                                           "config")
+    tune.add_argument("config", help="YAML config, e.g. configs/sft_tools.yaml")
+    tune.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.total_steps=10")
+    tune.set_defaults(run=_sft)
 
     quick = commands.add_parser("quickstart", help="build the tiny CPU model and task, then train on them")
     quick.add_argument("overrides", nargs="*", help="key=value overrides of the task's config")
