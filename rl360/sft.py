@@ -137,6 +137,7 @@ def _run(cfg: RunConfig, out: Path, stop: StopSignals, started: float) -> Path:
         raise ConfigError(f"actor.parallel asks for {ranks} ranks; the cluster has {gpus} GPUs")
     policy = PolicyGroup(WorkerGroup(SFTWorker, ranks, cfg, name="policy", use_gpu=gpus > 0,
                                      timeout_s=cfg.cluster.placement_timeout_s))
+    print(f"policy: {ranks} rank(s), {policy.dp_size} data-parallel replica(s)", flush=True)  # once they are built
     checkpoints = out / "checkpoints"
     resumed = open_checkpoints(checkpoints, cfg.trainer.resume)
     first_step = 1

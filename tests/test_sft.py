@@ -252,14 +252,14 @@ def test_a_run_logs_loss_tokens_per_second_and_the_held_out_loss(unbroken):
 def test_a_killed_run_resumes_to_the_unbroken_runs_weights_bit_for_bit(assets, unbroken, tmp_path):
     out = tmp_path / "run"
     run = TrainingProcess(_command(assets, out), cwd=str(REPO))
-    try:
-        run.wait_for_step(3)
-        run.kill_everything()  # SIGKILL, the whole process tree, somewhere in step 4 (the checkpoint: step 2)
+    try:  # SIGKILL, the whole process tree, in step 5's optimizer step (the last checkpoint: step 4)
+        kill = run.kill_in("sft_update", step=5, delay_s=0.005)
     finally:
         run.kill_everything()
-    assert not (out / "hf").exists()
+    assert kill.landed_in_phase, kill.titles
+    assert [m["step"] for m in _metrics(out)] == [1, 2, 3, 4] and not (out / "hf").exists()
     resumed = _run(_command(assets, out))
-    assert "resumed from" in resumed.stdout
+    assert f"resumed from {out / 'checkpoints' / 'step_000004'} at step 5" in resumed.stdout
     mine, theirs = load_file(out / "hf" / "model.safetensors"), load_file(unbroken / "hf" / "model.safetensors")
     assert mine.keys() == theirs.keys()
     for name in theirs:
