@@ -33,6 +33,7 @@ QUICKSTART_TASKS = {
     "tools-control": (CONFIGS / "quickstart_tools.yaml",
                       ["agent.loop=''", "output_dir=outputs/quickstart_tools_control"]),
     "lewis": (CONFIGS / "quickstart_lewis_speaker.yaml", []),  # and quickstart_lewis_listener.yaml: two agents
+    "sft": (CONFIGS / "sft_tools.yaml", []),  # `rl360 sft` on traces of the tools task
 }
 LEWIS_LISTENER_CONFIG = CONFIGS / "quickstart_lewis_listener.yaml"
 LEWIS_OUT = "outputs/quickstart_lewis"
@@ -72,6 +73,8 @@ def _quickstart(args: argparse.Namespace) -> int:
     config, task_overrides = QUICKSTART_TASKS[args.task]
     if args.task == "lewis":
         return _quickstart_lewis(str(args.config or config), args.overrides)
+    if args.task == "sft":
+        return _quickstart_sft(str(args.config or config), args.overrides)
     cfg = load_config(args.config or config, [*task_overrides, *args.overrides])
 
     from rl360.quickstart.prepare import prepare_quickstart
@@ -80,6 +83,20 @@ def _quickstart(args: argparse.Namespace) -> int:
     prepare_quickstart(cfg, args.task)
     out = train(cfg)
     print(f"done: metrics in {out / 'metrics.jsonl'}, model in {out / 'hf'}")
+    return 0
+
+
+def _quickstart_sft(config: str, overrides: list[str]) -> int:
+    """The tools quickstart's model fine-tuned on traces of its task (the call, the tool's reply, the answer)."""
+    from rl360.config import load_config
+    from rl360.quickstart.prepare import prepare_sft_quickstart
+    from rl360.sft import sft
+
+    cfg = load_config(config, overrides, command="sft")
+    prepare_sft_quickstart(cfg)
+    out = sft(cfg)
+    print(f"done: metrics in {out / 'metrics.jsonl'}, model in {out / 'hf'}; RL from it: rl360 train "
+          f"configs/quickstart_tools.yaml model.path={out / 'hf'} output_dir=outputs/quickstart_tools_from_sft")
     return 0
 
 
@@ -183,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                             "a crop shows); "
                             "zoom-control (the same, no tool); lewis (configs/quickstart_lewis_*.yaml: a tiny listener "
                             "learns to match colour words to captions, then a tiny Qwen2.5-VL speaker learns to name "
-                            "the target's colour for it)")
+                            "the target's colour for it); sft (configs/sft_tools.yaml: the tools task's tiny Qwen2 "
+                            "fine-tuned on traces of the task, ready for RL)")
     quick.add_argument("--config", default=None, help="config to use instead of the task's")
     quick.set_defaults(run=_quickstart)
 
