@@ -3,6 +3,8 @@
 tiny model and traces of its task."""
 
 import json
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +162,16 @@ def test_jsonl_streams_like_parquet_and_names_a_bad_line(assets, tmp_path):
         PromptStream([str(assets / "rl_data" / "train.parquet")], 2, row_format=row_format)
 
 
+def test_conversations_with_images_are_refused_naming_the_file_or_row(tokenizer, tmp_path):
+    tokens = ConversationTokens(tokenizer, SftKeys())
+    with pytest.raises(DataError, match=r"x.parquet row 2: key 'images': rl360 sft trains on text conversations"):
+        tokens.check_row({**trace("1*2%7", "2"), "images": [{"bytes": b"png"}]}, "x.parquet", 2)
+    path = tmp_path / "vl.parquet"
+    pq.write_table(pa.Table.from_pylist([{**trace("1*2%7", "2"), "images": [{"bytes": b"png"}]}]), path)
+    with pytest.raises(DataError, match=r"vl.parquet: an 'images' column"):
+        PromptStream([str(path)], 1, row_format=RowFormat(tokens.check_row, tokens.check_columns, jsonl=True))
+
+
 def _worker_config(assets, *overrides):
     return load_config(None, [f"model.path={assets / 'model'}", f"data.train_files=[{assets / 'train.parquet'}]",
                               "data.batch_size=8", "actor.lr=1e-2", "actor.micro_batch_size=3", *overrides],
@@ -267,6 +279,27 @@ def test_a_killed_run_resumes_to_the_unbroken_runs_weights_bit_for_bit(assets, u
     drop = ("sft/tokens_per_s", "timing/step_s")
     assert [{k: v for k, v in m.items() if k not in drop} for m in _metrics(out)] == \
         [{k: v for k, v in m.items() if k not in drop} for m in _metrics(unbroken)]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_with_a_checkpoint_and_the_run_goes_on_to_the_unbroken_runs_weights(assets, unbroken, tmp_path):
+    out = tmp_path / "run"
+    # asked for many steps, stopped early: the resume (the unbroken run's 6 steps) takes the change of total_steps
+    run = TrainingProcess(_command(assets, out, "trainer.total_steps=1000"), cwd=str(REPO))
+    try:
+        run.wait_for_step(2)
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.wait(timeout_s=RUN_TIMEOUT_S) == 75
+    finally:
+        run.kill_everything()
+    stopped = re.search(r"rl360: stopped by SIGTERM at step (\d+); checkpoint (\S+); run the same command to resume",
+                        run.output)
+    assert stopped, run.output[-3000:]
+    step = int(stopped.group(1))
+    assert 2 <= step < STEPS and stopped.group(2) == str(out / "checkpoints" / f"step_{step:06d}")
+    _run(_command(assets, out))
+    mine, theirs = load_file(out / "hf" / "model.safetensors"), load_file(unbroken / "hf" / "model.safetensors")
+    assert all(torch.equal(mine[name], theirs[name]) for name in theirs)
 
 
 @pytest.mark.slow

@@ -146,6 +146,9 @@ class ConversationTokens:
     def check_columns(self, path: str, schema: Any) -> None:
         """A parquet file's columns (its arrow `schema`) hold one of the formats: a `DataError` naming the file."""
         names = set(schema.names)
+        if "images" in names:
+            raise DataError(f"{path}: an 'images' column: rl360 sft trains on text conversations (images in them are "
+                            "not built yet)")
         if self.keys.messages not in names and not {self.keys.prompt, self.keys.response} <= names:
             raise DataError(f"{path}: no conversation columns: neither {self.keys.messages!r} (multi-turn) nor "
                             f"{self.keys.prompt!r} and {self.keys.response!r} (single-turn); its columns are "
@@ -153,6 +156,9 @@ class ConversationTokens:
 
     def check_row(self, row: dict[str, Any], path: str, index: int) -> None:
         """`conversation`'s checks (no tokenizing): a `DataError` for a row that holds no conversation."""
+        if row.get("images"):
+            raise DataError(f"{path} row {index}: key 'images': rl360 sft trains on text conversations (images in "
+                            "them are not built yet)")
         conversation(row, self.keys, path, index)
 
     def __call__(self, row: dict[str, Any], path: str, index: int) -> Tokenized:
