@@ -79,6 +79,20 @@ def test_only_the_assistant_turns_are_in_the_loss_as_an_engine_would_generate_th
     assert tokenizer.decode(got.prompt_ids + got.response_ids) == whole
 
 
+def test_the_tools_tasks_traces_train_on_the_call_and_the_right_answer(tokenizer, tmp_path):
+    tools = _script("synthetic_tools")
+    tools.main(["--out", str(tmp_path), "--traces", "--train-rows", "12", "--test-rows", "3"])
+    rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    assert len(rows) == 12 and len(pq.read_table(tmp_path / "test.parquet")) == 3
+    tokens = ConversationTokens(tokenizer, SftKeys())
+    for index, row in enumerate(rows):
+        a, b = (int(x) for x in row["messages"][0]["content"].split("%")[0].split("*"))
+        got = tokens(row, "train.parquet", index)
+        trained = [t for t, m in zip(_tokens(tokenizer, got.response_ids), got.loss_mask) if m]
+        assert trained == [CALL, "<|im_end|>", f"\\boxed{{{a * b % 7}}}", "<|im_end|>"]
+        assert json.loads(row["tools"])[0]["function"]["name"] == "python"
+
+
 def test_single_turn_rows_and_verl_key_names(tokenizer):
     keys = SftKeys(prompt="question", response="answer")
     single = ConversationTokens(tokenizer, keys)({"question": "1*2%7", "answer": "\\boxed{2}"}, "x.jsonl", 4)
