@@ -275,6 +275,25 @@ def test_a_run_logs_loss_tokens_per_second_and_the_held_out_loss(unbroken):
 
 
 @pytest.mark.slow
+def test_the_held_out_loss_is_the_exported_models_loss_on_the_assistant_tokens(assets, unbroken):
+    """The last step's val/loss, recomputed by transformers from hf/: the NLL per assistant token of val.parquet."""
+    model = AutoModelForCausalLM.from_pretrained(unbroken / "hf")
+    tokens = ConversationTokens(AutoTokenizer.from_pretrained(unbroken / "hf"), SftKeys())
+    total = count = 0.0
+    for index, row in enumerate(pq.read_table(assets / "val.parquet").to_pylist()):
+        got = tokens(row, "val.parquet", index)
+        ids = torch.tensor([got.prompt_ids + got.response_ids])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(ids).logits[0, :-1].double(), -1)
+        picked = logprobs[torch.arange(ids.shape[1] - 1), ids[0, 1:]][len(got.prompt_ids) - 1:]
+        mask = torch.tensor(got.loss_mask, dtype=torch.float64)
+        total -= float((picked * mask).sum())
+        count += float(mask.sum())
+    assert count == 8 * 4
+    assert _metrics(unbroken)[-1]["val/loss"] == pytest.approx(total / count, rel=1e-5)
+
+
+@pytest.mark.slow
 def test_a_killed_run_resumes_to_the_unbroken_runs_weights_bit_for_bit(assets, unbroken, tmp_path):
     out = tmp_path / "run"
     run = TrainingProcess(_command(assets, out), cwd=str(REPO))
