@@ -355,3 +355,11 @@ def test_the_export_loads_in_transformers_and_rl360_train_starts_from_it(assets,
           "data.batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4", "reward.num_workers=1"])
     assert [m["step"] for m in _metrics(out)] == [1, 2]
     assert (out / "hf" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_rl360_convert_turns_the_last_checkpoint_into_the_runs_own_export(unbroken, tmp_path):
+    _run([sys.executable, "-m", "rl360.cli", "convert", "megatron-to-hf",
+          "--ckpt", str(unbroken / "checkpoints" / f"step_{STEPS:06d}"), "--out", str(tmp_path / "hf")])
+    mine, theirs = load_file(tmp_path / "hf" / "model.safetensors"), load_file(unbroken / "hf" / "model.safetensors")
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[name], theirs[name]) for name in theirs)
