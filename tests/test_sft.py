@@ -363,3 +363,16 @@ def test_rl360_convert_turns_the_last_checkpoint_into_the_runs_own_export(unbrok
           "--ckpt", str(unbroken / "checkpoints" / f"step_{STEPS:06d}"), "--out", str(tmp_path / "hf")])
     mine, theirs = load_file(tmp_path / "hf" / "model.safetensors"), load_file(unbroken / "hf" / "model.safetensors")
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[name], theirs[name]) for name in theirs)
+
+
+@pytest.mark.slow
+def test_two_data_parallel_ranks_train_as_one(assets, unbroken, tmp_path):
+    """Each rank a half of every step's conversations, the loss normalised over both: the unbroken run's losses and
+    held-out losses (within fp32's summation order)."""
+    out = tmp_path / "dp2"
+    _run(_command(assets, out, "actor.parallel.data=2", "trainer.save_every=0"))
+    for mine, theirs in zip(_metrics(out), _metrics(unbroken), strict=True):
+        for key in ("sft/loss", "sft/trained_tokens", "val/loss"):
+            assert (key in mine) == (key in theirs)
+            if key in theirs:
+                assert mine[key] == pytest.approx(theirs[key], rel=1e-5), (mine["step"], key)
