@@ -1,4 +1,5 @@
-"""`rl360` command line: `rl360 train CONFIG [key=value ...]`, `rl360 quickstart [key=value ...]`,
+"""`rl360` command line: `rl360 train CONFIG [key=value ...]`, `rl360 sft CONFIG [key=value ...]`,
+`rl360 quickstart [key=value ...]`,
 `rl360 data inspect FILE...`, `rl360 reward check FILE.parquet --responses R.jsonl --out S.jsonl`,
 `rl360 convert hf-to-megatron|megatron-to-hf ...`, `rl360 serve sandbox [--port N] [--api-key-env VAR]`,
 `rl360 serve model --model DIR [--port N] [--api-key-env VAR]`,
@@ -32,6 +33,7 @@ QUICKSTART_TASKS = {
     "tools-control": (CONFIGS / "quickstart_tools.yaml",
                       ["agent.loop=''", "output_dir=outputs/quickstart_tools_control"]),
     "lewis": (CONFIGS / "quickstart_lewis_speaker.yaml", []),  # and quickstart_lewis_listener.yaml: two agents
+    "sft": (CONFIGS / "sft_tools.yaml", []),  # `rl360 sft` on traces of the tools task
 }
 LEWIS_LISTENER_CONFIG = CONFIGS / "quickstart_lewis_listener.yaml"
 LEWIS_OUT = "outputs/quickstart_lewis"
@@ -51,6 +53,19 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sft(args: argparse.Namespace) -> int:
+    from rl360.config import load_config
+
+    cfg = load_config(args.config, args.overrides, command="sft")
+
+    from rl360.sft import check_sft, sft
+
+    check_sft(cfg)  # a mistake (a path, a data row, a resume's change) is answered before Ray starts
+    out = sft(cfg, latest_checked=True)
+    print(f"done: metrics in {out / 'metrics.jsonl'}" + (f", model in {out / 'hf'}" if cfg.trainer.save_hf else ""))
+    return 0
+
+
 def _quickstart(args: argparse.Namespace) -> int:
     """Make the tiny model, tokenizer and task locally, then train on them with the task's config."""
     from rl360.config import load_config
@@ -58,6 +73,8 @@ def _quickstart(args: argparse.Namespace) -> int:
     config, task_overrides = QUICKSTART_TASKS[args.task]
     if args.task == "lewis":
         return _quickstart_lewis(str(args.config or config), args.overrides)
+    if args.task == "sft":
+        return _quickstart_sft(str(args.config or config), args.overrides)
     cfg = load_config(args.config or config, [*task_overrides, *args.overrides])
 
     from rl360.quickstart.prepare import prepare_quickstart
@@ -66,6 +83,20 @@ def _quickstart(args: argparse.Namespace) -> int:
     prepare_quickstart(cfg, args.task)
     out = train(cfg)
     print(f"done: metrics in {out / 'metrics.jsonl'}, model in {out / 'hf'}")
+    return 0
+
+
+def _quickstart_sft(config: str, overrides: list[str]) -> int:
+    """The tools quickstart's model fine-tuned on traces of its task (the call, the tool's reply, the answer)."""
+    from rl360.config import load_config
+    from rl360.quickstart.prepare import prepare_sft_quickstart
+    from rl360.sft import sft
+
+    cfg = load_config(config, overrides, command="sft")
+    prepare_sft_quickstart(cfg)
+    out = sft(cfg)
+    print(f"done: metrics in {out / 'metrics.jsonl'}, model in {out / 'hf'}; RL from it: rl360 train "
+          f"configs/quickstart_tools.yaml model.path={out / 'hf'} output_dir=outputs/quickstart_tools_from_sft")
     return 0
 
 
@@ -129,16 +160,16 @@ COMMAND_PARSERS = {
 
 
 def _command_named(argv: list[str]) -> str | None:
-    """The command of `argv` (its first word not an option): a name of COMMAND_PARSERS, "" for `train` and
+    """The command of `argv` (its first word not an option): a name of COMMAND_PARSERS, "" for `train`, `sft` and
     `quickstart` (which need none of them), None otherwise (every parser is added: help, or a misspelt command
     answered with the whole list)."""
     word = next((arg for arg in argv if not arg.startswith("-")), None)
-    return word if word in COMMAND_PARSERS else "" if word in ("train", "quickstart") else None
+    return word if word in COMMAND_PARSERS else "" if word in ("train", "sft", "quickstart") else None
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if next((arg for arg in argv if not arg.startswith("-")), None) in ("train", "quickstart"):
+    if next((arg for arg in argv if not arg.startswith("-")), None) in ("train", "quickstart", "sft"):
         from rl360.stopping import hold_early_signals
 
         hold_early_signals()  # a stop signal while starting stops the run before its first step, not mid-import
@@ -158,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.total_steps=10")
     train.set_defaults(run=_train)
 
+    tune = commands.add_parser("sft", help="supervised fine-tuning on conversations (parquet or jsonl) from a YAML "
+                                           "config")
+    tune.add_argument("config", help="YAML config, e.g. configs/sft_tools.yaml")
+    tune.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.total_steps=10")
+    tune.set_defaults(run=_sft)
+
     quick = commands.add_parser("quickstart", help="build the tiny CPU model and task, then train on them")
     quick.add_argument("overrides", nargs="*", help="key=value overrides of the task's config")
     quick.add_argument("--task", choices=sorted(QUICKSTART_TASKS), default="arithmetic",
@@ -169,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
                             "a crop shows); "
                             "zoom-control (the same, no tool); lewis (configs/quickstart_lewis_*.yaml: a tiny listener "
                             "learns to match colour words to captions, then a tiny Qwen2.5-VL speaker learns to name "
-                            "the target's colour for it)")
+                            "the target's colour for it); sft (configs/sft_tools.yaml: the tools task's tiny Qwen2 "
+                            "fine-tuned on traces of the task, ready for RL)")
     quick.add_argument("--config", default=None, help="config to use instead of the task's")
     quick.set_defaults(run=_quickstart)
 

@@ -55,7 +55,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    train_files: list[str] = field(default_factory=list)  # parquet files, directories or globs
+    train_files: list[str] = field(default_factory=list)  # parquet files, directories or globs (rl360 sft: jsonl too)
     batch_size: int = 16  # prompts per RL step (each sampled rollout.n times)
     max_prompt_length: int = 512  # prompts longer than this (in tokens) are skipped and counted
     shuffle: bool = True  # seeded per-epoch shuffle of row groups and rows
@@ -370,6 +370,19 @@ class ClusterConfig:
 
 
 @dataclass
+class SftConfig:
+    """`rl360 sft` (docs/sft.md): conversations from data.train_files (parquet or jsonl), data.batch_size of them per
+    optimizer step for trainer.total_steps steps, the held-out loss of data.val_files every trainer.eval_every
+    steps; the model, optimizer and layout are the actor's (actor.lr, actor.micro_batch_size, actor.parallel.*)."""
+
+    max_length: int = 1024  # conversations longer than this many tokens (prompt included) are skipped and counted
+    messages_key: str = "messages"  # multi-turn rows: the column of the {role, content} messages
+    tools_key: str = "tools"  # multi-turn rows: the column of the tools offered (JSON-schema specs, or their JSON)
+    prompt_key: str = "prompt"  # single-turn rows: the prompt (a string, or a list of messages); verl: question
+    response_key: str = "response"  # single-turn rows: the assistant's reply (a string); verl: answer
+
+
+@dataclass
 class RunConfig:
     output_dir: str = "outputs/run"  # metrics.jsonl, checkpoints and the final HF model go here
     seed: int = 0  # seeds data order, sampling and initialisation
@@ -385,6 +398,7 @@ class RunConfig:
     eval: TrainEvalConfig = field(default_factory=TrainEvalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
 
 
 # Keys whose values come from a closed set: key -> allowed values.
@@ -423,7 +437,7 @@ POSITIVE = (
     "rollout.engine_tensor_parallel", "rollout.mem_fraction", "rollout.max_staleness",
     "reward.judge.timeout_s", "reward.judge.deadline_s", "cluster.placement_timeout_s",
     "agent.max_turns", "agent.tool_timeout_s", "agent.tool_memory_mb", "agent.max_tool_output_chars",
-    "agent.min_pixels", "agent.max_pixels", "eval.n", "eval.top_p",
+    "agent.min_pixels", "agent.max_pixels", "eval.n", "eval.top_p", "sft.max_length",
 )
 NON_NEGATIVE = (
     "actor.lr", "actor.weight_decay", "actor.grad_clip", "actor.clip_ratio_low", "actor.clip_ratio_high",
@@ -442,8 +456,10 @@ NON_NEGATIVE = (
 )
 
 
-def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read a YAML file (or nothing) and overrides into a validated `RunConfig`.
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (), command: str = "train"
+                ) -> RunConfig:
+    """Read a YAML file (or nothing) and overrides into a `RunConfig` validated for `command` (train, or sft: the
+    RL mini-batch keys do not apply to it).
 
     Overrides apply in order; each is `key=value` (Hydra's `+key=value` and `++key=value` read the same) or
     another YAML file (a preset such as configs/algorithms/gspo.yaml) whose keys replace those before it. A
@@ -451,7 +467,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     error is one `file:line:column: problem` line; an unknown key names its close matches, and a verl key the
     rl360 key to use (`VERL_KEYS`)."""
     cfg: RunConfig = load_structured(RunConfig, path, overrides, SCHEMA_KEYS)
-    validate(cfg)
+    validate(cfg, command)
     return cfg
 
 
@@ -770,11 +786,12 @@ def context_length(cfg: RunConfig) -> int:
     return cfg.data.max_prompt_length + cfg.rollout.max_response_length
 
 
-def validate(cfg: RunConfig) -> None:
-    """Check value ranges and closed choices, and the relations between keys, section by section."""
-    for check in (_check_values, _check_inputs, _check_algorithm, _check_actor, _check_rollout, _check_agent,
-                  _check_lora):
+def validate(cfg: RunConfig, command: str = "train") -> None:
+    """Check value ranges and closed choices, and the relations between keys, section by section (those of
+    `command`: train, or sft, to which the RL mini-batch keys do not apply)."""
+    for check in (_check_values, _check_inputs, _check_algorithm, _check_rollout, _check_agent, _check_lora):
         check(cfg)
+    _check_actor(cfg, command)
 
 
 def _check_values(cfg: RunConfig) -> None:
@@ -843,9 +860,12 @@ def _check_algorithm(cfg: RunConfig) -> None:
         raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs rollout.n >= 2")
 
 
-def _check_actor(cfg: RunConfig) -> None:
+def _check_actor(cfg: RunConfig, command: str = "train") -> None:
     """The policy's batches, parallel layout and loss."""
-    if (cfg.actor.ppo_mini_batch_size * cfg.rollout.n) % cfg.actor.parallel.data:
+    if command == "sft" and cfg.data.batch_size % cfg.actor.parallel.data:
+        raise ConfigError(f"data.batch_size={cfg.data.batch_size} conversations a step must be a multiple of "
+                          f"actor.parallel.data={cfg.actor.parallel.data}")
+    if command == "train" and (cfg.actor.ppo_mini_batch_size * cfg.rollout.n) % cfg.actor.parallel.data:
         raise ConfigError(
             f"actor.ppo_mini_batch_size * rollout.n = {cfg.actor.ppo_mini_batch_size * cfg.rollout.n} must be a "
             f"multiple of actor.parallel.data={cfg.actor.parallel.data}"
@@ -864,7 +884,7 @@ def _check_actor(cfg: RunConfig) -> None:
     if cfg.actor.parallel.context > 1 and cfg.model.attention == "local":
         raise ConfigError(f"actor.parallel.context={cfg.actor.parallel.context} needs model.attention=auto, te or "
                           "torch (megatron's local attention refuses context parallelism)")
-    if cfg.data.batch_size % cfg.actor.ppo_mini_batch_size:
+    if command == "train" and cfg.data.batch_size % cfg.actor.ppo_mini_batch_size:
         raise ConfigError(
             f"data.batch_size={cfg.data.batch_size} must be a multiple of "
             f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size}"

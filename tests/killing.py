@@ -26,6 +26,7 @@ PHASES = {
     "rollout": re.compile(r"ray::HFEngine\.generate\b"),
     "update": re.compile(r"ray::PolicyWorker\.update\b"),
     "checkpoint": re.compile(r"ray::(Policy|Critic)Worker\.save_checkpoint\b"),
+    "sft_update": re.compile(r"ray::SFTWorker\.update\b"),  # `rl360 sft`'s optimizer step
 }
 _STEP_LINE = re.compile(r"step\s+(\d+)[/\s]")  # `step 3/12  ...` (or `step 3  ...`)
 POLL_S = 0.002

@@ -28,8 +28,8 @@ FLOORS = [
     ["eval", "quickstart", "run_checks"],  # batch evaluation against endpoints or engine servers it starts (fleet
     # engines, reward pool); the quickstarts' tiny models and tasks (primed through the agent loop and its tools);
     # a training run's checks before it starts (model directory, resume, data rows, agent)
-    ["trainer", "launch", "view", "alternate"],  # the RL loop; the browser viewer of runs, eval outputs and parquet
-    # files; the Lewis game's phases (each a `rl360 train` subprocess)
+    ["trainer", "sft", "launch", "view", "alternate"],  # the RL loop; supervised fine-tuning on the same policy; the
+    # browser viewer of runs, eval outputs and parquet files; the Lewis game's phases (each a `rl360 train` subprocess)
     ["cli"],
 ]
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}

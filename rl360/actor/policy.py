@@ -315,6 +315,11 @@ class PolicyWorker:
     # ---- megatron schedule ------------------------------------------------------------------------
 
     @property
+    def temperature(self) -> float:
+        """The sampling temperature the log-probs are of (the engines': rollout.temperature)."""
+        return self.cfg.rollout.temperature
+
+    @property
     def micro_batch_size(self) -> int:
         """Responses per forward/backward pass of this model."""
         return self.cfg.actor.micro_batch_size
@@ -426,7 +431,7 @@ class PolicyWorker:
     def _per_token(self, logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool) -> torch.Tensor:
         """Context parallelism: the log-prob of each position's next token and the entropy there ([..., 2]),
         computed on this rank's positions before they are gathered (the logits themselves never are)."""
-        logprobs, entropy = logprobs_and_entropy(logits.float() / self.cfg.rollout.temperature, labels,
+        logprobs, entropy = logprobs_and_entropy(logits.float() / self.temperature, labels,
                                                  self.vocab_start, with_entropy)
         return torch.stack([logprobs, entropy if entropy is not None else torch.zeros_like(logprobs)], dim=-1)
 
@@ -450,7 +455,7 @@ class PolicyWorker:
             picked = logits[index]
             logprobs, entropy = picked[..., 0], (picked[..., 1] if with_entropy else None)
         else:
-            response_logits = logits[index].float() / self.cfg.rollout.temperature
+            response_logits = logits[index].float() / self.temperature
             logprobs, entropy = logprobs_and_entropy(response_logits, mb.response_ids, self.vocab_start,
                                                      with_entropy)
         return logprobs * (mb.response_mask > 0), entropy

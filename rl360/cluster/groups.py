@@ -5,6 +5,7 @@ The controller calls the group and takes results from the ranks that own them; N
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ray
@@ -17,13 +18,16 @@ from rl360.network import free_port
 
 def start_ray(address: str = "", num_cpus: int = 0, num_gpus: int = -1) -> int:
     """Join `address` ("auto" or host:port), or start a local cluster when it is empty (`num_gpus` >= 0: that
-    many GPUs declared, which on a CPU machine makes Ray place work as it would on GPUs); the cluster's GPUs."""
+    many GPUs declared, which on a CPU machine makes Ray place work as it would on GPUs); the cluster's GPUs.
+    Empty, it is the environment's RAY_ADDRESS when set (a Slurm job's head), else a cluster of this process's
+    own: never one another program on the machine started with `ray start` (which Ray would otherwise join)."""
     if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS", "")
         if address:
             ray.init(address=address, log_to_driver=True)
         else:
-            ray.init(num_cpus=num_cpus or None, num_gpus=None if num_gpus < 0 else num_gpus, include_dashboard=False,
-                     log_to_driver=True, configure_logging=False)
+            ray.init(address="local", num_cpus=num_cpus or None, num_gpus=None if num_gpus < 0 else num_gpus,
+                     include_dashboard=False, log_to_driver=True, configure_logging=False)
     return int(ray.cluster_resources().get("GPU", 0))
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import random
 from collections import Counter
@@ -34,20 +35,41 @@ from rl360.data.schema import DataError, extra_info_dict, validate_file_schema, 
 
 _STATE_VERSION = 1
 _READ_ERRORS = (pa.ArrowException, OSError, ValueError)  # what pyarrow raises for unreadable bytes
+JSONL_BLOCK_ROWS = 1024  # a jsonl file's rows are shuffled and read in blocks of this many lines (its row groups)
 
 
-def expand_paths(paths: str | list[str]) -> list[str]:
-    """Files, directories (their *.parquet, recursively) and globs -> parquet files.
+@dataclass(frozen=True)
+class RowFormat:
+    """What a stream's files hold: `check_row(row, path, index)` and `check_columns(path, arrow_schema)` raise
+    `DataError` naming the file, row and key at fault; `jsonl`: `.jsonl` files (one JSON object a line) are read
+    too, beside parquet."""
+
+    check_row: Callable[[dict[str, Any], str, int], None] = validate_row
+    check_columns: Callable[[str, pa.Schema], None] = validate_file_schema
+    jsonl: bool = False
+
+
+PROMPT_ROWS = RowFormat()  # RL prompts: the verl / Reasoning360 schema (rl360/data/schema.py), parquet only
+
+
+def _is_jsonl(path: str) -> bool:
+    return str(path).lower().endswith(".jsonl")
+
+
+def expand_paths(paths: str | list[str], jsonl: bool = False) -> list[str]:
+    """Files, directories (their *.parquet, and *.jsonl with `jsonl`, recursively) and globs -> data files.
 
     Each directory or glob expands in sorted order; entries keep the order given; duplicates are dropped.
     """
     found: list[str] = []
+    patterns = ["*.parquet", *(["*.jsonl"] if jsonl else [])]
     for entry in [paths] if isinstance(paths, str) else list(paths):
         entry = os.fspath(entry)
         if os.path.isdir(entry):
-            matches = sorted(glob.glob(os.path.join(entry, "**", "*.parquet"), recursive=True))
+            matches = sorted({path for pattern in patterns
+                              for path in glob.glob(os.path.join(entry, "**", pattern), recursive=True)})
             if not matches:
-                raise DataError(f"{entry}: directory holds no *.parquet files")
+                raise DataError(f"{entry}: directory holds no {' or '.join(patterns)} files")
         elif glob.has_magic(entry):
             matches = sorted(path for path in glob.glob(entry, recursive=True) if os.path.isfile(path))
             if not matches:
@@ -62,8 +84,10 @@ def expand_paths(paths: str | list[str]) -> list[str]:
     return found
 
 
-def open_parquet(path: str) -> pq.ParquetFile:
-    """Open a parquet file (reading only its footer) and check its schema; errors name the file."""
+def open_parquet(path: str, check_columns: Callable[[str, pa.Schema], None] = validate_file_schema
+                 ) -> pq.ParquetFile:
+    """Open a parquet file (reading only its footer) and check its schema (`check_columns`); errors name the
+    file."""
     try:
         handle = pq.ParquetFile(path)
     except _READ_ERRORS as err:
@@ -75,7 +99,7 @@ def open_parquet(path: str) -> pq.ParquetFile:
                             f"{os.path.splitext(path)[0]}.parquet')\"") from None
         raise DataError(f"{path}: cannot be read as parquet ({type(err).__name__}: {err})") from None
     try:
-        validate_file_schema(path, handle.schema_arrow)
+        check_columns(path, handle.schema_arrow)
     except DataError:
         handle.close()
         raise
@@ -212,7 +236,7 @@ class PromptStream:
     def __init__(self, paths: str | list[str], batch_size: int, seed: int = 0, shuffle: bool = True,
                  dp_rank: int = 0, dp_size: int = 1, shuffle_buffer: int = 1024, on_bad_row: str = "error",
                  drop_last: bool = True, filter_fn: Callable[[dict[str, Any]], bool] | None = None,
-                 select_fn: Callable[[dict[str, Any]], bool] | None = None):
+                 select_fn: Callable[[dict[str, Any]], bool] | None = None, row_format: RowFormat = PROMPT_ROWS):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}; it must be at least 1")
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
@@ -221,7 +245,8 @@ class PromptStream:
             raise ValueError(f"shuffle_buffer={shuffle_buffer}; it must be at least 1")
         if on_bad_row not in ("error", "skip"):
             raise ValueError(f"on_bad_row={on_bad_row!r}; allowed values are 'error' and 'skip'")
-        self.files = expand_paths(paths)
+        self.row_format = row_format
+        self.files = expand_paths(paths, jsonl=row_format.jsonl)
         self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
         self.dp_rank, self.dp_size, self.shuffle_buffer = dp_rank, dp_size, shuffle_buffer
         self.on_bad_row, self.drop_last = on_bad_row, drop_last
@@ -299,8 +324,17 @@ class PromptStream:
 
     def _scan_units(self) -> list[_Unit]:
         units: list[_Unit] = []
+        self._blocks: dict[int, list[tuple[int, int]]] = {}  # a jsonl file's blocks: (byte offset, byte length)
         for index, path in enumerate(self.files):
-            handle = open_parquet(path)
+            if self.row_format.jsonl and _is_jsonl(path):
+                first = 0
+                self._blocks[index] = []
+                for group, (offset, length, rows) in enumerate(jsonl_blocks(path)):
+                    units.append(_Unit(index, group, first, rows))
+                    self._blocks[index].append((offset, length))
+                    first += rows
+                continue
+            handle = open_parquet(path, self.row_format.check_columns)
             try:
                 first = 0
                 for group in range(handle.num_row_groups):
@@ -356,7 +390,7 @@ class PromptStream:
                 owned += 1
                 if owned > skip:
                     if rows is None:
-                        rows = pending[unit_index] = self._read_unit(self.units[unit_index]).to_pylist()
+                        rows = pending[unit_index] = self._read_unit(self.units[unit_index])
                     record, rows[row] = rows[row], None
                     yield self._check(record, self.units[unit_index], row)
             elif rows is not None:
@@ -365,19 +399,22 @@ class PromptStream:
             if left[unit_index] == 0:
                 pending.pop(unit_index, None)
 
-    def _read_unit(self, unit: _Unit) -> pa.Table:
+    def _read_unit(self, unit: _Unit) -> list[dict[str, Any]]:
+        if unit.file in self._blocks:
+            offset, length = self._blocks[unit.file][unit.group]
+            return read_jsonl_block(self.files[unit.file], offset, length, unit.first_row)
         if self._handle is None or self._handle[0] != unit.file:
             if self._handle is not None:
                 self._handle[1].close()
                 self._handle = None
-            self._handle = (unit.file, open_parquet(self.files[unit.file]))
-        return _read_group(self._handle[1], self.files[unit.file], unit.group)
+            self._handle = (unit.file, open_parquet(self.files[unit.file], self.row_format.check_columns))
+        return _read_group(self._handle[1], self.files[unit.file], unit.group).to_pylist()
 
     def _check(self, row: dict[str, Any], unit: _Unit, row_in_unit: int) -> dict[str, Any] | None:
         path, index = self.files[unit.file], unit.first_row + row_in_unit
         self._counts["rows_seen"] += 1
         try:
-            validate_row(row, path, index)
+            self.row_format.check_row(row, path, index)
         except DataError:
             if self.select_fn is not None and isinstance(row.get("data_source"), str) and not self.select_fn(row):
                 self._counts["rows_not_selected"] += 1  # another stream's bad row: it skips or raises
@@ -432,3 +469,42 @@ class PromptStream:
         if self._batches is not None:
             self._batches.close()
             self._batches = None
+
+
+def jsonl_blocks(path: str, rows_per_block: int = JSONL_BLOCK_ROWS) -> list[tuple[int, int, int]]:
+    """A jsonl file's blocks of `rows_per_block` rows (non-blank lines): (byte offset, byte length, rows) each,
+    found in one pass that keeps no line."""
+    blocks: list[tuple[int, int, int]] = []
+    start = position = rows = 0
+    try:
+        with open(path, "rb") as handle:
+            for line in handle:
+                if line.strip():
+                    if rows == rows_per_block:
+                        blocks.append((start, position - start, rows))
+                        start, rows = position, 0
+                    rows += 1
+                position += len(line)
+    except OSError as err:
+        raise DataError(f"{path}: cannot be read ({err.strerror or err})") from None
+    if rows:
+        blocks.append((start, position - start, rows))
+    return blocks
+
+
+def read_jsonl_block(path: str, offset: int, length: int, first_row: int) -> list[dict[str, Any]]:
+    """The rows of one block of a jsonl file (`jsonl_blocks`); a line that is not a JSON object is a `DataError`
+    naming the file and its row."""
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        lines = [line for line in handle.read(length).splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(lines, start=first_row):
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise DataError(f"{path} row {number}: not a JSON line ({err})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path} row {number}: a JSON {type(row).__name__}, not an object")
+        rows.append(row)
+    return rows

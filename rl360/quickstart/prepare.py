@@ -33,13 +33,7 @@ def prepare_quickstart(cfg: RunConfig, task: str = "arithmetic") -> None:
                   f"half its replies; a crop's colour read right about 40% of the time), its tokenizer and image "
                   f"processor in {model_dir}")
         elif tools:
-            from rl360.quickstart.tools_assets import build_tools_quickstart_model
-
-            rows = _script("synthetic_tools").make_rows(512, "prime", seed=cfg.seed + 2)
-            build_tools_quickstart_model(model_dir, [row["prompt"][0]["content"] for row in rows],
-                                         [row["reward_model"]["ground_truth"] for row in rows], seed=cfg.seed)
-            print(f"built a random-weight tiny Qwen2 model and its tokenizer (one token per tool call, written first "
-                  f"in about half its replies; a tool's printed answer repeated about 40% of the time) in {model_dir}")
+            _build_tools_model(cfg)
         elif vision:
             from rl360.quickstart.vision_assets import build_vision_quickstart_model
 
@@ -61,6 +55,29 @@ def prepare_quickstart(cfg: RunConfig, task: str = "arithmetic") -> None:
             _script("synthetic_colours").main(["--out", out_dir] + (["--blank"] if task == "vision-control" else []))
         else:
             _script("synthetic_arithmetic").main(["--out", out_dir])
+
+
+def _build_tools_model(cfg: RunConfig) -> None:
+    from rl360.quickstart.tools_assets import build_tools_quickstart_model
+
+    model_dir = Path(cfg.model.path)
+    rows = _script("synthetic_tools").make_rows(512, "prime", seed=cfg.seed + 2)
+    build_tools_quickstart_model(model_dir, [row["prompt"][0]["content"] for row in rows],
+                                 [row["reward_model"]["ground_truth"] for row in rows], seed=cfg.seed)
+    print(f"built a random-weight tiny Qwen2 model and its tokenizer (one token per tool call, written first "
+          f"in about half its replies; a tool's printed answer repeated about 40% of the time) in {model_dir}")
+
+
+def prepare_sft_quickstart(cfg: RunConfig) -> None:
+    """`rl360 quickstart --task sft`: the tools quickstart's model (as `--task tools` builds it) and traces of its
+    task (`data_preprocess/synthetic_tools.py --traces`: 1024 conversations to train on, 64 held out) where the
+    config points, if absent."""
+    if not (Path(cfg.model.path) / "config.json").exists():
+        _build_tools_model(cfg)
+    files = [Path(f) for f in cfg.data.train_files + cfg.data.val_files]
+    if not all(f.exists() for f in files):
+        _script("synthetic_tools").main(["--out", str(files[0].parent), "--traces", "--train-rows", "1024",
+                                         "--test-rows", "64", "--seed", str(cfg.seed)])
 
 
 def _script(name: str):

@@ -20,7 +20,8 @@ from rl360.tracking.console import format_duration
 CONSOLE_KEYS = {  # metric -> its label on the console line
     "reward/mean": "reward", "response_length/mean": "resp_len", "actor/pg_loss": "pg_loss",
     "actor/kl": "kl", "actor/grad_norm": "grad_norm", "rollout/logprob_abs_diff": "logprob_diff",
-    "reward/timeouts": "timeouts", "timing/step_s": "step_s",
+    "reward/timeouts": "timeouts", "sft/loss": "loss", "val/loss": "val_loss", "sft/grad_norm": "grad_norm",
+    "sft/tokens_per_s": "tokens_per_s", "timing/step_s": "step_s",
 }
 
 
