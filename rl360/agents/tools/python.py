@@ -13,7 +13,8 @@ releases it when garbage-collected, and `close()` releases all.
 **The warm pool.** With `pool` > 0 (`agent.tool_pool`) the tool keeps that many fresh interpreters started
 ahead of trajectories' first calls: a trajectory's first call takes one (it is taken out of the pool for good:
 an interpreter serves one trajectory only, and is released with it), or starts its own when the pool is empty.
-One background thread refills the pool, one start at a time; it begins when the first trajectory begins
+One background thread refills the pool, one start at a time, through a worker process of its own (so a pooled
+start never holds up a call's); it begins when the first trajectory begins
 (`prepare(state)`, called by the agent loop before the first turn, so the pool fills while the engines decode)
 or at `warm()`. A waiting interpreter is nothing but the driver, started and idle, with the same sandbox and
 limits as any other; where niceness can be lowered again (root), it is started (fork, sandbox set-up, Python's
@@ -575,6 +576,8 @@ class PythonTool:
         self._pool: collections.deque[_Session] = collections.deque()  # warm interpreters, no trajectory's yet
         self._pool_cond = threading.Condition()
         self._filler: threading.Thread | None = None
+        # the filler's own worker process: a niced start there never holds up a call's start in another worker
+        self._pool_worker: _Worker | None = None
         self._generation = 0  # close() ends the filler of the generation before
 
     async def call(self, arguments: dict[str, Any], state: TrajectoryState) -> ToolReply:
@@ -682,6 +685,9 @@ class PythonTool:
         with self._pool_cond:
             self._generation += 1
             self._filler = None
+            if self._pool_worker is not None:
+                workers.append(self._pool_worker)
+                self._pool_worker = None
             sessions += list(self._pool)
             self._pool.clear()
             self._pool_cond.notify_all()
@@ -717,12 +723,16 @@ class PythonTool:
         weakref.finalize(state, self._forget, key, session)
         return session
 
-    def _start(self, niceness: int = 0) -> _Session | str:
-        """A new interpreter, belonging to no trajectory yet (started at `niceness`, for the pool); or why it
-        could not start."""
+    def _start(self, niceness: int = 0, worker: _Worker | None = None) -> _Session | str:
+        """A new interpreter, belonging to no trajectory yet (started at `niceness` by `worker`, for the pool; by
+        default in the least busy worker); or why it could not start."""
         from rl360.rewards.sandbox import SandboxLimits
 
-        worker = self._worker()
+        if worker is None:
+            worker = self._worker()
+        else:
+            with self._lock:
+                worker.sessions += 1
         mark = "\n@@rl360-python-" + secrets.token_hex(16) + "@@"
         limits = SandboxLimits(timeout_s=self.settings.timeout_s, memory_bytes=self.settings.memory_mb << 20,
                                cpu_s=int(self.settings.timeout_s * _SESSION_CPU_CALLS) + 1)
@@ -788,7 +798,11 @@ class PythonTool:
                 if self._generation != generation:
                     return
             try:
-                started = self._start(_POOL_NICE)
+                with self._pool_cond:
+                    if self._pool_worker is None or not self._pool_worker.alive:
+                        self._pool_worker = _Worker()
+                    worker = self._pool_worker
+                started = self._start(_POOL_NICE, worker)
             except Exception as error:  # e.g. a worker process that cannot start: calls report it themselves
                 started = str(error)
             if isinstance(started, str):  # the sandbox refused: calls report why; retry later
