@@ -75,7 +75,6 @@ import select
 import selectors
 import signal
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -496,9 +495,21 @@ def _worker_main(conn: Any) -> None:
 
     from rl360.rewards.sandbox import SESSION_SLOTS, IsolationError, sandbox_python, start_session
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     children: dict[int, Any] = {}
+
+    def terminate(*_: Any) -> None:
+        """SIGTERM (multiprocessing ends its daemon children so at exit): stop the interpreters and exit here and
+        now; an exception raised instead could land where Python ignores it (a fork's handlers) and leave this
+        worker waiting on its connection while the parent waits for it."""
+        for child in list(children.values()):
+            try:
+                child.stop()
+            except Exception:
+                pass
+        os._exit(0)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, terminate)
     try:
         while True:
             try:
