@@ -1,12 +1,13 @@
 """The tools quickstart's step time with the python tool's persistent interpreters against its replay mode, from
 one run of this script:
 
-    python benchmarks/tools_step_time.py [--steps 3] [--out FILE] [overrides ...]
+    python benchmarks/tools_step_time.py [--steps 3] [--first replay|persistent] [--out FILE] [overrides ...]
 
-Runs `rl360 quickstart --task tools` for `--steps` steps twice, each in its own process, one after the other,
-with the same seed: once with `agent.python_replay=true` (every python call in a new sandboxed interpreter that
-first re-runs the trajectory's earlier cells, stopped after the call, no warm pool) and once as configured (one
-persistent interpreter per trajectory, taken from the warm pool `agent.tool_pool` when it has one). Printed side
+Runs `rl360 quickstart --task tools` for `--steps` steps twice, each in its own process, one after the other
+(`--first` first: on a shared machine whose load drifts, run it both ways), with the same seed: once with
+`agent.python_replay=true` (every python call in a new sandboxed interpreter that first re-runs the
+trajectory's earlier cells, stopped after the call, no warm pool) and once as configured (one persistent
+interpreter per trajectory, taken from the warm pool `agent.tool_pool` when it has one). Printed side
 by side: the mean step time (`timing/step_s`, all steps and the steps after the first), the python calls per
 trajectory and the seconds a trajectory waited on its tools (`agent/tool_calls/mean`,
 `agent/tool_seconds/mean`), their sum over the step's trajectories, and the mean reward; written with the
@@ -61,11 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--trajectories", type=int, default=256,
                         help="trajectories a step (data.batch_size x rollout.n of the tools quickstart)")
+    parser.add_argument("--first", choices=sorted(MODES), default="replay", help="the mode run first")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "tools_step_time_cpu.json"))
     parser.add_argument("overrides", nargs="*", help="config overrides (key=value) for both runs")
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
-    rows = {mode: summary(*run(mode, args.steps, args.overrides), args.trajectories) for mode in MODES}
+    order = sorted(MODES, key=lambda mode: mode != args.first)
+    rows = {mode: summary(*run(mode, args.steps, args.overrides), args.trajectories) for mode in order}
     replay, persistent = rows["replay"], rows["persistent"]
     print(f"{'':<34} {'replay':>10} {'persistent':>11}")
     for key in ("step_s", "step_s_after_first", "tool_calls_per_trajectory", "tool_s_per_trajectory",
