@@ -214,3 +214,16 @@ def test_replay_mode_runs_every_call_in_a_new_interpreter_that_rebuilds_the_stat
         assert tool.interpreter_pid(state) is None and tool.pooled_pids() == []  # no warm pool in this mode
     finally:
         tool.close()
+
+
+def test_a_worker_sent_sigterm_stops_its_interpreters_and_exits(tool):
+    """What multiprocessing does to its daemon children at exit: the worker must not outlive it."""
+    import signal
+
+    state = TrajectoryState()
+    call(tool, "x = 1", state)
+    pid = tool.interpreter_pid(state)
+    [worker] = [worker for worker in tool._workers if worker.sessions]
+    os.kill(worker.process.pid, signal.SIGTERM)
+    worker.process.join(10)
+    assert worker.process.exitcode == 0 and gone(pid)
