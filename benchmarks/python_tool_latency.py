@@ -1,8 +1,9 @@
-"""Python-tool call latency: the persistent interpreter per trajectory against the replay path (a fresh
-sandboxed interpreter per call that re-runs the trajectory's earlier cells) and against a bare `subprocess`
-Python (a fresh interpreter per call, no sandbox, no state), from one run.
+"""Python-tool call latency: the persistent interpreter per trajectory (taken from the warm pool, and started at
+the first call without one) against the replay path (a fresh sandboxed interpreter per call that re-runs the
+trajectory's earlier cells) and against a bare `subprocess` Python (a fresh interpreter per call, no sandbox,
+no state), from one run.
 
-    python benchmarks/python_tool_latency.py [--concurrency 1,16,64] [--calls 1,4,8] [--out FILE]
+    python benchmarks/python_tool_latency.py [--concurrency 1,16,64] [--calls 1,4,8] [--pool 16] [--out FILE]
 
 For each number of concurrent trajectories C and calls per trajectory k, C trajectories start together and
 each makes k calls in turn (a cell that updates and prints a counter, so every call depends on the state the
@@ -11,8 +12,12 @@ and p99 of each path and the ratios replay / persistent and persistent / bare, a
 first calls (the persistent path starts its interpreter then) and later calls apart; written with the command
 and the machine to `--out` (benchmarks/results/python_tool_latency.json).
 
-- persistent: `rl360.agents.tools.python.PythonTool` (its first call in a trajectory includes starting the
-  sandboxed interpreter; each trajectory is released at its end, as the agent loop does);
+- persistent: `rl360.agents.tools.python.PythonTool` with a warm pool of `--pool` interpreters (`agent.tool_pool`),
+  full when the C trajectories start (as after the engines' decoding of a first turn) and refilled in the
+  background while they run; a trajectory's first call takes a pooled interpreter, or starts one when the pool
+  is empty (C > pool); each trajectory is released at its end, as the agent loop does;
+- cold: the same tool without a pool (`agent.tool_pool=0`): every trajectory's first call starts its
+  interpreter;
 - replay: the replay path as the tool ran it before the persistent interpreter, kept here as the baseline:
   each call one `rl360.rewards.sandbox.run_command` of the driver that replays the earlier cells silently and
   then runs the new one, in a pool of forkserver worker processes (one per CPU, one sandbox each at a time);
@@ -166,6 +171,9 @@ def percentile(values: list[float], q: float) -> float:
 async def persistent_run(tool, concurrency: int, calls: int) -> list[float]:
     from rl360.agents.tools import TrajectoryState
 
+    if tool.settings.pool:
+        tool.warm(TIMEOUT_S)
+
     async def trajectory() -> list[float]:
         state, seconds = TrajectoryState(), []
         try:
@@ -235,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", default="1,16,64", help="concurrent trajectories, comma-separated")
     parser.add_argument("--calls", default="1,4,8", help="calls per trajectory, comma-separated")
+    parser.add_argument("--pool", type=int, default=16, help="the persistent path's warm interpreters")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "python_tool_latency.json"))
     args = parser.parse_args(argv)
     from rl360.agents.tools import ToolSettings, get_tool
@@ -246,37 +255,44 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(isolation().summary())
     workers = os.cpu_count() or 1
-    tool = get_tool("python", ToolSettings(timeout_s=TIMEOUT_S, memory_mb=1024))
+    tool = get_tool("python", ToolSettings(timeout_s=TIMEOUT_S, memory_mb=1024, pool=args.pool))
+    cold = get_tool("python", ToolSettings(timeout_s=TIMEOUT_S, memory_mb=1024))
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
     threads = ThreadPoolExecutor(256)
     rows = []
     try:
         asyncio.run(persistent_run(tool, 2 * workers, 1))  # warm: worker processes started, isolation probed
+        asyncio.run(persistent_run(cold, 2 * workers, 1))
         asyncio.run(replay_run(pool, python, workers, 1))
         asyncio.run(bare_run(threads, python, 1, 1))
-        print(f"{'C':>3} {'k':>2} | {'persistent p50/p99 ms':>21} | {'replay p50/p99 ms':>19} | "
-              f"{'bare p50/p99 ms':>17} | replay/persistent p50, p99 | persistent/bare p50")
+        print(f"pool {args.pool}")
+        print(f"{'C':>3} {'k':>2} | {'persistent p50/p99 ms':>21} | {'cold p50/p99 ms':>19} | "
+              f"{'replay p50/p99 ms':>19} | {'bare p50/p99 ms':>17} | replay/persistent p50, p99 | persistent/bare p50")
         for concurrency in [int(c) for c in args.concurrency.split(",")]:
             for calls in [int(k) for k in args.calls.split(",")]:
                 row = {"concurrency": concurrency, "calls": calls,
                        "persistent": figures(asyncio.run(persistent_run(tool, concurrency, calls)), calls),
+                       "cold": figures(asyncio.run(persistent_run(cold, concurrency, calls)), calls),
                        "replay": figures(asyncio.run(replay_run(pool, python, concurrency, calls)), calls),
                        "bare": figures(asyncio.run(bare_run(threads, python, concurrency, calls)), calls)}
-                p, r, b = row["persistent"], row["replay"], row["bare"]
+                p, c, r, b = row["persistent"], row["cold"], row["replay"], row["bare"]
                 row["replay_over_persistent_p50"] = round(r["p50_ms"] / p["p50_ms"], 1)
                 row["replay_over_persistent_p99"] = round(r["p99_ms"] / p["p99_ms"], 1)
                 row["persistent_over_bare_p50"] = round(p["p50_ms"] / b["p50_ms"], 2)
                 rows.append(row)
                 print(f"{concurrency:>3} {calls:>2} | {p['p50_ms']:>9.1f} / {p['p99_ms']:>9.1f} | "
+                      f"{c['p50_ms']:>8.1f} / {c['p99_ms']:>8.1f} | "
                       f"{r['p50_ms']:>8.1f} / {r['p99_ms']:>8.1f} | {b['p50_ms']:>7.1f} / {b['p99_ms']:>7.1f} | "
                       f"{row['replay_over_persistent_p50']:>9.1f}x, {row['replay_over_persistent_p99']:>7.1f}x"
                       f"{'':>7} | {row['persistent_over_bare_p50']:>6.2f}x", flush=True)
                 if calls > 1:
                     print(f"{'':>6} | first p50 {p['first_p50_ms']:>7.1f}, later p50/p99 {p['later_p50_ms']:.1f} / "
-                          f"{p['later_p99_ms']:.1f} | replay first p50 {r['first_p50_ms']:.1f}, later p50/p99 "
+                          f"{p['later_p99_ms']:.1f} | cold first p50 {c['first_p50_ms']:.1f} | replay first p50 "
+                          f"{r['first_p50_ms']:.1f}, later p50/p99 "
                           f"{r['later_p50_ms']:.1f} / {r['later_p99_ms']:.1f}", flush=True)
     finally:
         tool.close()
+        cold.close()
         pool.shutdown()
         threads.shutdown()
     result = {
@@ -285,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                    f"load average {os.getloadavg()[0]:.1f} at the end",
         "isolation": isolation().summary(),
         "interpreter": python,
+        "pool": args.pool,
         "rows": rows,
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -312,6 +312,12 @@ class AgentConfig:
     # the trajectory as one cut by the budget does
     max_turn_tokens: int = 0
     tool_workers: int = 0  # worker processes starting the python tool's interpreters (0: the CPU count)
+    # fresh sandboxed interpreters the python tool keeps started ahead of trajectories' first calls, refilled in
+    # the background (each serves one trajectory only; 0: a trajectory's first call starts its own)
+    tool_pool: int = 16
+    # every python call in a new sandboxed interpreter that first re-runs the trajectory's earlier cells (the
+    # reference the persistent interpreter is measured against; slower, the same replies)
+    python_replay: bool = False
 
 
 @dataclass
@@ -451,7 +457,7 @@ NON_NEGATIVE = (
     "algorithm.gamma", "algorithm.lam",
     "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every", "rollout.max_engine_restarts",
     "actor.max_tokens_per_micro_batch", "actor.moe_aux_loss_coef", "cluster.gpu_memory_gb",
-    "agent.max_image_tokens", "agent.tool_workers", "trainer.eval_every", "eval.temperature",
+    "agent.max_image_tokens", "agent.tool_workers", "agent.tool_pool", "trainer.eval_every", "eval.temperature",
     "eval.max_response_length",
 )
 

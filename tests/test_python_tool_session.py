@@ -6,6 +6,7 @@ import asyncio
 import gc
 import os
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -38,8 +39,12 @@ def gone(pid, wait_s=10.0):
 
 
 @pytest.fixture
-def tool():
-    tool = get_tool("python", SETTINGS)
+def tool(request):
+    """The tool; with `indirect` parametrization, the size of its warm pool (full before the test starts)."""
+    pool = getattr(request, "param", 0)
+    tool = get_tool("python", replace(SETTINGS, pool=pool))
+    if pool:
+        assert tool.warm(60) == pool
     yield tool
     tool.close()
 
@@ -89,6 +94,7 @@ def test_a_continued_trajectory_rebuilds_its_interpreter_once(tool):
 
 
 @pytest.mark.skipif("uid" not in isolation().in_effect, reason="needs a uid of its own per sandbox (root)")
+@pytest.mark.parametrize("tool", [0, 2], indirect=True, ids=["started-at-first-call", "warm-pool"])
 def test_two_trajectories_running_side_by_side_cannot_see_each_other(tool):
     one, two = TrajectoryState(), TrajectoryState()
     setup = ("import os, subprocess\nsecret = 'alpha'\nopen('secret.txt', 'w').write(secret)\n"
@@ -113,6 +119,30 @@ def test_two_trajectories_running_side_by_side_cannot_see_each_other(tool):
     pid = tool.interpreter_pid(one)
     tool.release(one)
     assert gone(pid) and gone(int(child))  # released: the interpreter and every process of its uid
+
+
+@pytest.mark.parametrize("tool", [2], indirect=True)
+def test_a_pooled_interpreter_serves_one_trajectory_only_and_the_pool_refills(tool):
+    pooled = tool.pooled_pids()
+    one = TrajectoryState(kwargs={"python": {"variables": {"a": 1}}})
+    setup = ("import subprocess\nsecret = 'alpha'\nopen('secret.txt', 'w').write(secret)\n"
+             "child = subprocess.Popen(['sleep', '60'])\nprint(a, child.pid)")
+    a, child = call(tool, setup, one).split()
+    first = tool.interpreter_pid(one)
+    assert a == "1" and first in pooled and first not in tool.pooled_pids()  # taken out of the pool for good
+    if os.geteuid() == 0 and "uid" in isolation().in_effect:  # a warm one waits at a lower priority, not a taken one
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert {os.getpriority(os.PRIO_PROCESS, pid) for pid in tool.pooled_pids()} == {min(own + 10, 19)}
+        assert os.getpriority(os.PRIO_PROCESS, first) == own == os.getpriority(os.PRIO_PROCESS, int(child))
+    tool.release(one)
+    assert gone(first) and gone(int(child))
+    assert tool.warm(60) == 2 and first not in tool.pooled_pids()  # refilled with new interpreters
+    two = TrajectoryState(seed=3)
+    probe = ("import os, random\nprint('secret' in globals(), 'a' in globals(), os.path.exists('secret.txt'), "
+             "random.random() == __import__('random').Random(3).random())")
+    assert call(tool, probe, two) == "False False False True\n"
+    assert tool.interpreter_pid(two) not in (None, first)
+    tool.release(two)
 
 
 def test_the_interpreter_is_gone_when_the_trajectory_is_released_or_forgotten(tool):
@@ -172,3 +202,28 @@ def test_session_uids_are_distinct_per_slot_and_process():
     assert len(uids) == SESSION_SLOTS and min(uids) >= SESSION_UID_BASE and max(uids) < 2**32 - 1
     with pytest.raises(ValueError):
         session_uid(SESSION_SLOTS)
+
+
+def test_replay_mode_runs_every_call_in_a_new_interpreter_that_rebuilds_the_state():
+    tool = get_tool("python", replace(SETTINGS, replay=True, pool=2))
+    state = TrajectoryState(kwargs={"python": {"variables": {"a": 5}}})
+    try:
+        assert call(tool, COUNT + "\nprint(x, a)", state) == "1 5\n"
+        assert tool.interpreter_pid(state) is None  # stopped after its call
+        assert call(tool, COUNT + "\nprint(x, a, open('runs').read())", state) == "2 5 xx\n"
+        assert tool.interpreter_pid(state) is None and tool.pooled_pids() == []  # no warm pool in this mode
+    finally:
+        tool.close()
+
+
+def test_a_worker_sent_sigterm_stops_its_interpreters_and_exits(tool):
+    """What multiprocessing does to its daemon children at exit: the worker must not outlive it."""
+    import signal
+
+    state = TrajectoryState()
+    call(tool, "x = 1", state)
+    pid = tool.interpreter_pid(state)
+    [worker] = [worker for worker in tool._workers if worker.sessions]
+    os.kill(worker.process.pid, signal.SIGTERM)
+    worker.process.join(10)
+    assert worker.process.exitcode == 0 and gone(pid)

@@ -34,7 +34,8 @@ def agent_from_config(cfg: RunConfig) -> Agent | None:
     tool_settings = ToolSettings(timeout_s=section.tool_timeout_s, memory_mb=section.tool_memory_mb,
                                  max_output_chars=section.max_tool_output_chars, max_pixels=section.max_pixels,
                                  min_pixels=section.min_pixels, max_image_tokens=section.max_image_tokens,
-                                 python=section.python, workers=section.tool_workers)
+                                 python=section.python, workers=section.tool_workers,
+                                 pool=section.tool_pool, replay=section.python_replay)
     try:
         tools = build_tools(list(section.tools), tool_settings)
     except (KeyError, ImportError, AttributeError, TypeError, ValueError) as error:

@@ -17,7 +17,8 @@
    context would take it for an image's place (finish "image_token");
 3. runs the calls: different tools concurrently, calls of one tool in the order written (they may share the
    trajectory's state, e.g. the python tool's interpreter); a failing, hanging or unknown call becomes an error
-   reply; when the trajectory ends, however it ends, each tool's `release` frees what it holds for it;
+   reply; each tool's `prepare` runs when the trajectory begins (the python tool fills its warm pool of
+   interpreters meanwhile), and when it ends, however it ends, each tool's `release` frees what it holds for it;
 4. renders the replies with the tokenizer's chat template, as the parser's `reply_format` writes them (default
    `tool` messages; `rl360.agents.replies`), and appends exactly the tokens the template adds after the turn
    (the turn's closing, the reply block, the next assistant header), with loss mask 0 and log-prob 0
@@ -68,7 +69,7 @@ from typing import Any
 
 from rl360.agents.parsers import Parser, ParseResult, ToolCall
 from rl360.agents.replies import ShownReply, tool_messages
-from rl360.agents.tools.base import Tool, ToolReply, TrajectoryState, release_tools
+from rl360.agents.tools.base import Tool, ToolReply, TrajectoryState, prepare_tools, release_tools
 from rl360.agents.tools.images import IMAGE_PAD, qwen_vl_placeholder
 from rl360.config import AgentConfig, RolloutConfig
 from rl360.core.prompt import ImagePrompt, Prompt, prompt_ids, prompt_images
@@ -161,6 +162,7 @@ async def run_agent(generate_turn: GenerateTurn, prompt: Prompt, tokenizer: Any,
     the module docstring. `tool_kwargs`: each tool's `create_kwargs` for this trajectory, by tool name."""
     state = TrajectoryState(images=list(prompt_images(prompt) or ()), seed=seed, kwargs=dict(tool_kwargs or {}))
     try:
+        prepare_tools(tools, state)
         return await _trajectory(generate_turn, prompt, tokenizer, tools, parser, settings, params, seed, state)
     finally:  # however it ends (an exception, a cancel too): the tools free what they hold for it
         release_tools(tools, state)

@@ -18,8 +18,9 @@ response, `rl360 reward check`), the response text is the one turn and a `<tool_
   answer holding `<interpreter>`, `<answer>` or `\\boxed`, or one of 1000 characters or more (as PyVision),
   scores 0 without asking the judge.
 
-Routes: the data_source names of DeepEyes' data (`vstar`, `chart`, `thinklite_eureka`, `vl_agent`) score with
-DeepEyes' reward; PyVision's own (`deepeyes`, `zebra_cot`, `vigorl`, `minio3`, ...) with PyVision's; a row with
+Routes: the data_source names of DeepEyes' data (`vstar`, `chart`, `thinklite_eureka`, `vl_agent`, and
+`hiyouga/DeepEyes-Datasets-47k`, which verl's DeepEyes recipe writes on every row) score with DeepEyes' reward;
+PyVision's own (`deepeyes`, `zebra_cot`, `vigorl`, `minio3`, ...) with PyVision's; a row with
 `extra_info.reward_metric = "pyvision"` (PyVision's preprocessing writes it) or `"deepeyes"` on DeepEyes' names
 picks either. Both return the extras `acc` (what DAPO's dynamic sampling reads) and `answer`.
 """
@@ -125,7 +126,8 @@ def _question(extra_info: dict | None, source: str) -> str:
     return str(question)
 
 
-@register_reward("vstar", "chart", "thinklite_eureka", "vl_agent", exact=True, needs_judge=True,
+@register_reward("vstar", "chart", "thinklite_eureka", "vl_agent", "hiyouga/DeepEyes-Datasets-47k", exact=True,
+                 needs_judge=True,
                  truth="the reference answer text; extra_info.question holds the question",
                  answer="DeepEyes: 0.8 judge accuracy (CORRECT/INCORRECT) on the last turn's <answer> + 0.2 format "
                         "(-1 on a tag error) + 1.2 when a tool was called and the answer is right (reward.deepeyes.*)")

@@ -5,9 +5,9 @@ parameters; the chat template shows it to the model) and `async call(arguments, 
 built once per run from `ToolSettings` and shared by every trajectory, so whatever belongs to one trajectory
 lives in the `TrajectoryState` it is handed. A tool that holds something per trajectory (the python tool's
 interpreter) also has `release(state)`, which the agent loop calls once the trajectory ends, however it ends
-(`release_tools`). A tool reports failure in its reply (`error`, `timed_out`),
-which the loop shows to the model and counts; an exception escaping `call` is caught by the loop and treated
-the same way.
+(`release_tools`), and may have `prepare(state)`, called when the trajectory begins (`prepare_tools`). A tool
+reports failure in its reply (`error`, `timed_out`), which the loop shows to the model and counts; an exception
+escaping `call` is caught by the loop and treated the same way.
 
 Built-ins are registered by name (`register_tool`); a user tool is named "package.module:Class" and built as
 `Class(settings)`.
@@ -38,6 +38,10 @@ class ToolSettings:
     python: str = _AGENT.python  # interpreter of the python tool ("": the sandbox's own)
     # processes starting the python tool's interpreters (0: the CPU count; more when one is full)
     workers: int = _AGENT.tool_workers
+    # fresh python interpreters kept started ahead of trajectories' first calls (0: none; a run takes
+    # agent.tool_pool)
+    pool: int = 0
+    replay: bool = _AGENT.python_replay  # each python call in a new interpreter re-running the earlier cells
 
 
 @dataclass
@@ -104,6 +108,15 @@ def build_tools(names: list[str] | tuple[str, ...], settings: ToolSettings | Non
         for alias in getattr(tool, "aliases", ()):
             tools.setdefault(alias, tool)
     return tools
+
+
+def prepare_tools(tools: dict[str, Tool], state: TrajectoryState) -> None:
+    """The trajectory of `state` begins: call `prepare(state)` of each tool that has one (once per tool), e.g. the
+    python tool fills its warm pool of interpreters while the engines decode."""
+    for tool in {id(tool): tool for tool in tools.values()}.values():
+        prepare = getattr(tool, "prepare", None)
+        if callable(prepare):
+            prepare(state)
 
 
 def release_tools(tools: dict[str, Tool], state: TrajectoryState) -> None:

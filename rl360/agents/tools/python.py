@@ -10,6 +10,22 @@ interpreter is released (killed with every process of its uid, its directory del
 or is aborted: the agent loop calls `release(state)` in a `finally`; a trajectory state dropped without one
 releases it when garbage-collected, and `close()` releases all.
 
+**The warm pool.** With `pool` > 0 (`agent.tool_pool`) the tool keeps that many fresh interpreters started
+ahead of trajectories' first calls: a trajectory's first call takes one (it is taken out of the pool for good:
+an interpreter serves one trajectory only, and is released with it), or starts its own when the pool is empty.
+One background thread refills the pool, one start at a time, through a worker process of its own (so a pooled
+start never holds up a call's); it begins when the first trajectory begins
+(`prepare(state)`, called by the agent loop before the first turn, so the pool fills while the engines decode)
+or at `warm()`. A waiting interpreter is nothing but the driver, started and idle, with the same sandbox and
+limits as any other; where niceness can be lowered again (root), it is started (fork, sandbox set-up, Python's
+start-up) at a niceness 10 above this process's, and set back to this process's when a trajectory takes it, so
+refilling yields to the calls running meanwhile.
+
+**Replay mode** (`replay`, `agent.python_replay`): every call starts a new interpreter that first re-runs the
+trajectory's earlier cells silently, and stops it after the call (no pool): the same replies at a cost that
+grows with the trajectory, kept as the reference the persistent interpreter is measured against
+(`benchmarks/tools_step_time.py`).
+
 **Failures.** A call's wall clock is capped at `timeout_s`, and while it runs the resident memory of its
 sandbox's processes (those of its uid) is summed every 50 ms by one watch thread for all running calls, capped
 at `memory_mb` (each process also has that address-space limit, so a large allocation raises MemoryError in
@@ -47,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import io
 import json
 import multiprocessing
@@ -58,7 +75,6 @@ import select
 import selectors
 import signal
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -172,6 +188,8 @@ def serve(request):
     del shown[:]
     return result
 
+replies.write((MARK + '"ready"' + "\n").encode())
+replies.flush()
 for line in requests:
     reply = serve(json.loads(line))
     replies.write((MARK + json.dumps(reply) + "\n").encode())
@@ -249,11 +267,14 @@ class _Session:
                     buffer += chunk
                     if len(buffer) > max_bytes:
                         return bytes(buffer[:max_bytes]), None, "output"
-                    found = buffer.find(self.mark, searched)
-                    if found >= 0:
+                    while (found := buffer.find(self.mark, searched)) >= 0:
                         end = buffer.find(b"\n", found + len(self.mark))
-                        if end >= 0:
+                        if end < 0:
+                            break
+                        if buffer[found + len(self.mark):end] != _READY:
                             return bytes(buffer[:found]), bytes(buffer[found + len(self.mark):end]), None
+                        del buffer[found:end + 1]  # the start-up line of an interpreter started for this call
+                        searched = found
         finally:
             watch.remove(self)
 
@@ -265,6 +286,7 @@ class _Session:
                 pass
 
 
+_READY = b'"ready"'  # what an interpreter writes after its marker once it has started, before any request
 _WAKE_S = 0.05  # how often a waiting call looks at the memory watch's verdict
 
 
@@ -276,6 +298,54 @@ def _drain(fd: int) -> None:
                 return
         except (BlockingIOError, OSError):
             return
+
+
+_POOL_NICE = 10  # added to the niceness of a warm interpreter (from its fork) until a trajectory takes it
+
+
+def _renice(session: _Session, niceness: int) -> None:
+    """Set the niceness of every process of the interpreter's uid (root only: elsewhere a pooled interpreter is
+    started without a niceness of its own)."""
+    if session.uid is None or os.geteuid() != 0:
+        return
+    try:
+        os.setpriority(os.PRIO_USER, session.uid, niceness)
+    except OSError:
+        pass
+
+
+def _await_ready(session: _Session, timeout_s: float) -> bool:
+    """Wait until the new interpreter `session` has started (its start-up line read); whether it did."""
+    deadline, buffer = time.monotonic() + timeout_s, bytearray()
+    while (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select([session.read_fd], [], [], left)
+        if not readable:
+            continue
+        try:
+            chunk = os.read(session.read_fd, 1 << 16)
+        except BlockingIOError:
+            continue
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        buffer += chunk
+        if session.mark + _READY + b"\n" in buffer:
+            return True
+    return False
+
+
+def _idle_alive(fd: int) -> bool:
+    """Whether the idle interpreter whose stdout is `fd` still runs (its pipe is not at end of file)."""
+    readable, _, _ = select.select([fd], [], [], 0)
+    if not readable:
+        return True
+    try:
+        return bool(os.read(fd, 1 << 16))
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
 
 
 def _write_all(fd: int, data: bytes, deadline: float) -> None:
@@ -376,14 +446,15 @@ class _Worker:
         self.sessions = 0
         self.alive = True
 
-    def start(self, python: str, script: str, limits: Any) -> tuple[int, int, int | None, int, int] | str:
+    def start(self, python: str, script: str, limits: Any,
+              niceness: int = 0) -> tuple[int, int, int | None, int, int] | str:
         """A new interpreter: (slot, pid, uid, our write end of its stdin, our read end of its stdout), or why
-        it could not start."""
+        it could not start; `niceness` added to its processes' (from its fork on) where it can be taken back."""
         from multiprocessing.reduction import recv_handle
 
         with self.lock:
             try:
-                self.conn.send(("start", python, script, limits, _sandbox_environ()))
+                self.conn.send(("start", python, script, limits, _sandbox_environ(), niceness))
                 reply = self.conn.recv()
                 if reply[0] != "ok":
                     return reply[1]
@@ -424,9 +495,21 @@ def _worker_main(conn: Any) -> None:
 
     from rl360.rewards.sandbox import SESSION_SLOTS, IsolationError, sandbox_python, start_session
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     children: dict[int, Any] = {}
+
+    def terminate(*_: Any) -> None:
+        """SIGTERM (multiprocessing ends its daemon children so at exit): stop the interpreters and exit here and
+        now; an exception raised instead could land where Python ignores it (a fork's handlers) and leave this
+        worker waiting on its connection while the parent waits for it."""
+        for child in list(children.values()):
+            try:
+                child.stop()
+            except Exception:
+                pass
+        os._exit(0)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, terminate)
     try:
         while True:
             try:
@@ -439,7 +522,7 @@ def _worker_main(conn: Any) -> None:
                     child.stop()
                 conn.send(("ok", None if child is None else child.process.returncode))
                 continue
-            _, python, script, limits, environ = message
+            _, python, script, limits, environ, niceness = message
             for name, value in environ.items():
                 if value is None:
                     os.environ.pop(name, None)
@@ -452,7 +535,14 @@ def _worker_main(conn: Any) -> None:
                 python = python or sandbox_python()
                 if python is None:
                     raise ValueError("no Python interpreter runs inside the sandbox here")
-                child = start_session([python, "-I", "-B", "driver.py"], {"driver.py": script}, limits, slot)
+                base = os.getpriority(os.PRIO_PROCESS, 0)
+                if niceness and os.geteuid() == 0:  # the child inherits it from its fork; this worker takes it back
+                    os.setpriority(os.PRIO_PROCESS, 0, min(base + niceness, 19))
+                try:
+                    child = start_session([python, "-I", "-B", "driver.py"], {"driver.py": script}, limits, slot)
+                finally:
+                    if niceness and os.geteuid() == 0:
+                        os.setpriority(os.PRIO_PROCESS, 0, base)
             except (IsolationError, OSError, ValueError, subprocess.SubprocessError) as error:
                 conn.send(("error", str(error)))
                 continue
@@ -494,6 +584,12 @@ class PythonTool:
         self._watch = _MemoryWatch()
         self._dropped: queue.SimpleQueue = queue.SimpleQueue()  # interpreters of collected states, to stop
         self._reaper: threading.Thread | None = None
+        self._pool: collections.deque[_Session] = collections.deque()  # warm interpreters, no trajectory's yet
+        self._pool_cond = threading.Condition()
+        self._filler: threading.Thread | None = None
+        # the filler's own worker process: a niced start there never holds up a call's start in another worker
+        self._pool_worker: _Worker | None = None
+        self._generation = 0  # close() ends the filler of the generation before
 
     async def call(self, arguments: dict[str, Any], state: TrajectoryState) -> ToolReply:
         code = arguments.get("code")
@@ -561,6 +657,8 @@ class PythonTool:
                 memory["cells"].append(code)
                 memory["seconds"].append(report["seconds"])
             session.cells = len(memory["cells"])
+        if self.settings.replay and not session.released:  # the reference mode: no interpreter outlives its call
+            self._end(state, session)
         if stray.strip():  # what bypassed sys.stdout (os.write, subprocesses)
             text = (text + stray)[: self.settings.max_output_chars]
         if report["dropped"]:
@@ -595,6 +693,15 @@ class PythonTool:
             reaper, self._reaper = self._reaper, None
         if reaper is not None:
             self._dropped.put(None)
+        with self._pool_cond:
+            self._generation += 1
+            self._filler = None
+            if self._pool_worker is not None:
+                workers.append(self._pool_worker)
+                self._pool_worker = None
+            sessions += list(self._pool)
+            self._pool.clear()
+            self._pool_cond.notify_all()
         for session in sessions:
             self._discard(session, wait=True)
         for worker in workers:
@@ -603,9 +710,8 @@ class PythonTool:
             threads.shutdown(wait=False)
 
     def _session(self, state: TrajectoryState) -> _Session | str:
-        """The trajectory's interpreter, started if it has none; or why none could be started."""
-        from rl360.rewards.sandbox import SandboxLimits
-
+        """The trajectory's interpreter: its own, else a fresh one from the warm pool, else one started now; or
+        why none could be started."""
         key = id(state)
         with self._lock:
             session = self._sessions.get(key)
@@ -614,17 +720,12 @@ class PythonTool:
             if session is not None:  # its worker died, and the interpreter with it
                 del self._sessions[key]
                 session.close_pipes()
-        worker = self._worker()
-        mark = "\n@@rl360-python-" + secrets.token_hex(16) + "@@"
-        limits = SandboxLimits(timeout_s=self.settings.timeout_s, memory_bytes=self.settings.memory_mb << 20,
-                               cpu_s=int(self.settings.timeout_s * _SESSION_CPU_CALLS) + 1)
-        started = worker.start(self.settings.python, driver(mark), limits)
-        if isinstance(started, str):
-            with self._lock:
-                worker.sessions -= 1
-            return started
-        slot, pid, uid, write_fd, read_fd = started
-        session = _Session(worker, slot, pid, uid, write_fd, read_fd, mark.encode(), limits.memory_bytes)
+        session = None if self.settings.replay else self._pooled()
+        if session is None:
+            started = self._start()
+            if isinstance(started, str):
+                return started
+            session = started
         with self._lock:
             self._sessions[key] = session
             if self._reaper is None:
@@ -632,6 +733,106 @@ class PythonTool:
                 self._reaper.start()
         weakref.finalize(state, self._forget, key, session)
         return session
+
+    def _start(self, niceness: int = 0, worker: _Worker | None = None) -> _Session | str:
+        """A new interpreter, belonging to no trajectory yet (started at `niceness` by `worker`, for the pool; by
+        default in the least busy worker); or why it could not start."""
+        from rl360.rewards.sandbox import SandboxLimits
+
+        if worker is None:
+            worker = self._worker()
+        else:
+            with self._lock:
+                worker.sessions += 1
+        mark = "\n@@rl360-python-" + secrets.token_hex(16) + "@@"
+        limits = SandboxLimits(timeout_s=self.settings.timeout_s, memory_bytes=self.settings.memory_mb << 20,
+                               cpu_s=int(self.settings.timeout_s * _SESSION_CPU_CALLS) + 1)
+        started = worker.start(self.settings.python, driver(mark), limits, niceness)
+        if isinstance(started, str):
+            with self._lock:
+                worker.sessions -= 1
+            return started
+        slot, pid, uid, write_fd, read_fd = started
+        return _Session(worker, slot, pid, uid, write_fd, read_fd, mark.encode(), limits.memory_bytes)
+
+    def prepare(self, state: TrajectoryState | None = None) -> None:
+        """A trajectory begins (the agent loop calls this before its first turn): the warm pool starts filling,
+        if it is not full, while the engines decode."""
+        if self.settings.pool <= 0 or self.settings.replay:
+            return
+        with self._pool_cond:
+            if self._filler is None:
+                self._filler = threading.Thread(target=self._fill, args=(self._generation,),
+                                                name="rl360-python-pool", daemon=True)
+                self._filler.start()
+            self._pool_cond.notify_all()
+
+    def warm(self, timeout_s: float = 60.0) -> int:
+        """Start filling the warm pool and wait (at most `timeout_s`) until it holds `pool` interpreters; how many
+        it holds."""
+        self.prepare()
+        deadline = time.monotonic() + timeout_s
+        with self._pool_cond:
+            while len(self._pool) < self.settings.pool and time.monotonic() < deadline:
+                self._pool_cond.wait(max(min(deadline - time.monotonic(), 0.5), 0))
+            return len(self._pool)
+
+    def pooled_pids(self) -> list[int]:
+        """The pids of the warm pool's interpreters (started, belonging to no trajectory)."""
+        with self._pool_cond:
+            return [session.pid for session in self._pool]
+
+    def _pooled(self) -> _Session | None:
+        """A fresh interpreter from the warm pool (taken out of it for good; the pool refills in the background),
+        or None when it has none alive."""
+        if self.settings.pool <= 0:
+            return None
+        while True:
+            with self._pool_cond:
+                session = self._pool.popleft() if self._pool else None
+                self._pool_cond.notify_all()
+            if session is None:
+                self.prepare()
+                return None
+            if session.worker.alive and _idle_alive(session.read_fd):
+                _renice(session, os.getpriority(os.PRIO_PROCESS, 0))  # this process's own
+                return session
+            self._discard(session, wait=False)  # it died while waiting: never handed out
+
+    def _fill(self, generation: int) -> None:
+        """The warm pool's thread: keep `pool` fresh interpreters started, one start at a time, until `close()`."""
+        failures = 0
+        while True:
+            with self._pool_cond:
+                while self._generation == generation and len(self._pool) >= self.settings.pool:
+                    self._pool_cond.wait()
+                if self._generation != generation:
+                    return
+            try:
+                with self._pool_cond:
+                    if self._pool_worker is None or not self._pool_worker.alive:
+                        self._pool_worker = _Worker()
+                    worker = self._pool_worker
+                started = self._start(_POOL_NICE, worker)
+            except Exception as error:  # e.g. a worker process that cannot start: calls report it themselves
+                started = str(error)
+            if isinstance(started, str):  # the sandbox refused: calls report why; retry later
+                failures += 1
+                time.sleep(min(0.1 * 2 ** failures, 10.0))
+                continue
+            if not _await_ready(started, max(self.settings.timeout_s, 60.0)):
+                self._discard(started, wait=True)
+                failures += 1
+                time.sleep(min(0.1 * 2 ** failures, 10.0))
+                continue
+            failures = 0
+            with self._pool_cond:
+                if self._generation == generation:
+                    self._pool.append(started)
+                    self._pool_cond.notify_all()
+                    continue
+            self._discard(started, wait=True)
+            return
 
     def _worker(self) -> _Worker:
         """The worker to start an interpreter in (its count taken): the least busy one with room, a new one
