@@ -195,7 +195,7 @@ def test_plan_answers_on_every_shipped_config(config, tmp_path, monkeypatch, cap
         assert "RL360_DATA_DIR" in line, line
     elif config.startswith("configs/eval/"):  # an `rl360 eval` config: says so
         assert "is an `rl360 eval` config" in line and "rl360 plan plans training runs" in line, line
-    elif "quickstart" in config:  # its model is built by `rl360 quickstart`
+    elif "outputs/quickstart_assets/" in (REPO / config).read_text():  # its model is built by `rl360 quickstart`
         assert "no such directory to plan from (rl360 quickstart builds it)" in line, line
     else:  # a preset: says so
         assert "model.path is empty" in line and "preset, to follow a base config" in line, line
