@@ -30,7 +30,7 @@ from rl360.checkpointing import latest_checkpoint
 from rl360.config import load_config
 from rl360.rollout.ahead import restore_ahead
 from rl360.tracking.console import dependency_note
-from tests.killing import PHASES, Kill, TrainingProcess
+from tests.killing import Kill, TrainingProcess
 from tests.resume_runs import (
     ALGORITHMS,
     ASYNC,
@@ -53,7 +53,8 @@ from tests.resume_runs import (
 # the phases each run is killed in (an engine process's generate shows in no Ray title: the async run is killed in
 # an update after a checkpoint, when the step after it is drawn from older weights than the checkpoint's; its
 # checkpoint writes are those of the others)
-KILL_PHASES = {"grpo": tuple(PHASES), "ppo": tuple(PHASES), ASYNC: ("update",)}
+RL_PHASES = ("rollout", "update", "checkpoint")  # of PHASES: those of `rl360 train`
+KILL_PHASES = {"grpo": RL_PHASES, "ppo": RL_PHASES, ASYNC: ("update",)}
 KILL_SEED = 13
 MAX_DELAY_S = {"rollout": 0.02, "update": 0.05, "checkpoint": 0.05}  # each lasts ~0.05-1 s here
 
