@@ -8,6 +8,40 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
+# Modules that must share one pytest-xdist worker (`pytest -n 2 --dist loadfile`, as the README runs the suite):
+# the unbroken runs of tests/resume_runs.py are session fixtures, made once per worker that uses them; test_slurm's
+# job and test_multihost's nodes `ray start` a head, which writes /tmp/ray/ray_current_cluster, what
+# `cluster.ray_address=auto` reads. Every other module is a unit of its own (its module fixtures made once).
+SHARED_WORKER = {"test_resume.py": "resume_runs", "test_stopping.py": "resume_runs", "test_slurm.py": "resume_runs",
+                 "test_multihost.py": "resume_runs"}
+
+
+def _unit(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return SHARED_WORKER.get(module.rsplit("/", 1)[-1], module)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with the SHARED_WORKER modules one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return ByModule(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """In a pytest-xdist worker, the units holding whole training runs (`slow`) first, so that the scheduler, which
+    hands units out in this order, does not start the longest last."""
+    if hasattr(config, "workerinput"):
+        slow = {_unit(item.nodeid) for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: _unit(item.nodeid) not in slow)
+
+
 def pytest_configure(config):
     """The suite runs on the CPU wherever it runs (gloo ranks and the CPU's kernels, the numbers CI checks; on a
     one-GPU machine the parallel layouts run too): CUDA is hidden before anything touches it, unless the mark
@@ -24,3 +58,4 @@ def megatron_single_rank():
 
     init_parallel(1, 1, seed=0)
     yield
+

@@ -3,7 +3,9 @@
 state, so nothing of the machine's own configuration is read or changed. One node, named after the host, with the
 machine's CPUs and memory, in a partition `debug`; jobs run as the user who runs the tests (root: Slurm's daemons
 need it). Completed jobs stay visible to `scontrol show job` for an hour (no accounting database: `sacct` needs
-slurmdbd).
+slurmdbd). slurmd, and so every job, runs in a PID namespace of its own (`unshare --pid --mount-proc`): a job's
+`ray stop --force` (the templates' bring-up and teardown, as on a cluster's exclusive node) then sees and stops
+the job's own Ray processes only, not those of other tests running beside it.
 
     with SlurmCluster(tmp_path) as slurm:
         env = slurm.env()                       # SLURM_CONF for sbatch, squeue, scontrol, scancel
@@ -20,6 +22,8 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 from tests.up_down import UpDown
 
@@ -56,6 +60,7 @@ class SlurmCluster(UpDown):
         self.conf = root / "slurm.conf"
         self.munge_socket = root / "munge.socket"
         self._started: list[tuple[str, Path]] = []  # (daemon, pid file)
+        self._slurmd: subprocess.Popen | None = None  # `unshare ... slurmd -D`: the node's PID namespace
 
     def env(self, **extra: str) -> dict[str, str]:
         path = os.environ.get("PATH", "")
@@ -72,8 +77,18 @@ class SlurmCluster(UpDown):
                      f"--seed-file={root / 'munged.seed'}")
         self.conf.write_text(self._config())
         self._daemon("slurmctld", root / "slurmctld.pid", "-i")
-        self._daemon("slurmd", root / "slurmd.pid", "-N", self.node)
+        self._slurmd_in_own_pid_namespace()
         self.wait_for_node_idle()
+
+    def _slurmd_in_own_pid_namespace(self) -> None:
+        """slurmd in the foreground as the first process of a new PID namespace (with its own /proc); when slurmd
+        ends, every process left in the namespace is killed, and when `unshare` is killed, slurmd gets SIGTERM."""
+        binary = shutil.which("slurmd", path=self.env()["PATH"])
+        with open(self.root / "slurmd.out", "w") as out:
+            self._slurmd = subprocess.Popen(
+                ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM", binary, "-D", "-N", self.node],
+                env=self.env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
 
     def _config(self) -> str:
         root = self.root
@@ -144,6 +159,7 @@ class SlurmCluster(UpDown):
         """Cancel what is still queued, then stop the daemons (slurmd, slurmctld, munged) and wait for them."""
         if any(name == "slurmctld" for name, _ in self._started):
             self.run("scancel", "--full", "--user", "root", check=False)
+        self._stop_slurmd()
         for _, pid_file in reversed(self._started):
             try:
                 pid = int(pid_file.read_text().split()[0])
@@ -157,3 +173,17 @@ class SlurmCluster(UpDown):
             while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
                 time.sleep(0.2)
         self._started = []
+
+    def _stop_slurmd(self) -> None:
+        """SIGTERM to slurmd itself (`unshare` ignores it while it waits), then wait for it and its namespace."""
+        if self._slurmd is None:
+            return
+        if self._slurmd.poll() is None:
+            for child in psutil.Process(self._slurmd.pid).children():
+                child.terminate()
+            try:
+                self._slurmd.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._slurmd.kill()  # slurmd gets SIGTERM again (--kill-child), the namespace's rest SIGKILL with it
+                self._slurmd.wait(timeout=30)
+        self._slurmd = None

@@ -225,7 +225,7 @@ def test_a_dead_rank_is_named_with_its_node(tmp_path):
     """Without namespaces: a rank whose process dies fails the group's next call with its rank and node."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         group = WorkerGroup(_Echo, 2, name="echoes", distributed=True)
         assert group.call("master") == [(ray.util.get_node_ip_address(), group.call("master")[0][1])] * 2
