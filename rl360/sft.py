@@ -26,19 +26,17 @@ from rl360.checkpointing import (
     save_checkpoint,
     set_previous_run_aside,
 )
-from rl360.cluster import WorkerGroup, start_ray, stop_ray
+from rl360.cluster import WorkerGroup, start_ray, stopped_by_signals
 from rl360.config import ConfigError, RunConfig, to_dict
 from rl360.data.conversations import ConversationTokens, SftKeys, Tokenized
 from rl360.data.stream import PromptStream, RowFormat
-from rl360.errors import RunStopped
 from rl360.model_dir import check_model_dir
 from rl360.run_checks import check_output_paths
 from rl360.run_config import check_resume, save_run_config
-from rl360.stopping import StopSignals, kill_descendants
+from rl360.stopping import StopSignals
 from rl360.tracking.console import LOG_FILE, RunLog
 from rl360.tracking.tracker import Tracker
 
-STOP_GRACE_S = 10  # a run stopped by a signal: how long the processes it started have after SIGTERM, before SIGKILL
 TOKENS = "_tokens"  # the key under which a streamed row carries its `Tokenized` conversation
 
 
@@ -104,8 +102,7 @@ def sft(cfg: RunConfig, latest_checked: bool = False) -> Path:
     """Run `cfg.trainer.total_steps` SFT steps; returns the output directory. `latest_checked`: the caller already
     ran `check_sft(cfg)`."""
     started = time.monotonic()
-    stop = StopSignals(Path(cfg.output_dir) / "checkpoints")
-    try:
+    with stopped_by_signals(Path(cfg.output_dir) / "checkpoints") as stop:
         if not latest_checked:
             check_sft(cfg)
         out = Path(cfg.output_dir)
@@ -117,12 +114,6 @@ def sft(cfg: RunConfig, latest_checked: bool = False) -> Path:
             for line in notes:
                 print(line, flush=True)
             return _run(cfg, out, stop, started)
-    except RunStopped:
-        stop_ray()
-        kill_descendants(grace_s=STOP_GRACE_S)
-        raise
-    finally:
-        stop.uninstall()
 
 
 def _run(cfg: RunConfig, out: Path, stop: StopSignals, started: float) -> Path:

@@ -28,7 +28,7 @@ from rl360.checkpointing import (
     save_checkpoint,
     set_previous_run_aside,
 )
-from rl360.cluster import WorkerGroup, start_ray, stop_ray
+from rl360.cluster import WorkerGroup, start_ray, stopped_by_signals
 from rl360.cluster.placement import Placement, make_placement
 from rl360.config import ConfigError, RunConfig, to_dict
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream
@@ -40,28 +40,18 @@ from rl360.rollout.ahead import keep_ahead, restore_ahead
 from rl360.rollout.sampler import RolloutSampler, StepRollouts
 from rl360.run_checks import CheckedRun, check_run
 from rl360.run_config import save_run_config
-from rl360.stopping import StopSignals, kill_descendants
+from rl360.stopping import StopSignals
 from rl360.tracking.console import LOG_FILE, RunLog, dependency_note, plain_when_piped, quiet_known_warnings
 from rl360.tracking.rollout_dump import due, dump_rollouts
 from rl360.tracking.tracker import Tracker
-
-STOP_GRACE_S = 10  # a run stopped by a signal: how long the processes it started have after SIGTERM, before SIGKILL
 
 
 def train(cfg: RunConfig, checked: CheckedRun | None = None) -> Path:
     """Run `cfg.trainer.total_steps` RL steps; returns the output directory. `checked`: `check_run(cfg)` when the
     caller already ran it (the CLI does, before importing this module)."""
     started = time.monotonic()
-    # SIGINT, SIGTERM, SIGUSR1: stop at the next safe point with a checkpoint (rl360/stopping.py)
-    stop = StopSignals(Path(cfg.output_dir) / "checkpoints")
-    try:
+    with stopped_by_signals(Path(cfg.output_dir) / "checkpoints") as stop:
         return _train(cfg, checked, stop, started)
-    except RunStopped:  # nothing the run started outlives the command (Ray's workers end after its processes)
-        stop_ray()
-        kill_descendants(grace_s=STOP_GRACE_S)
-        raise
-    finally:
-        stop.uninstall()
 
 
 def _train(cfg: RunConfig, checked: CheckedRun | None, stop: StopSignals, started: float) -> Path:

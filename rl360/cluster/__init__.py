@@ -3,7 +3,7 @@
 `WorkerGroup` and `start_ray` are imported on first use, so `rl360.cluster.launch` works without Ray.
 """
 
-__all__ = ["WorkerGroup", "start_ray", "stop_ray"]
+__all__ = ["WorkerGroup", "start_ray", "stop_ray", "stopped_by_signals"]
 
 
 def __getattr__(name: str):

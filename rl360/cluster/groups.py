@@ -6,6 +6,9 @@ The controller calls the group and takes results from the ranks that own them; N
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -13,7 +16,11 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rl360.cluster.placement import PlacementError
+from rl360.errors import RunStopped
 from rl360.network import free_port
+from rl360.stopping import StopSignals, kill_descendants
+
+STOP_GRACE_S = 10  # a run stopped by a signal: how long the processes it started have after SIGTERM, before SIGKILL
 
 
 def start_ray(address: str = "", num_cpus: int = 0, num_gpus: int = -1) -> int:
@@ -35,6 +42,22 @@ def stop_ray() -> None:
     """Disconnect from Ray; a local cluster that `start_ray` started stops with its processes."""
     if ray.is_initialized():
         ray.shutdown()
+
+
+@contextmanager
+def stopped_by_signals(checkpoints: Path) -> Iterator[StopSignals]:
+    """SIGINT, SIGTERM and SIGUSR1 stop the run inside at its next safe point (rl360/stopping.py); when it ends so
+    (RunStopped), nothing it started outlives the command: Ray is stopped and every process left of this one gets
+    SIGTERM, then SIGKILL after STOP_GRACE_S."""
+    stop = StopSignals(checkpoints)
+    try:
+        yield stop
+    except RunStopped:
+        stop_ray()
+        kill_descendants(grace_s=STOP_GRACE_S)
+        raise
+    finally:
+        stop.uninstall()
 
 
 def reserve(bundles: list[dict[str, float]], name: str, timeout_s: float) -> PlacementGroup:
