@@ -1,4 +1,5 @@
 import os
+from collections import Counter
 
 import pytest
 
@@ -9,11 +10,9 @@ os.environ.setdefault("WANDB_MODE", "offline")
 
 
 # Modules that must share one pytest-xdist worker (`pytest -n 2 --dist loadfile`, as the README runs the suite):
-# the unbroken runs of tests/resume_runs.py are session fixtures, made once per worker that uses them; test_slurm's
-# job and test_multihost's nodes `ray start` a head, which writes /tmp/ray/ray_current_cluster, what
-# `cluster.ray_address=auto` reads. Every other module is a unit of its own (its module fixtures made once).
-SHARED_WORKER = {"test_resume.py": "resume_runs", "test_stopping.py": "resume_runs", "test_slurm.py": "resume_runs",
-                 "test_multihost.py": "resume_runs"}
+# the unbroken runs of tests/resume_runs.py are session fixtures, made once per worker that uses them. Every other
+# module is a unit of its own (its module fixtures made once).
+SHARED_WORKER = {"test_resume.py": "resume_runs", "test_stopping.py": "resume_runs", "test_slurm.py": "resume_runs"}
 
 
 def _unit(nodeid: str) -> str:
@@ -22,7 +21,8 @@ def _unit(nodeid: str) -> str:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile`, with the SHARED_WORKER modules one unit."""
+    """`--dist loadfile`, with the SHARED_WORKER modules one unit, handed out in the order the workers collected
+    them (pytest_collection_modifyitems), not by their number of tests."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -31,15 +31,16 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return _unit(nodeid)
 
+    config.option.loadscopereorder = False
     return ByModule(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    """In a pytest-xdist worker, the units holding whole training runs (`slow`) first, so that the scheduler, which
-    hands units out in this order, does not start the longest last."""
+    """In a pytest-xdist worker: the units with the most whole training runs (`slow` tests) first, so that the
+    longest do not start last; the rest in their order."""
     if hasattr(config, "workerinput"):
-        slow = {_unit(item.nodeid) for item in items if item.get_closest_marker("slow")}
-        items.sort(key=lambda item: _unit(item.nodeid) not in slow)
+        slow = Counter(_unit(item.nodeid) for item in items if item.get_closest_marker("slow"))
+        items.sort(key=lambda item: -slow[_unit(item.nodeid)])
 
 
 def pytest_configure(config):

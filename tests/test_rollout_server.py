@@ -236,7 +236,7 @@ def test_sglangs_whole_request_is_accepted_and_ignored_fields_change_nothing(ser
 
 def test_stream_sends_each_step_then_the_whole_reply_then_done(served):
     url, _ = served
-    body = {"input_ids": [4, 5, 6], "sampling_params": {"max_new_tokens": 5, "temperature": 0.9, "sampling_seed": 2},
+    body = {"input_ids": [4, 5, 6], "sampling_params": {"max_new_tokens": 24, "temperature": 0.9, "sampling_seed": 2},
             "return_logprob": True}
     whole = httpx.post(f"{url}/generate", json=body, headers=AUTH, timeout=60).json()
     with httpx.stream("POST", f"{url}/generate", json={**body, "stream": True}, headers=AUTH, timeout=60) as reply:
@@ -245,7 +245,9 @@ def test_stream_sends_each_step_then_the_whole_reply_then_done(served):
     assert events[-1] == "[DONE]"
     chunks = [json.loads(event) for event in events[:-1]]
     lengths = [len(chunk["output_ids"]) for chunk in chunks]
-    assert lengths == sorted(lengths) and len(chunks) >= 2  # grows step by step
+    # grows step by step (steps decoded while the event loop was busy arrive together: on a loaded machine, fewer
+    # chunks than tokens)
+    assert lengths == sorted(lengths) and len(chunks) >= 2
     assert all(chunk["meta_info"]["finish_reason"] is None for chunk in chunks[:-1])
     assert chunks[-1]["output_ids"] == whole["output_ids"]
     assert chunks[-1]["meta_info"]["finish_reason"] == whole["meta_info"]["finish_reason"]
