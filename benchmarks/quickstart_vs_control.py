@@ -9,7 +9,7 @@ what the image or the tool gives.
 
 - `vision`: a tiny random Qwen2.5-VL names the colour filling most of an image; the control's images are plain
   grey squares (chance 0.25).
-- `zoom`: the colour of a mark only `image_zoom_in`'s crop shows; the control has no tool (chance 0.25).
+- `zoom`: the colour of a mark only `image_zoom_in_tool`'s crop shows; the control has no tool (chance 0.25).
 - `tools`: `a*b%7` of two 6-digit numbers, which the python tool computes; the control has no tool (chance 1/6).
 
 Further `key=value` arguments are config overrides for both runs. `--steps` defaults to the task's config.

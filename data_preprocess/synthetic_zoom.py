@@ -6,9 +6,11 @@ Each row holds one grey PNG of SIDE x SIDE pixels with a mark in its top-left MA
 complement. The prompt asks for the mark's colour as a number in \\boxed{}. A Qwen-VL model whose processor
 bounds images to a smaller area (the quickstart model's: 112 x 112 pixels) sees the image halved, and halving
 averages each pair of checkerboard pixels to the background's grey: the whole image is the same grey for every
-answer. The `image_zoom_in` tool's crop of `BBOX` comes back at full resolution, checkerboard and colour intact.
+answer. The `image_zoom_in_tool` crop of `BBOX` comes back at full resolution, checkerboard and colour intact.
 So the answer is guessable at chance (1 in 4) without the tool and legible with it. The ground truth is checked
-by the `math` reward (math-verify on the last \\boxed{}).
+by the `math` reward (math-verify on the last \\boxed{}). Rows are laid out as DeepEyes' (verl's DeepEyes recipe)
+are: `extra_info.need_tools_kwargs` and `extra_info.tools_kwargs.image_zoom_in_tool.create_kwargs.image`, the
+row's image as a data URI.
 
     python -m data_preprocess.synthetic_zoom --out data/zoom
 """
@@ -16,6 +18,7 @@ by the `math` reward (math-verify on the last \\boxed{}).
 from __future__ import annotations
 
 import argparse
+import base64
 import io
 import json
 import random
@@ -31,9 +34,9 @@ BBOX = [0, 0, MARK, MARK]
 GREY = (128, 128, 128)
 QUESTION = ("<image>What colour is the mark in the top left corner? Answer with its number in \\boxed{}: "
             "1 red, 2 green, 3 blue, 4 yellow.")
-# the whole `image_zoom_in` call on the mark's box, as Qwen's Hermes format writes it (one token of the quickstart
-# tokenizer), and the tool's reply text to it
-CALL = "<tool_call>" + json.dumps({"name": "image_zoom_in", "arguments": {"bbox_2d": BBOX}}) + "</tool_call>"
+# the whole `image_zoom_in_tool` call (DeepEyes' and verl's name) on the mark's box, as Qwen's Hermes format writes
+# it (one token of the quickstart tokenizer), and the tool's reply text to it
+CALL = "<tool_call>" + json.dumps({"name": "image_zoom_in_tool", "arguments": {"bbox_2d": BBOX}}) + "</tool_call>"
 REPLY = f"Zoomed in on the image to the region {BBOX}."  # the tool's reply, as DeepEyes words it
 # the quickstart model's probability of writing CALL first in its reply, set when it is built (an instruct model's
 # habit of calling its tools: it tells nothing about the answer)
@@ -60,6 +63,7 @@ def make_rows(count: int, split: str, seed: int) -> list[dict]:
     answers = [1 + index % len(COLOURS) for index in range(count)]
     rng.shuffle(answers)
     images = {answer: draw_image(answer) for answer in COLOURS}
+    uris = {answer: "data:image/png;base64," + base64.b64encode(data).decode() for answer, data in images.items()}
     return [
         {
             "data_source": DATA_SOURCE,
@@ -67,7 +71,8 @@ def make_rows(count: int, split: str, seed: int) -> list[dict]:
             "images": [{"bytes": images[answer], "path": None}],
             "ability": "vision",
             "reward_model": {"style": "rule", "ground_truth": str(answer)},
-            "extra_info": {"split": split, "index": index, "colour": COLOURS[answer][0]},
+            "extra_info": {"split": split, "index": index, "colour": COLOURS[answer][0], "need_tools_kwargs": True,
+                           "tools_kwargs": {"image_zoom_in_tool": {"create_kwargs": {"image": uris[answer]}}}},
         }
         for index, answer in enumerate(answers)
     ]

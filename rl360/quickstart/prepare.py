@@ -4,7 +4,7 @@ Tasks: `arithmetic` (a tiny Qwen2 learns single-digit addition), `vision` (a tin
 fills most of an image), `vision-control` (the same with every image a plain grey square: nothing to learn),
 `tools` (a tiny Qwen2 learns to call the python tool for `a*b%7` of 6-digit numbers and copy its answer),
 `tools-control` (the same task with the agent loop off: only guessing), `zoom` (a tiny Qwen2.5-VL reads a mark
-legible only in the `image_zoom_in` tool's crop) and `zoom-control` (the same without the tool). The `lewis` task's
+legible only in the `image_zoom_in_tool` crop) and `zoom-control` (the same without the tool). The `lewis` task's
 two agents and games: `prepare_lewis_quickstart`."""
 
 from __future__ import annotations

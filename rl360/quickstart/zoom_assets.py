@@ -1,7 +1,7 @@
 """The zoom quickstart's tiny Qwen2.5-VL (nothing is downloaded): random weights with two habits an instruct
 vision-language model brings, neither of which tells an answer from the prompt's image alone.
 
-- It calls `image_zoom_in` on the mark first in about `CALL_PRIOR` of its replies (`prime_first_token`), the
+- It calls `image_zoom_in_tool` on the mark first in about `CALL_PRIOR` of its replies (`prime_first_token`), the
   same for every colour: the prompt's image is one grey for all of them.
 - After the crop comes back, it names the crop's colour right with probability about `READ_PRIOR`
   (`prime_answers` over the contexts the real agent loop and zoom tool produce after a call), as a model that
