@@ -59,4 +59,3 @@ def megatron_single_rank():
 
     init_parallel(1, 1, seed=0)
     yield
-
