@@ -176,6 +176,10 @@ class ActorConfig:
     # mixture-of-experts models: weight of megatron's router load-balancing loss (0: off; config.json's
     # router_aux_loss_coef is not used: RL fine-tunes an already balanced router)
     moe_aux_loss_coef: float = 0.0
+    # mixture-of-experts models: the engines return the experts each token was routed to and the trainer's routers
+    # replay them in the log-prob and update passes (docs/moe-routing-replay.md; SGLang needs
+    # --enable-return-routed-experts, which rl360 adds to the engines it starts)
+    moe_routing_replay: bool = False
     # ZeRO-1 (megatron's distributed optimizer): the fp32 main weights and Adam moments are split over the
     # data-parallel ranks; gradients are reduce-scattered and each rank's updated slice all-gathered after a step
     distributed_optimizer: bool = False
@@ -389,6 +393,29 @@ class SftConfig:
 
 
 @dataclass
+class DistillConfig:
+    """On-policy distillation (docs/distillation.md): a teacher engine scores every token the student sampled, and
+    token t's advantage becomes reward_weight * A_t + coef * (log p_teacher(y_t) - log p_student(y_t)). On when a
+    teacher is given; teacher and student must share a tokenizer."""
+
+    teacher_url: str = ""  # an engine serving the teacher on SGLang's API (SGLang, `rl360 serve rollout`, a router)
+    teacher_model: str = ""  # or a checkpoint directory: rl360 serves it with its HF engine on this machine's CPU
+    api_key_env: str = "RL360_TEACHER_API_KEY"  # the environment variable holding teacher_url's key (unset: none)
+    # the teacher's tokenizer, to check that it is the student's ("": teacher_model, else the tokenizer_path that
+    # teacher_url's /model_info names)
+    teacher_tokenizer: str = ""
+    coef: float = 1.0  # weight of the per-token reverse-KL term in the advantage
+    reward_weight: float = 1.0  # weight of the advantage estimator's (task reward) advantage; 0: distillation alone
+    sequences_per_request: int = 32  # samples scored in one /generate request
+    max_concurrency: int = 8  # teacher requests in flight at most
+    timeout_s: float = 600.0  # limit on one teacher request
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.teacher_url or self.teacher_model)
+
+
+@dataclass
 class RunConfig:
     output_dir: str = "outputs/run"  # metrics.jsonl, checkpoints and the final HF model go here
     seed: int = 0  # seeds data order, sampling and initialisation
@@ -405,6 +432,7 @@ class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     sft: SftConfig = field(default_factory=SftConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 # Keys whose values come from a closed set: key -> allowed values.
@@ -444,6 +472,7 @@ POSITIVE = (
     "reward.judge.timeout_s", "reward.judge.deadline_s", "cluster.placement_timeout_s",
     "agent.max_turns", "agent.tool_timeout_s", "agent.tool_memory_mb", "agent.max_tool_output_chars",
     "agent.min_pixels", "agent.max_pixels", "eval.n", "eval.top_p", "sft.max_length",
+    "distill.sequences_per_request", "distill.max_concurrency", "distill.timeout_s",
 )
 NON_NEGATIVE = (
     "actor.lr", "actor.weight_decay", "actor.grad_clip", "actor.clip_ratio_low", "actor.clip_ratio_high",
@@ -454,7 +483,7 @@ NON_NEGATIVE = (
     "algorithm.max_num_gen_batches", "reward.overlong_buffer_len", "reward.overlong_penalty_factor",
     "algorithm.kl_in_reward_coef", "algorithm.kl_in_reward_target", "critic.lr", "critic.weight_decay",
     "critic.grad_clip", "critic.cliprange_value", "critic.warmup_steps", "critic.micro_batch_size",
-    "algorithm.gamma", "algorithm.lam",
+    "algorithm.gamma", "algorithm.lam", "distill.coef", "distill.reward_weight",
     "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every", "rollout.max_engine_restarts",
     "actor.max_tokens_per_micro_batch", "actor.moe_aux_loss_coef", "cluster.gpu_memory_gb",
     "agent.max_image_tokens", "agent.tool_workers", "agent.tool_pool", "trainer.eval_every", "eval.temperature",
@@ -795,7 +824,8 @@ def context_length(cfg: RunConfig) -> int:
 def validate(cfg: RunConfig, command: str = "train") -> None:
     """Check value ranges and closed choices, and the relations between keys, section by section (those of
     `command`: train, or sft, to which the RL mini-batch keys do not apply)."""
-    for check in (_check_values, _check_inputs, _check_algorithm, _check_rollout, _check_agent, _check_lora):
+    for check in (_check_values, _check_inputs, _check_algorithm, _check_rollout, _check_agent, _check_lora,
+                  _check_distill):
         check(cfg)
     _check_actor(cfg, command)
 
@@ -861,8 +891,9 @@ def _check_algorithm(cfg: RunConfig) -> None:
     for key in ("algorithm.gamma", "algorithm.lam"):
         if _get(cfg, key) > 1.0:
             raise ConfigError(f"{key}={_get(cfg, key)!r} must be in [0, 1]")
+    distilling_alone = cfg.distill.enabled and cfg.distill.reward_weight == 0
     if cfg.algorithm.adv_estimator not in ("reinforce_plus_plus", "remax") and not algo.uses_critic and \
-            cfg.rollout.n < 2:
+            cfg.rollout.n < 2 and not distilling_alone:
         raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs rollout.n >= 2")
 
 
@@ -900,6 +931,23 @@ def _check_actor(cfg: RunConfig, command: str = "train") -> None:
     if cfg.actor.pack_sequences and cfg.model.attention == "local":
         raise ConfigError("actor.pack_sequences=true needs model.attention=auto, te or torch (megatron's local "
                           "attention refuses packed sequences)")
+    _check_routing_replay(cfg)
+
+
+def _check_routing_replay(cfg: RunConfig) -> None:
+    """What routing replay does not cover yet: each refused in one line."""
+    if not cfg.actor.moe_routing_replay:
+        return
+    parallel = cfg.actor.parallel
+    unsupported = {"actor.parallel.sequence=true": parallel.sequence,
+                   f"actor.parallel.context={parallel.context}": parallel.context > 1,
+                   "actor.recompute=full": cfg.actor.recompute == "full",
+                   f"agent.loop={cfg.agent.loop!r}": bool(cfg.agent.loop),
+                   "rollout.partial=true": cfg.rollout.partial}
+    for setting, present in unsupported.items():
+        if present:
+            raise ConfigError(f"actor.moe_routing_replay=true does not work with {setting} yet (see "
+                              "docs/moe-routing-replay.md)")
 
 
 def _check_rollout(cfg: RunConfig) -> None:
@@ -950,6 +998,16 @@ def _check_agent(cfg: RunConfig) -> None:
         raise ConfigError("agent.parser is empty: hermes, pyvision or 'module:function'")
     if cfg.agent.min_pixels > cfg.agent.max_pixels:
         raise ConfigError(f"agent.min_pixels={cfg.agent.min_pixels} must be <= agent.max_pixels={cfg.agent.max_pixels}")
+
+
+def _check_distill(cfg: RunConfig) -> None:
+    """On-policy distillation's teacher."""
+    distill = cfg.distill
+    if distill.teacher_url and distill.teacher_model:
+        raise ConfigError(f"distill.teacher_url={distill.teacher_url!r} and distill.teacher_model="
+                          f"{distill.teacher_model!r}: give one teacher (a served one, or a checkpoint rl360 serves)")
+    if distill.enabled and distill.coef == 0 and distill.reward_weight == 0:
+        raise ConfigError("distill.coef=0 and distill.reward_weight=0 leave no advantage: set one > 0")
 
 
 def _check_lora(cfg: RunConfig) -> None:

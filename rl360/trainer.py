@@ -17,6 +17,7 @@ from rl360.actor.policy import PolicyWorker
 from rl360.actor.policy_group import PolicyGroup
 from rl360.agents.group import agent_group
 from rl360.algos.advantages import compute_advantages, get_advantage_estimator, token_rewards
+from rl360.algos.distillation import distill_advantages
 from rl360.algos.dynamic_sampling import trained_rows
 from rl360.algos.kl_control import KLController, kl_in_reward
 from rl360.algos.losses import kl_penalty
@@ -257,6 +258,11 @@ class _Steps:
         batch.advantages, batch.returns = compute_advantages(
             self.estimator, rewards, sampled.response_mask, self.cfg.rollout.n, algo, drawn.baselines, batch.values,
             keep=scored.train_mask)
+        if batch.teacher_logprobs is not None:  # on-policy distillation: the per-token reverse KL to the teacher
+            batch.advantages, distill_metrics = distill_advantages(
+                batch.advantages, batch.teacher_logprobs, batch.old_logprobs, batch.response_mask,
+                self.cfg.distill.coef, self.cfg.distill.reward_weight)
+            sampling_metrics.update(distill_metrics)
         # 5. critic and policy updates (shards again: they now carry log-probs, advantages, returns)
         update_metrics = self.update(step, batch, timing)
         # 6. weights into the engines, in HF names and bounded buckets (async: requests in flight end

@@ -77,6 +77,25 @@ def test_reply_shape_and_input_logprobs_follow_sglang(served):
                                atol=1e-5, rtol=0)
 
 
+def test_max_new_tokens_zero_scores_the_given_tokens_without_generating(served):
+    """A teacher's request (SGLang's form: prefill only): the log-probs of given tokens from each row's start."""
+    url, model_dir = served
+    rows, starts = [[4, 5, 6, 7, 8], [9, 10, 11]], [2, 1]
+    body = {"input_ids": rows, "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
+            "return_logprob": True, "logprob_start_len": starts}
+    replies = httpx.post(f"{url}/generate", json=body, headers=AUTH, timeout=60).json()
+    reference = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    for ids, start, reply in zip(rows, starts, replies):
+        meta = reply["meta_info"]
+        assert reply["output_ids"] == [] and meta["finish_reason"] == {"type": "length", "length": 0}
+        assert [entry[1] for entry in meta["input_token_logprobs"]] == ids[start:]
+        with torch.no_grad():
+            plain = torch.log_softmax(reference(torch.tensor([ids])).logits[0], -1)
+        expected = [float(plain[k - 1, ids[k]]) for k in range(start, len(ids))]
+        torch.testing.assert_close(torch.tensor([e[0] for e in meta["input_token_logprobs"]]),
+                                   torch.tensor(expected), atol=1e-5, rtol=0)
+
+
 def test_concurrent_requests_batch_and_match_one_at_a_time(served):
     url, _ = served
     prompts = [[3, 4, 5, 6, 7, 8], [9], [10, 11, 12]]

@@ -19,6 +19,7 @@ import os
 import zipfile
 
 import httpx
+import numpy as np
 import pytest
 import torch
 
@@ -509,9 +510,12 @@ def test_client_reads_sglangs_own_replies(sglang):
                      "weight_version": "default", "output_token_logprobs": [[-0.5, 7, "a"], [-1.5, 8, None],
                                                                             [-0.25, 2, "</s>"]],
                      "input_token_logprobs": [[None, 1, None], [-2.0, 5, None]], "output_top_logprobs": [],
-                     "cached_tokens_details": None, "dp_rank": 0})
+                     "cached_tokens_details": None, "dp_rank": 0,
+                     # prompt + output - 1 = 4 tokens x (2 layers x top-2), int32, as the detokenizer encodes them
+                     "routed_experts": base64.b64encode(np.arange(16, dtype=np.int32).tobytes()).decode()})
         sample = reply_sample([1, 5], {"text": "ab", "output_ids": [7, 8, 2], "meta_info": meta})
         assert sample.response_ids == [7, 8, 2] and sample.logprobs == [-0.5, -1.5, -0.25], name
+        assert sample.routed_experts.tolist() == np.arange(16).reshape(4, 4).tolist(), name
         assert sample.finish_reason == finish["type"] and sample.weight_version == 0, name
         assert sample.stop_matched == (finish.get("matched") if isinstance(finish.get("matched"), str) else None)
 

@@ -26,6 +26,10 @@ class RolloutBatch:
     ref_logprobs: torch.Tensor | None = None  # [B, R] reference-model log-probs
     values: torch.Tensor | None = None  # [B, R] critic values before the update (PPO)
     returns: torch.Tensor | None = None  # [B, R] value targets (PPO)
+    teacher_logprobs: torch.Tensor | None = None  # [B, R] a distillation teacher's log-probs of the sampled tokens
+    # [B, T, layers * top_k] int16: the engine's experts for each token, -1 where it ran none (MoE routing replay;
+    # rl360.actor.routing_replay)
+    routed_experts: torch.Tensor | None = None
     images: list[tuple[bytes, ...]] | None = None  # [B] each row's prompt images, compressed (() for none)
 
     def __len__(self) -> int:
@@ -127,11 +131,13 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
 
 def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],
                 pad_id: int = 0, images: list[tuple[bytes, ...] | None] | None = None,
-                loss_masks: list[list[int] | None] | None = None) -> RolloutBatch:
+                loss_masks: list[list[int] | None] | None = None,
+                routed_experts: list[torch.Tensor] | None = None) -> RolloutBatch:
     """Pack prompt/response token lists (one entry per sample) into a `RolloutBatch`; `images`: each sample's
     prompt images (None or () for a text prompt), kept only when some sample has images; `loss_masks`: each
     sample's per-response-token loss mask (`Sample.mask()`: 0 on tokens a tool inserted; None: all trained on),
-    which becomes its `response_mask` (the inserted tokens stay in `input_ids`, as context)."""
+    which becomes its `response_mask` (the inserted tokens stay in `input_ids`, as context); `routed_experts`:
+    each sample's engine routes (`Sample.routed_experts`), -1 at positions the engine did not run."""
     count = len(prompts)
     width = max(len(p) + len(r) for p, r in zip(prompts, responses))
     resp_width = max(max(len(r) for r in responses), 1)
@@ -152,7 +158,19 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: 
         rollout_logprobs[row, :len(response)] = torch.tensor(lps, dtype=torch.float32)
     response_start = torch.tensor([len(p) for p in prompts], dtype=torch.long)
     kept = [tuple(row or ()) for row in images] if images is not None and any(images) else None
-    return RolloutBatch(input_ids, response_start, response_ids, response_mask, rollout_logprobs, images=kept)
+    batch = RolloutBatch(input_ids, response_start, response_ids, response_mask, rollout_logprobs, images=kept)
+    if routed_experts:
+        batch.routed_experts = _routes_table(routed_experts, width)
+    return batch
+
+
+def _routes_table(routes: list[torch.Tensor], width: int) -> torch.Tensor:
+    """`[B, width, layers * top_k]` int16: each sample's routes from its first token, -1 where the engine ran none
+    (a response's last token, padding)."""
+    table = torch.full((len(routes), width, routes[0].shape[1]), -1, dtype=torch.int16)
+    for row, values in enumerate(routes):
+        table[row, :len(values)] = values
+    return table
 
 
 def micro_batch_rows(lengths: torch.Tensor, size: int, max_tokens: int = 0,

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from functools import partial
 
 import torch
+from transformers import AutoConfig
 
 from megatron_bridge import Bridge
 from megatron_bridge.attention import HostPackedSeqParams
@@ -38,9 +39,10 @@ from rl360.actor.batch import (
 from rl360.actor.multimodal import MultimodalInputs
 from rl360.actor.offload import StateOffload
 from rl360.actor.parallel import init_parallel
+from rl360.actor.routing_replay import RoutingReplay, megatron_order
 from rl360.actor.vocab_parallel import logprobs_and_entropy, without_padding
 from rl360.algos.losses import agg_loss, agg_normalizer, get_policy_loss, kl_penalty, rollout_correction
-from rl360.config import RunConfig
+from rl360.config import ConfigError, RunConfig
 from rl360.data.images import VisionProcessor
 
 OPTIMIZER_KIND_FILE = "rl360_optimizer.json"
@@ -84,6 +86,7 @@ class PolicyWorker:
         self.dp_group = parallel_state.get_data_parallel_group()
         self.last_stage = parallel_state.is_pipeline_last_stage()
         self.bridge = Bridge.from_hf_pretrained(cfg.model.path)
+        self.replay = routing_replay(cfg)  # actor.moe_routing_replay: the engine's experts replayed (None: off)
         self.attention = resolve_attention(cfg.model.attention)  # the layer spec that runs here (auto decided)
         self.multimodal = self._multimodal_inputs(parallel_state.is_pipeline_first_stage())
         dtype = DTYPES[cfg.model.dtype]
@@ -149,7 +152,9 @@ class PolicyWorker:
                                                training={**RECOMPUTE[self.cfg.actor.recompute],
                                                          "sequence_parallel": self.cfg.actor.parallel.sequence,
                                                          "cp_comm_type": self.cfg.actor.parallel.cp_comm_type,
-                                                         "moe_aux_loss_coeff": self.cfg.actor.moe_aux_loss_coef},
+                                                         "moe_aux_loss_coeff": self.cfg.actor.moe_aux_loss_coef,
+                                                         **({"moe_enable_routing_replay": True} if self.replay
+                                                            else {})},
                                                attention=self.attention)
         if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
             for chunk in chunks:                   # each activation's shape before the activation
@@ -357,8 +362,13 @@ class PolicyWorker:
         """Run megatron's forward-backward schedule; `on_logits(logits, mb)` is the loss (or collector)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        replaying = self.replay is not None and models is self.models and micro[0].routed_experts is not None
+
         def forward_step(data_iterator, model):
             mb, input_ids, positions, packing, lengths, vision_inputs = self._step_inputs(next(data_iterator))
+            if replaying:  # the engine's experts for these tokens, in the order this chunk's routers see them
+                self.replay.replay(model, megatron_order(mb, input_ids.shape[1], self.replay.num_layers,
+                                                         self.replay.top_k, lengths if packing is not None else None))
             if self.context > 1:  # this rank's 1/cp of every sequence, and the token each position predicts
                 labels = local_part(torch.roll(input_ids, -1, dims=1), 1, lengths, self.context_group)
                 input_ids, positions = (local_part(x, 1, lengths, self.context_group) for x in (input_ids, positions))
@@ -379,16 +389,20 @@ class PolicyWorker:
             data = [iter(micro) for _ in models]
             models[0].config.microbatch_group_size_per_vp_stage = interleaving_group(
                 len(micro), self.cfg.actor.parallel.pipeline)
-        return get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=data,
-            model=models,
-            num_microbatches=len(micro),
-            seq_length=width,
-            micro_batch_size=max(len(mb) for mb in micro),
-            forward_only=forward_only,
-            collect_non_loss_data=forward_only,
-        )
+        try:
+            return get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=data,
+                model=models,
+                num_microbatches=len(micro),
+                seq_length=width,
+                micro_batch_size=max(len(mb) for mb in micro),
+                forward_only=forward_only,
+                collect_non_loss_data=forward_only,
+            )
+        finally:
+            if replaying:
+                self.replay.clear(models)
 
     def _step_inputs(self, host: RolloutBatch):
         """One micro-batch's model inputs: its tensors on the device, token ids and positions (padded, or packed
@@ -597,6 +611,20 @@ class PolicyWorker:
         """State-dict key of each model chunk: "model", or "model0", "model1", ... with virtual pipeline stages
         (megatron's names; the tensors inside are keyed by global layer, so any layout loads them)."""
         return ["model"] if len(self.models) == 1 else [f"model{i}" for i in range(len(self.models))]
+
+
+def routing_replay(cfg: RunConfig) -> RoutingReplay | None:
+    """The routers' replay of the engine's experts when actor.moe_routing_replay is on (ConfigError for a model
+    without experts)."""
+    if not cfg.actor.moe_routing_replay:
+        return None
+    config = AutoConfig.from_pretrained(cfg.model.path)
+    config = getattr(config, "text_config", config)
+    top_k = int(getattr(config, "num_experts_per_tok", 0) or 0)
+    if not top_k:
+        raise ConfigError(f"actor.moe_routing_replay=true: {cfg.model.path} is not a mixture of experts "
+                          f"({config.model_type}, no num_experts_per_tok)")
+    return RoutingReplay(int(config.num_hidden_layers), top_k)
 
 
 def lora_spec(cfg: RunConfig) -> LoraSpec | None:

@@ -47,6 +47,7 @@ import httpx
 import torch
 
 from rl360.core.prompt import ImagePrompt, Prompt, prompt_ids
+from rl360.core.routes import decode_routes
 from rl360.core.sampling import SamplingParams
 from rl360.core.trajectory import Sample
 from rl360.core.wire import TENSOR_LOAD_FORMAT, encode_tensor_bucket
@@ -96,7 +97,7 @@ class EngineClient:
                        return_logprob: bool = True, logprob_start_len: int | None = None,
                        rid: str | list[str] | None = None, timeout_s: float | None = None,
                        image_data: list[list[str]] | list[str] | None = None,
-                       return_prompt_token_ids: bool = False) -> list[dict]:
+                       return_prompt_token_ids: bool = False, return_routed_experts: bool = False) -> list[dict]:
         """SGLang's `/generate` for a batch of prompts; its replies as a list (prompt-major when n > 1).
         `image_data`: one list of images (base64 strings or data URLs) per prompt."""
         body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params,
@@ -109,6 +110,8 @@ class EngineClient:
             body["image_data"] = image_data
         if return_prompt_token_ids:
             body["return_prompt_token_ids"] = True
+        if return_routed_experts:  # SGLang: the server started with --enable-return-routed-experts
+            body["return_routed_experts"] = True
         reply = await self._call("POST", "/generate", body, timeout_s)
         return reply if isinstance(reply, list) else [reply]
 
@@ -142,7 +145,8 @@ class EngineClient:
             input_ids, settings, rids = input_ids[0], settings[0], None if rid is None else rid
             image_data = None if image_data is None else image_data[0]
         replies = await self.generate(input_ids, settings, True, rid=rids, timeout_s=timeout_s, image_data=image_data,
-                                      return_prompt_token_ids=image_data is not None)
+                                      return_prompt_token_ids=image_data is not None,
+                                      return_routed_experts=params.routed_experts)
         if len(replies) != len(prompts) * params.n:
             raise EngineError("/generate", 200, f"{len(replies)} replies for {len(prompts)} prompts x n={params.n}",
                               url=self.url)
@@ -362,10 +366,17 @@ def reply_sample(prompt: Prompt, reply: dict) -> Sample:
     finish = meta.get("finish_reason") or {"type": "abort"}
     matched = finish.get("matched")  # a stop token's id, or the stop string that ended it
     version = str(meta.get("weight_version", ""))  # SGLang's is "default" until a trainer sets one
+    routes = meta.get("routed_experts")
+    if routes is not None:  # an image prompt's ran with its images expanded: its tokens are the expanded ones
+        ran = len(reply.get("prompt_token_ids") or prompt_ids(prompt)) + len(tokens) - 1
+        try:
+            routes = decode_routes(routes, ran)
+        except ValueError as err:
+            raise EngineError("/generate", 200, str(err)) from None
     return Sample(prompt_ids=list(prompt_ids(prompt)), response_ids=tokens, logprobs=logprobs,
                   finish_reason=finish["type"], weight_version=int(version) if version.isdigit() else 0,
                   images=prompt.images if isinstance(prompt, ImagePrompt) else None,
-                  stop_matched=matched if isinstance(matched, str) else None)
+                  stop_matched=matched if isinstance(matched, str) else None, routed_experts=routes)
 
 
 def _succeeded(url: str, route: str, reply: Any) -> str:

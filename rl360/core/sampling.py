@@ -22,3 +22,6 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # MoE routing replay: each sample carries the experts every token was routed to (`Sample.routed_experts`; on
+    # SGLang's API the request field `return_routed_experts`)
+    routed_experts: bool = False

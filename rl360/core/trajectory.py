@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl360.core.prompt import ImagePrompt, Prompt
+
+if TYPE_CHECKING:
+    import torch
 
 # How a trajectory ends (`Sample.ended_by`), the one list of them: a single response ends done (a stop token),
 # length (the token budget) or abort; an agent's trajectory (rl360.agents.loop) also max_turns, budget (the
@@ -79,6 +82,9 @@ class Sample:
     loss_mask: list[int] | None = None  # per response token: 1 generated (trained on), 0 inserted (None: all 1)
     turns: list[Turn] | None = None  # the response's turns in order (None: one generated turn)
     stop_matched: str | None = None  # the stop string (`SamplingParams.stop`) that ended it, None for any other end
+    # MoE routing replay: the engine's experts for each token it ran, [prompt + response - 1, layers * top_k] int16
+    # (layer-major; `SamplingParams.routed_experts`; None: not asked for, or a dense model)
+    routed_experts: torch.Tensor | None = None
 
     @property
     def status(self) -> str:

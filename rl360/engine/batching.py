@@ -19,6 +19,7 @@ from rl360.core import ImagePrompt
 from rl360.engine.generate_request import Row
 from rl360.engine.hf_engine import _filtered_probs, cached_forward, next_positions
 from rl360.engine.penalties import PenaltyState
+from rl360.engine.routes import sequence_routes
 from rl360.engine.stop_strings import StopMatcher
 from rl360.service.app import ServiceError
 from rl360.service.metrics import MetricsRegistry
@@ -37,6 +38,7 @@ class BatchDecoder:
                  version: Any, eos_ids: list[int], unready: Any = lambda: None, tokenizer: Any = None):
         self.engine, self.model_lock, self.resume, self.version = engine, model_lock, resume, version
         self.eos_ids, self.unready, self.tokenizer = eos_ids, unready, tokenizer
+        self._routes: tuple[list[torch.Tensor], dict[int, int]] | None = None  # the batch decoding now's MoE routes
 
     @torch.no_grad()
     def decode(self, rows: list[Row]) -> None:
@@ -46,13 +48,17 @@ class BatchDecoder:
             row.seed if row.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1) for row in rows]
         stops = [set(row.params.stop_token_ids) | (set() if row.ignore_eos else set(self.eos_ids)) for row in rows]
         matchers = [StopMatcher(self.tokenizer, row.params.stop) if row.params.stop else None for row in rows]
+        self._routes = ([], {id(row): i for i, row in enumerate(rows)}) if self.engine.routes.has_experts and any(
+            row.routed_experts for row in rows) else None  # MoE routes: each forward's, and each row's position
         running = [row.params.max_new_tokens > 0 for row in rows]
+        # max_new_tokens 0 with logprob_start_len >= 0: the prompt's log-probs only (a teacher scoring given tokens)
+        scoring = [not running[i] and row.logprob_start_len >= 0 for i, row in enumerate(rows)]
         for i, row in enumerate(rows):
-            if not running[i]:
+            if not running[i] and not scoring[i]:
                 self._finish(row, {"type": "length", "length": 0})
         cache, step = None, 0
         penalties: list[PenaltyState | None] = []  # per row, from the first step's logits (None: no penalty)
-        while any(running):
+        while any(running) or (step == 0 and any(scoring)):
             self.resume.wait()
             with self.model_lock:
                 problem = self.unready()
@@ -61,10 +67,12 @@ class BatchDecoder:
                 if step == 0:  # under the lock: the vision tower runs on the weights being served
                     batch = self.engine.prefill(prompts, [row.pixels for row in rows])
                     mask, positions, step_inputs = batch.mask, batch.positions, batch.first_inputs()
-                output, cache = cached_forward(self.engine.model, cache, attention_mask=mask, position_ids=positions,
-                                               **step_inputs)
+                output, cache = self._forward(cache, mask, positions, step_inputs)
             if step == 0:
                 self._input_logprobs(rows, output.logits, batch.ids.shape[1])
+                for i, row in enumerate(rows):
+                    if scoring[i]:
+                        self._finish(row, {"type": "length", "length": 0})
             logits = output.logits[:, -1, :].float()
             if step == 0:
                 penalties = [PenaltyState.start([row.prompt], row.params, logits.shape[-1], logits.device)
@@ -110,7 +118,21 @@ class BatchDecoder:
             mask = torch.cat([mask, alive[:, None]], dim=-1)
             positions = next_positions(positions)
 
+    def _forward(self, cache: Any, mask: torch.Tensor, positions: torch.Tensor, inputs: dict) -> tuple[Any, Any]:
+        """One forward step (its routes kept when a row asks for them)."""
+        if self._routes is None:
+            return cached_forward(self.engine.model, cache, attention_mask=mask, position_ids=positions, **inputs)
+        shape = next(iter(inputs.values())).shape
+        with self.engine.routes.forward(shape[0], shape[1]) as recorded:
+            result = cached_forward(self.engine.model, cache, attention_mask=mask, position_ids=positions, **inputs)
+        self._routes[0].extend(recorded)
+        return result
+
     def _finish(self, row: Row, reason: dict) -> None:
+        if row.routed_experts and self._routes is not None and self._routes[0]:
+            forwards, positions = self._routes
+            row.routes = sequence_routes(forwards[0], forwards[1:], positions[id(row)], len(row.prompt),
+                                         len(row.tokens))
         row.finish_reason = reason
         row.weight_version = self.version()
         if row.on_token is not None:

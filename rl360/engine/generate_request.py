@@ -21,10 +21,13 @@ import binascii
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl360.core import SamplingParams
 from rl360.service.app import ServiceError, json_object, number_field
+
+if TYPE_CHECKING:
+    import torch
 
 TOP_K_ALL = 1 << 30  # SGLang's "no top-k"
 MAX_N = 64
@@ -36,7 +39,7 @@ SGLANG_SCHEMA_VERSION = "0.5.17"  # the SGLang release whose request structs the
 # pinned release's own source: a field SGLang adds or drops fails it.
 SERVED_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len",
                            "top_logprobs_num", "return_text_in_logprobs", "rid", "stream", "image_data",
-                           "return_prompt_token_ids"})
+                           "return_prompt_token_ids", "return_routed_experts"})
 # meaningless for one HF engine (metrics, logging, tracing, routing hints, caching salts): any value is accepted
 IGNORED_FIELDS = frozenset({"log_metrics", "no_logs", "custom_labels", "external_trace_header", "received_time",
                             "routing_key", "conversation_id", "priority", "extra_key", "http_worker_ipc",
@@ -48,8 +51,8 @@ IGNORED_FIELDS = frozenset({"log_metrics", "no_logs", "custom_labels", "external
 # naming the field
 UNSERVED_FIELDS = frozenset({"session_id", "input_embeds", "video_data", "audio_data", "use_audio_in_video",
                              "token_ids_logprob", "return_sampling_mask", "return_flat_raw_top_logprobs",
-                             "return_flat_raw_top_logprobs_b64", "return_hidden_states", "return_routed_experts",
-                             "routed_experts_start_len", "return_indexer_topk", "session_params", "lora_path",
+                             "return_flat_raw_top_logprobs_b64", "return_hidden_states", "routed_experts_start_len",
+                             "return_indexer_topk", "session_params", "lora_path",
                              "lora_id", "custom_logit_processor", "positional_embed_overrides", "bootstrap_host",
                              "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
                              "background", "require_reasoning", "max_thinking_tokens", "return_bytes",
@@ -93,6 +96,8 @@ class Row:
     on_token: Callable[[Row], None] | None = None  # called on the engine thread after each token and at the finish
     no_stop_trim: bool = False  # the reply's text keeps the stop string that ended it (SGLang's `no_stop_trim`)
     return_logprob: bool = False  # the reply carries the sampled tokens' log-probs (and `top`'s alternatives)
+    routed_experts: bool = False  # the reply carries a mixture of experts' routes (SGLang's `return_routed_experts`)
+    routes: torch.Tensor | None = None  # once decoded: [prompt + tokens - 1, layers, top_k] (rl360.engine.routes)
 
 
 @dataclass
@@ -131,6 +136,7 @@ def parse_generate(body: bytes, tokenizer: Any = None, vision: bool = False) -> 
     return_logprob = per_prompt(data, "return_logprob", count, False, lambda v, where: _bool(v, where))
     starts = per_prompt(data, "logprob_start_len", count, -1,
                         lambda v, where: v if is_int(v) and v >= -1 else _bad(where, "an integer >= -1", v))
+    routed = per_prompt(data, "return_routed_experts", count, False, lambda v, where: _bool(v, where))
     tops = per_prompt(data, "top_logprobs_num", count, 0,
                       lambda v, where: v if is_int(v) and 0 <= v <= MAX_TOP_LOGPROBS
                       else _bad(where, f"an integer in [0, {MAX_TOP_LOGPROBS}]", v))
@@ -152,7 +158,7 @@ def parse_generate(body: bytes, tokenizer: Any = None, vision: bool = False) -> 
             rows.append(Row(prompt, one, None if seed is None else seed + j, rid,
                             starts[index] if logprobs else -1, ignore_eos, index, images[index],
                             no_stop_trim=no_stop_trim, top_logprobs=tops[index] if logprobs else 0,
-                            return_logprob=logprobs))
+                            return_logprob=logprobs, routed_experts=routed[index]))
     field_name = "text" if data.get("text") is not None else "input_ids"
     fields = [field_name if single else f"{field_name}[{i}]" for i in range(count)]
     single = single and len(rows) == 1

@@ -29,6 +29,7 @@ conversion mapping for the class, the one `from_pretrained` applies (before tran
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import re
@@ -41,6 +42,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from rl360.core import ImagePrompt, Prompt, Sample, SamplingParams, prompt_ids
 from rl360.core.wire import WeightBucket
 from rl360.engine.penalties import PenaltyState
+from rl360.engine.routes import RouteRecorder, sequence_routes
 from rl360.engine.stop_strings import StopMatcher
 
 VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")  # config model_type of the vision-language models served
@@ -97,6 +99,7 @@ class HFEngine:
         self._names: dict[str, str] = {}  # incoming weight name -> parameter, as resolved so far
         self._loaded: set[str] = set()
         self._pieces: dict[str, set[tuple[int, int]]] = {}  # fused experts: the (expert, first row) pieces loaded
+        self.routes = RouteRecorder(self.model)  # a mixture of experts' routes, recorded when a call asks
 
     # ---- sampling ----
     @torch.no_grad()
@@ -105,11 +108,14 @@ class HFEngine:
             raise ValueError(f"temperature={params.temperature} must be >= 0 (0: greedy decoding)")
         expanded = [p for p in prompts for _ in range(params.n)]
         generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        tokens, logprobs, finished, matched = self._decode(expanded, params, generator)
+        routes: list[torch.Tensor] | None = [] if params.routed_experts and self.routes.has_experts else None
+        tokens, logprobs, finished, matched = self._decode(expanded, params, generator, routes)
         samples = []
         for i, prompt in enumerate(expanded):
             length = int(finished[i]) if finished[i] > 0 else tokens.shape[1]
             samples.append(Sample(
+                routed_experts=None if routes is None else sequence_routes(routes[0], routes[1:], i, len(prompt),
+                                                                           length),
                 prompt_ids=list(prompt_ids(prompt)),
                 response_ids=tokens[i, :length].tolist(),
                 logprobs=logprobs[i, :length].tolist(),
@@ -120,7 +126,10 @@ class HFEngine:
             ))
         return [samples[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
-    def _decode(self, prompts: list[Prompt], params: SamplingParams, generator: torch.Generator):
+    def _decode(self, prompts: list[Prompt], params: SamplingParams, generator: torch.Generator,
+                routes: list[torch.Tensor] | None = None):
+        """`routes`: a list to which each forward's `[batch, width, layers, top_k]` routes are appended (None: no
+        recording)."""
         batch = self.prefill(prompts)
         mask, positions, step_inputs = batch.mask, batch.positions, batch.first_inputs()
         stop = torch.tensor(params.stop_token_ids or [-1], device=self.device)
@@ -132,8 +141,12 @@ class HFEngine:
         out_tokens, out_logprobs = [], []
         cache = penalties = None
         for step in range(params.max_new_tokens):
-            output, cache = cached_forward(self.model, cache, attention_mask=mask, position_ids=positions,
-                                           **step_inputs)
+            with self.routes.forward(len(prompts), mask.shape[1] if step == 0 else 1) if routes is not None \
+                    else contextlib.nullcontext() as recorded:
+                output, cache = cached_forward(self.model, cache, attention_mask=mask, position_ids=positions,
+                                               **step_inputs)
+            if routes is not None:
+                routes += recorded
             logits = output.logits[:, -1, :].float()
             if step == 0:  # frequency / presence / repetition penalties (None: all off)
                 penalties = PenaltyState.start([prompt_ids(p) for p in prompts], params, logits.shape[-1],

@@ -16,8 +16,9 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
   the draws are random), `frequency_penalty`, `presence_penalty` (in [-2, 2]) and `repetition_penalty` (in
   (0, 2]) as SGLang applies them (rl360/engine/penalties.py), plus SGLang's knobs at values that change nothing
   (`min_p: 0`, ...); `return_logprob`, `logprob_start_len` (>= 0 adds `input_token_logprobs` from that prompt position,
-  the first prompt token's log-prob being null as in SGLang), `return_text_in_logprobs`, `rid` (a string, or
-  one per prompt). One prompt with n = 1 is answered with one object, anything else with a list (prompt-major:
+  the first prompt token's log-prob being null as in SGLang; with `max_new_tokens: 0`, only those: a
+  distillation teacher scoring given tokens), `return_text_in_logprobs`, `rid` (a string, or one per prompt).
+  One prompt with n = 1 is answered with one object, anything else with a list (prompt-major:
   prompt i's sample j is entry i*n + j). Each object: `text`, `output_ids`, `meta_info` with `id`,
   `finish_reason` (`{"type": "stop", "matched": token}` for a stop token, `{"type": "stop", "matched": string}`
   for a stop string, `{"type": "length", "length": n}` or
@@ -37,7 +38,10 @@ Routes (shapes from SGLang 0.5.17's `srt/entrypoints/http_server.py` and `srt/ma
   `image_data[i][j]`), with ONE image token per image in the prompt's ids (the chat template's collapsed
   `<|vision_start|><|image_pad|><|vision_end|>`), expanded here to the image's tokens by the checkpoint's
   processor (`--min-pixels` / `--max-pixels` bound an image's resized area); `return_prompt_token_ids: true` adds
-  `prompt_token_ids`, the prompt with its images expanded, to each reply (SGLang's field). The exact shapes:
+  `prompt_token_ids`, the prompt with its images expanded, to each reply (SGLang's field).
+  `return_routed_experts: true` (one value or one per prompt; a mixture-of-experts checkpoint, else 400) adds
+  SGLang's `meta_info.routed_experts`: the base64 of the int32 array `[prompt + output - 1, layers, top_k]` of the
+  experts each token that ran was routed to (`rl360.engine.routes`). The exact shapes:
   `rl360.engine.generate_request`.
 - `GET /health` (no key), `GET /health_generate` (no key; a one-token generation through the batcher),
   `GET /model_info` and `/server_info` (and their `/get_*` forms; SGLang's fields that routers and trainers
@@ -118,6 +122,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 import rl360
 from rl360.core import SamplingParams
+from rl360.core.routes import encode_routes
 from rl360.engine.batching import BatchDecoder, Batcher
 from rl360.engine.generate_request import (
     SGLANG_SCHEMA_VERSION,
@@ -256,6 +261,9 @@ class RolloutService:
         if vision is not None:  # images decoded off the event loop; each image token expanded to its image's
             await asyncio.to_thread(expand_images, call, self.engine.pixel_inputs, self.engine.image_token_id,
                                     vision.merge_size)
+        if any(row.routed_experts for row in call.rows) and not self.engine.routes.has_experts:
+            raise ServiceError(400, f"'return_routed_experts': {self.model_path} is not a mixture of experts",
+                               "return_routed_experts")
         problem = self._unready()
         if problem is not None:
             raise ServiceError(503, problem)
@@ -328,6 +336,8 @@ class RolloutService:
                 texts = self._token_texts(prompt, call.text_in_logprobs)
                 meta["input_token_logprobs"] = [[lp, tok, text] for lp, tok, text in
                                                 zip(row.input_logprobs, prompt, texts)]
+        if row.routed_experts and row.routes is not None:  # SGLang's: [prompt + tokens - 1, layers, top_k] int32
+            meta["routed_experts"] = encode_routes(row.routes)
         text = self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer is not None else ""
         matched = None if partial else row.finish_reason.get("matched")
         if isinstance(matched, str) and not row.no_stop_trim and matched in text:  # SGLang trims the stop string

@@ -11,8 +11,8 @@ on them first and draws the steps after them as the unbroken run does, from the 
     pending, data, note = restore_ahead(checkpoint, cfg, state["data"])   # when resuming from it
 
 The kept steps are used only while the settings that shape rollouts (`SHAPING`: seed, model, data, rollout,
-reward, agent and algorithm) are those they were drawn under; a resumed run that changes one draws them again,
-from the stream position before them, and says so.
+reward, agent, algorithm and distill) are those they were drawn under; a resumed run that changes one draws them
+again, from the stream position before them, and says so.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from rl360.rollout.sampler import RolloutSampler, StepRollouts
 from rl360.run_config import resume_changes
 
 FILE = "rollouts_ahead.pt"
-SHAPING = ("seed", "model", "data", "rollout", "reward", "agent", "algorithm")  # config sections rollouts depend on
+# the config sections rollouts depend on
+SHAPING = ("seed", "model", "data", "rollout", "reward", "agent", "algorithm", "distill")
 
 
 def keep_ahead(pending: dict[int, concurrent.futures.Future], sampler: RolloutSampler, step: int,

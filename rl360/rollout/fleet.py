@@ -56,9 +56,12 @@ from rl360.rollout.router import SGLangRouter
 
 class EngineFleet:
     def __init__(self, rollout: Any, model: Any, placement: Placement, policy: Any, log_dir: Path,
-                 num_threads: int = 0, placement_timeout_s: float = 600.0, engines: list[Engine] | None = None):
-        """`engines`: ones built elsewhere (any `Engine`), started by `start` instead of those `rollout` names."""
+                 num_threads: int = 0, placement_timeout_s: float = 600.0, engines: list[Engine] | None = None,
+                 routed_experts: bool = False):
+        """`engines`: ones built elsewhere (any `Engine`), started by `start` instead of those `rollout` names.
+        `routed_experts`: SGLang engines are started able to return a mixture of experts' routes."""
         self.rollout, self.model, self.placement, self.policy = rollout, model, placement, policy
+        self.routed_experts = routed_experts
         self.log_dir = Path(log_dir)
         self.num_threads, self.placement_timeout_s = num_threads, placement_timeout_s
         self.api_key = new_api_key()
@@ -112,10 +115,11 @@ class EngineFleet:
         pixel_args = [f"--{flag}={value}" for flag, value in (("min-pixels", model.min_pixels),
                                                              ("max-pixels", model.max_pixels)) if value]
         threads = {"OMP_NUM_THREADS": str(per_engine)} if self.num_threads else {}
+        routes_args = ["--enable-return-routed-experts"] if self.routed_experts and kind == "sglang" else []
         return [
             ProcessEngine(i, engine_command(kind, model.path, model.dtype,
                                             rollout.engine_tensor_parallel, rollout.mem_fraction,
-                                            [*pixel_args, *rollout.engine_args]),
+                                            [*pixel_args, *routes_args, *rollout.engine_args]),
                           self.log_dir, self.api_key, rollout.startup_timeout_s, rollout.request_timeout_s,
                           env={**threads, **self._local_gpus(i)}, kind=kind, hosts=rollout.engine_hosts,
                           num_gpus=rollout.engine_tensor_parallel if use_gpu else 0)

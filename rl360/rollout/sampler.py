@@ -45,6 +45,7 @@ from rl360.config import ConfigError
 from rl360.core import Prompt, Sample, SamplingParams, TrajectorySummary
 from rl360.rewards import RewardItem, RewardPool, RewardResult
 from rl360.rollout.fleet import EngineFleet
+from rl360.rollout.teacher import Teacher
 
 CLOSE_TIMEOUT_S = 30  # how long `close` waits for the steps still generating to end once cancelled
 # a prompt batch's samples: (fleet, prompts, params, seed, the step's metrics, the prompts' rows) -> params.n
@@ -72,6 +73,8 @@ class Scored:
     # [num samples] bool, partial dynamic filtering: the trajectories trained on (None: all). The others stay for
     # their groups' advantages and are dropped from the batch after them.
     train_mask: torch.Tensor | None = None
+    # per sample, a distillation teacher's log-prob of each response token (None: no teacher)
+    teacher_logprobs: list[list[float]] | None = None
 
     @property
     def num_groups(self) -> int:
@@ -80,7 +83,8 @@ class Scored:
     def select_groups(self, keep: torch.Tensor) -> Scored:
         rows = [i for g in keep.nonzero().flatten().tolist() for i in range(g * self.n, (g + 1) * self.n)]
         return Scored([self.rows[i] for i in rows], [self.samples[i] for i in rows], self.scores[rows],
-                      self.accuracy[rows], self.n, None if self.train_mask is None else self.train_mask[rows])
+                      self.accuracy[rows], self.n, None if self.train_mask is None else self.train_mask[rows],
+                      None if self.teacher_logprobs is None else [self.teacher_logprobs[i] for i in rows])
 
     def first_groups(self, count: int) -> Scored:
         return self.select_groups(torch.arange(self.num_groups) < count)
@@ -89,13 +93,22 @@ class Scored:
     def concat(parts: list[Scored]) -> Scored:
         masks = None if all(p.train_mask is None for p in parts) else torch.cat(
             [p.train_mask if p.train_mask is not None else torch.ones(len(p.samples), dtype=torch.bool) for p in parts])
+        teacher = None if parts[0].teacher_logprobs is None else [lp for p in parts for lp in p.teacher_logprobs]
         return Scored([r for p in parts for r in p.rows], [s for p in parts for s in p.samples],
-                      torch.cat([p.scores for p in parts]), torch.cat([p.accuracy for p in parts]), parts[0].n, masks)
+                      torch.cat([p.scores for p in parts]), torch.cat([p.accuracy for p in parts]), parts[0].n, masks,
+                      teacher)
 
     def batch(self, pad_id: int) -> RolloutBatch:
-        return build_batch([s.prompt_ids for s in self.samples], [s.response_ids for s in self.samples],
-                           [s.logprobs for s in self.samples], pad_id=pad_id, images=[s.images for s in self.samples],
-                           loss_masks=[s.loss_mask for s in self.samples])
+        routes = [s.routed_experts for s in self.samples]  # MoE routing replay: every sample's, or none
+        batch = build_batch([s.prompt_ids for s in self.samples], [s.response_ids for s in self.samples],
+                            [s.logprobs for s in self.samples], pad_id=pad_id, images=[s.images for s in self.samples],
+                            loss_masks=[s.loss_mask for s in self.samples],
+                            routed_experts=routes if all(r is not None for r in routes) else None)
+        if self.teacher_logprobs is not None:
+            batch.teacher_logprobs = torch.zeros_like(batch.rollout_logprobs)
+            for row, values in enumerate(self.teacher_logprobs):
+                batch.teacher_logprobs[row, :len(values)] = torch.tensor(values, dtype=torch.float32)
+        return batch
 
 
 @dataclass
@@ -141,7 +154,9 @@ class RolloutSampler:
                                                 gpus=0)
         # policy: the PolicyGroup, whose export ranks send the weights
         self.fleet = EngineFleet(cfg.rollout, cfg.model, placement, policy, Path(cfg.output_dir) / "rollout",
-                                 cfg.trainer.num_threads, cfg.cluster.placement_timeout_s)
+                                 cfg.trainer.num_threads, cfg.cluster.placement_timeout_s,
+                                 routed_experts=cfg.actor.moe_routing_replay)
+        self.teacher: Teacher | None = None  # on-policy distillation's (distill.*), opened with the engines
         self._batches = iter(stream)
         self._turns: dict[int, _Turn] = {}
         self._last_turn_done = concurrent.futures.Future()
@@ -152,6 +167,8 @@ class RolloutSampler:
         self._thread.start()
         try:
             self._call(self.fleet.start())
+            if cfg.distill.enabled:
+                self.teacher = self._call(Teacher.open(cfg.distill, cfg.model, Path(cfg.output_dir) / "rollout"))
         except BaseException:
             self.close()
             raise
@@ -202,6 +219,8 @@ class RolloutSampler:
         if self._thread.is_alive():  # a step still generating (a run stopped mid-rollout) ends first
             asyncio.run_coroutine_threadsafe(_cancel_others(), self._loop).result(timeout=2 * CLOSE_TIMEOUT_S)
         self.fleet.close()
+        if self.teacher is not None:
+            asyncio.run_coroutine_threadsafe(self.teacher.close(), self._loop).result(timeout=CLOSE_TIMEOUT_S)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
@@ -338,9 +357,9 @@ class RolloutSampler:
         turn.done.set_result(None)
 
     async def _rollout_and_score(self, rows: list[dict], rollout: Any, seed: int, timing: dict[str, float],
-                                 metrics: dict[str, float]) -> Scored:
-        """`rollout.n` responses for each prompt row, scored by its data_source's reward under a timeout;
-        reward counts are added to `metrics`."""
+                                 metrics: dict[str, float], with_teacher: bool = True) -> Scored:
+        """`rollout.n` responses for each prompt row, scored by its data_source's reward under a timeout (and by
+        the distillation teacher, when there is one and `with_teacher`); reward counts are added to `metrics`."""
         sampled = await self._sample_and_score(rows, rollout, seed, timing, metrics)
         samples, results, counts = sampled.samples, sampled.results, sampled.counts
         scores = torch.tensor([r.score for r in results], dtype=torch.float32)
@@ -353,7 +372,12 @@ class RolloutSampler:
             counts["reward/overlong_penalized"] = int((penalty < 0).sum())
         for key, value in counts.items():
             metrics[key] = metrics.get(key, 0) + value
-        return Scored(sampled.rows, samples, scores, accuracy, rollout.n)
+        teacher = None
+        if self.teacher is not None and with_teacher:  # distillation: the teacher's log-probs of every sampled token
+            started = time.perf_counter()
+            teacher = await self.teacher.logprobs(samples)
+            _add(timing, "teacher", time.perf_counter() - started)
+        return Scored(sampled.rows, samples, scores, accuracy, rollout.n, teacher_logprobs=teacher)
 
     async def _sample_and_score(self, rows: list[dict], rollout: Any, seed: int, timing: dict[str, float],
                                 metrics: dict[str, float]) -> SampledScores:
@@ -362,7 +386,8 @@ class RolloutSampler:
         started = time.perf_counter()
         params = SamplingParams(n=n, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                                 max_new_tokens=rollout.max_response_length,
-                                stop_token_ids=self.stop_ids, stop=list(rollout.stop))
+                                stop_token_ids=self.stop_ids, stop=list(rollout.stop),
+                                routed_experts=self.cfg.actor.moe_routing_replay)
         groups = await self.generate_group(self.fleet, [self.renderer.prompt(row) for row in rows], params, seed,
                                            metrics, rows)
         _add(timing, "rollout", time.perf_counter() - started)
@@ -393,7 +418,7 @@ class RolloutSampler:
         and repeated for the prompt's `n` samples. The greedy responses are not trained on; their reward calls,
         timeouts and errors count in `metrics` with the samples'."""
         greedy = await self._rollout_and_score(scored.rows[::scored.n], replace(self.cfg.rollout, n=1, temperature=0.0),
-                                               0, timing, metrics)
+                                               0, timing, metrics, with_teacher=False)
         metrics["reward/greedy_baseline_mean"] = greedy.scores.mean().item()
         return greedy.scores.repeat_interleave(scored.n)
 
