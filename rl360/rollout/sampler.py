@@ -246,6 +246,9 @@ class RolloutSampler:
             "rollout/aborted": sum(sample.resumed > 0 for sample in samples),
             "rollout/resumed": sum(sample.resumed for sample in samples),
             "rollout/mixed_version_frac": sum(sample.token_versions is not None for sample in samples) / len(samples),
+            # actor.moe_routing_replay: samples whose engine returned no routes (the step's batch then replays none)
+            **({"rollout/routes_missing": sum(sample.routed_experts is None for sample in samples)}
+               if self.cfg.actor.moe_routing_replay else {}),
             **self.fleet.restart_metrics(),
         })
         if self.fleet.placement.colocate:  # the engines' memory goes to training until the next weight update
