@@ -145,3 +145,11 @@ def test_deepeyes_rows_train_through_the_agent_loop_calling_image_zoom_in_tool(t
         assert called == {"image_zoom_in_tool"}, metrics
         assert metrics["agent/calls/image_zoom_in_tool"] > 0 and metrics["agent/tool_errors"] == 0
         assert metrics["agent/errors/image_zoom_in_tool"] == 0
+
+
+@pytest.mark.slow
+def test_the_engines_busy_share_of_an_agent_step_is_logged(trained):
+    """`rollout/engine_busy_frac`: the share of the rollout's time the engine had requests in flight while the
+    trajectories' turns and tool calls alternated."""
+    for metrics in trained:
+        assert 0 < metrics["rollout/engine_busy_frac"] <= 1.0 + 1e-6, metrics

@@ -71,6 +71,8 @@ class EngineFleet:
         self._restarts_reported = 0  # restarts_total at the last step's metrics
         self._restarting: dict[int, asyncio.Task] = {}
         self._load: dict[int, int] = {}  # prompts in flight at each engine
+        self._busy_since: dict[int, float] = {}  # when each engine with work in flight last had none
+        self._busy_s = 0.0  # seconds engines have had work in flight, added over the engines (ended spans)
         self.in_flight = 0  # generate requests out at engines
         self._drained: asyncio.Event | None = None  # set while none is
         self._weights_ready: asyncio.Event | None = None  # cleared while a weight update runs: new requests wait
@@ -160,6 +162,12 @@ class EngineFleet:
         if len(self.engines) > 1 and self.router is None:
             return {f"rollout/engine{engine.index}_prompts": 0 for engine in self.engines}
         return {}
+
+    def busy_seconds(self) -> float:
+        """Seconds the engines have had requests in flight so far, added over the engines (an engine decoding
+        for 2 s counts 2 s; two decoding at once for 2 s, 4 s)."""
+        now = time.monotonic()
+        return self._busy_s + sum(now - since for since in self._busy_since.values())
 
     def restart_metrics(self) -> dict[str, float]:
         """Restarts since the previous call (a restart during a weight update shows in the next step) and in all."""
@@ -380,11 +388,15 @@ class EngineFleet:
         pauses = self._pauses
         self.in_flight += 1
         self._drained.clear()
+        if not self._load.get(engine.index):
+            self._busy_since[engine.index] = time.monotonic()
         self._load[engine.index] = self._load.get(engine.index, 0) + len(prompts)
         try:
             groups = await (self.router or engine).generate(prompts, params, seed)
         finally:
             self._load[engine.index] -= len(prompts)
+            if not self._load[engine.index]:
+                self._busy_s += time.monotonic() - self._busy_since.pop(engine.index)
             self.in_flight -= 1
             if not self.in_flight:
                 self._drained.set()

@@ -250,6 +250,10 @@ class RolloutSampler:
             **({"rollout/routes_missing": sum(sample.routed_experts is None for sample in samples)}
                if self.cfg.actor.moe_routing_replay else {}),
             **self.fleet.restart_metrics(),
+            # the share of the rollout's time the engines had requests in flight (an agent's tool calls that
+            # stalled decoding leave engines idle: the share falls)
+            "rollout/engine_busy_frac": timing.pop("engines_busy", 0.0) / max(
+                timing.get("rollout", 0.0) * len(self.fleet.engines), 1e-9),
         })
         if self.fleet.placement.colocate:  # the engines' memory goes to training until the next weight update
             metrics["rollout/engines_released"] = await self.fleet.release(["weights", "kv_cache"])
@@ -391,9 +395,11 @@ class RolloutSampler:
                                 max_new_tokens=rollout.max_response_length,
                                 stop_token_ids=self.stop_ids, stop=list(rollout.stop),
                                 routed_experts=self.cfg.actor.moe_routing_replay)
+        busy = self.fleet.busy_seconds()
         groups = await self.generate_group(self.fleet, [self.renderer.prompt(row) for row in rows], params, seed,
                                            metrics, rows)
         _add(timing, "rollout", time.perf_counter() - started)
+        _add(timing, "engines_busy", self.fleet.busy_seconds() - busy)
         samples = [sample for group in groups for sample in group]
         sample_rows = [row for row in rows for _ in range(n)]
         started = time.perf_counter()
