@@ -127,33 +127,10 @@ def test_replay_refuses_what_it_does_not_cover_and_dense_models(megatron_single_
 
 
 @pytest.mark.slow
-def test_a_training_run_replays_the_engines_routes(moe_dir, tmp_path):
+def test_a_training_run_replays_the_engines_routes(tmp_path):
     """The whole path: the sampler asks the engine for routes, the batch carries them, both passes replay them."""
-    import json
-    import shutil
+    from tests.test_train_e2e import _short_run
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import ray
-
-    from rl360.quickstart.assets import build_tokenizer
-    from rl360.trainer import train
-
-    model = tmp_path / "model"
-    shutil.copytree(moe_dir, model)
-    build_tokenizer(model)  # the quickstart's word-level tokenizer (fewer ids than the model's vocabulary)
-    rows = [{"data_source": "math__synthetic_arithmetic", "prompt": [{"role": "user", "content": f"{a}+{a}"}],
-             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * a)},
-             "extra_info": {"split": "train", "index": a}} for a in range(8)]
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
-    cfg = load_config("configs/quickstart.yaml", [
-        f"output_dir={tmp_path / 'out'}", f"model.path={model}", f"data.train_files=[{tmp_path / 'train.parquet'}]",
-        "data.batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=2", "trainer.total_steps=2",
-        "rollout.max_response_length=4", "actor.moe_routing_replay=true", "model.dtype=bfloat16"])
-    try:
-        out = train(cfg)
-    finally:
-        ray.shutdown()
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2]
+    _, records = _short_run(tmp_path, "actor.moe_routing_replay=true", "model.dtype=bfloat16",
+                            "rollout.max_response_length=4", moe=True)
     assert all(r["rollout/routes_missing"] == 0 for r in records)
