@@ -64,8 +64,12 @@ def _read_path(path: str, where: str, base_dir: str | os.PathLike | None) -> byt
 
 def row_images(row: Mapping[str, Any]) -> tuple[bytes, ...]:
     """A prompt row's images as compressed bytes, in order (empty for a text row). Paths are taken from the
-    directory of the row's file (`row["_source"]`, set by PromptStream); errors name the file, row and index."""
+    directory of the row's file (`row["_source"]`, set by PromptStream); errors name the file, row and index.
+    A lone {bytes, path} dict (an `images` column of single images, as PyVision-RL's rl_dataset.py reads it) is
+    one image."""
     items = row.get("images")
+    if isinstance(items, Mapping):
+        items = [items]
     if items is None or len(items) == 0:
         return ()
     file = (row.get("_source") or {}).get("file")

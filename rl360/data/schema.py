@@ -49,7 +49,10 @@ def _is_optional_extra(kind: pa.DataType) -> bool:
 
 
 def _is_image_list(kind: pa.DataType) -> bool:
-    """A list of {bytes, path} structs, or of raw bytes / paths."""
+    """A list of {bytes, path} structs, or of raw bytes / paths; or one {bytes, path} struct (a row's only image, as
+    PyVision-RL's rl_dataset.py reads it)."""
+    if pa.types.is_struct(kind):
+        return kind.get_field_index("bytes") >= 0 or kind.get_field_index("path") >= 0
     if not _is_list(kind):
         return False
     item = kind.value_type
@@ -64,7 +67,7 @@ _COLUMNS = {
     "reward_model": (_is_ground_truth_struct, "a struct with a 'ground_truth' field", True),
     "ability": (_is_string, "a string", False),
     "extra_info": (_is_optional_extra, "a struct (or map)", False),
-    "images": (_is_image_list, "a list of {bytes, path} images", False),
+    "images": (_is_image_list, "a list of {bytes, path} images (or one {bytes, path} image)", False),
 }
 
 
@@ -113,10 +116,13 @@ def validate_row(row: dict[str, Any], path: str, row_index: int) -> None:
 
 
 def validate_images(images: Any, where: str) -> None:
-    """Check the types of a row's `images` (None or a list): each item raw bytes, a path, or a {bytes, path} dict
-    with bytes or a path. Only types: the bytes are read as an image where its header or pixels are needed."""
+    """Check the types of a row's `images` (None, a list, or one {bytes, path} dict: a row's only image, as
+    PyVision-RL's rl_dataset.py reads it): each item raw bytes, a path, or a {bytes, path} dict with bytes or a
+    path. Only types: the bytes are read as an image where its header or pixels are needed."""
     if images is None:
         return
+    if isinstance(images, dict):
+        images = [images]
     if not isinstance(images, list | tuple):
         raise DataError(f"{where}: key 'images' must be a list of images, got {_short(images)}")
     for index, item in enumerate(images):

@@ -165,8 +165,10 @@ _PYVISION_REFUSED = ("<interpreter>", "<answer>", "\\boxed")
 PYVISION_MAX_ANSWER_CHARS = 1000
 
 
+# the wemath-2.0-* names as PyVision-RL's verl_agents/verl/utils/reward_score/__init__.py routes them
 _PYVISION_SOURCES = ("deepeyes", "zebra_cot", "vigorl", "minio3", "vsi", "longvila", "ecd", "v-interaction", "barc",
-                     "mathvision", "hrbench-4k", "hrbench-8k", "math_8k_verified", "wemath-standard", "wemath-pro")
+                     "mathvision", "hrbench-4k", "hrbench-8k", "math_8k_verified", "wemath-standard", "wemath-pro",
+                     "wemath-2.0-standard", "wemath-2.0-pro")
 
 
 @register_reward(*_PYVISION_SOURCES, exact=True, needs_judge=True,
