@@ -149,7 +149,7 @@ def test_deepeyes_rows_train_through_the_agent_loop_calling_image_zoom_in_tool(t
 
 @pytest.mark.slow
 def test_the_engines_busy_share_of_an_agent_step_is_logged(trained):
-    """`rollout/engine_busy_frac`: the share of the rollout's time the engine had requests in flight while the
+    """`timing/engine_busy_frac`: the share of the rollout's time the engine had requests in flight while the
     trajectories' turns and tool calls alternated."""
     for metrics in trained:
-        assert 0 < metrics["rollout/engine_busy_frac"] <= 1.0 + 1e-6, metrics
+        assert 0 < metrics["timing/engine_busy_frac"] <= 1.0 + 1e-6, metrics

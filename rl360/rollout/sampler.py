@@ -251,8 +251,8 @@ class RolloutSampler:
                if self.cfg.actor.moe_routing_replay else {}),
             **self.fleet.restart_metrics(),
             # the share of the rollout's time the engines had requests in flight (an agent's tool calls that
-            # stalled decoding leave engines idle: the share falls)
-            "rollout/engine_busy_frac": timing.pop("engines_busy", 0.0) / max(
+            # stalled decoding leave engines idle: the share falls); a timing, so not the same in a rerun
+            "timing/engine_busy_frac": timing.pop("engines_busy", 0.0) / max(
                 timing.get("rollout", 0.0) * len(self.fleet.engines), 1e-9),
         })
         if self.fleet.placement.colocate:  # the engines' memory goes to training until the next weight update
