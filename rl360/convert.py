@@ -66,7 +66,7 @@ def lora_to_peft_rank(ckpt_dir: str, out_dir: str, tp: str, pp: str) -> None:
     from megatron_bridge.checkpoint import load_sharded
     from megatron_bridge.lora import LoraSpec, attach_adapters, is_adapter_name, peft_tensors, write_peft_dir
     from rl360.actor.parallel import destroy_parallel, init_parallel
-    from rl360.actor.policy import LORA_FILE, load_adapter_state
+    from rl360.actor.policy_checkpoints import LORA_FILE, load_adapter_state
 
     record = json.loads((Path(ckpt_dir) / LORA_FILE).read_text())
     spec = LoraSpec(record["rank"], record["alpha"], record["dropout"], tuple(record["targets"]))
@@ -181,7 +181,7 @@ def _megatron_to_hf(args: argparse.Namespace) -> int:
 
     ckpt = resolve_checkpoint(args.ckpt)
     from megatron_bridge.checkpoint import HF_SUBDIR
-    from rl360.actor.policy import LORA_FILE
+    from rl360.actor.policy_checkpoints import LORA_FILE
 
     if (ckpt / LORA_FILE).is_file():
         raise UserError(f"{ckpt} holds LoRA adapters, not a whole model: write them as a PEFT adapter with "
@@ -197,7 +197,7 @@ def _megatron_to_hf(args: argparse.Namespace) -> int:
 
 
 def _lora_to_peft(args: argparse.Namespace) -> int:
-    from rl360.actor.policy import LORA_FILE
+    from rl360.actor.policy_checkpoints import LORA_FILE
     from rl360.cluster.launch import run_ranks
 
     ckpt = resolve_checkpoint(args.ckpt, LORA_FILE)

@@ -59,3 +59,8 @@ def destroy_parallel() -> None:
     parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """A model chunk without megatron's DistributedDataParallel wrapper (the chunk itself when unwrapped)."""
+    return getattr(model, "module", model)

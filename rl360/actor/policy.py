@@ -1,4 +1,5 @@
-"""One rank of the Megatron-core policy: log-probs, PPO/GRPO updates, reference model, weight export.
+"""One rank of the Megatron-core policy: the model built, log-probs, PPO/GRPO updates, reference model; its weights
+out (`policy_export.py`) and its checkpoints (`policy_checkpoints.py`) are parts of it of their own.
 
 Created as a Ray actor by `rl360.cluster`; every rank initialises torch.distributed and megatron parallel
 state. Micro-batches go through megatron's own forward-backward schedule, gradients live in megatron's
@@ -8,9 +9,7 @@ DistributedDataParallel buffers and the optimizer is megatron's, so the same cod
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-from collections.abc import Iterator
 from functools import partial
 
 import torch
@@ -24,9 +23,6 @@ from megatron_bridge.lora import (
     LoraSpec,
     attach_adapters,
     expand_targets,
-    is_adapter_name,
-    peft_tensors,
-    write_peft_dir,
 )
 from rl360.actor.batch import (
     RolloutBatch,
@@ -38,15 +34,15 @@ from rl360.actor.batch import (
 )
 from rl360.actor.multimodal import MultimodalInputs
 from rl360.actor.offload import StateOffload
-from rl360.actor.parallel import init_parallel
+from rl360.actor.parallel import init_parallel, unwrap
+from rl360.actor.policy_checkpoints import PolicyCheckpoints
+from rl360.actor.policy_export import PolicyExport
 from rl360.actor.routing_replay import RoutingReplay, megatron_order
 from rl360.actor.vocab_parallel import logprobs_and_entropy, without_padding
 from rl360.algos.losses import agg_loss, agg_normalizer, get_policy_loss, kl_penalty, rollout_correction
 from rl360.config import ConfigError, RunConfig
 from rl360.data.images import VisionProcessor
 
-OPTIMIZER_KIND_FILE = "rl360_optimizer.json"
-LORA_FILE = "lora.json"  # a LoRA policy's checkpoint: the adapters' settings and the base model they sit on
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # actor.recompute -> megatron's activation recomputation: none keeps every activation for the backward pass;
 # selective recomputes core attention (its softmax inputs are the largest activations of long sequences);
@@ -58,7 +54,7 @@ RECOMPUTE = {
 }
 
 
-class PolicyWorker:
+class PolicyWorker(PolicyExport, PolicyCheckpoints):
     metric_prefix = "actor"
 
     def __init__(self, cfg: RunConfig, rank: int = 0, world_size: int = 1,
@@ -93,7 +89,7 @@ class PolicyWorker:
         self.lora = self._lora_spec()
         self.models = _wrap_ddp(self._build_model(dtype, adapters=True), cfg.actor.distributed_optimizer)
         # vocabulary id of this rank's first logit column (the output layer is split over TP, padding last)
-        padded_vocab = _unwrap(self.models[-1]).vocab_size
+        padded_vocab = unwrap(self.models[-1]).vocab_size
         self.vocab_start = parallel_state.get_tensor_model_parallel_rank() * padded_vocab // parallel.tensor
         self.optimizer = _build_optimizer(cfg, self._optimizer_settings(), self.models)
         self.ref_models = None
@@ -221,7 +217,7 @@ class PolicyWorker:
         if self.multimodal is not None:  # text: the same position on M-RoPE's three axes
             positions = positions.expand(3, -1, -1)
         with torch.no_grad(), self._resident("weights"):
-            logits = _unwrap(self.models[0])(input_ids, positions, None)
+            logits = unwrap(self.models[0])(input_ids, positions, None)
         return logits[..., :self.bridge.vocab_size].float().cpu()
 
     # ---- update -----------------------------------------------------------------------------------
@@ -374,7 +370,7 @@ class PolicyWorker:
                 input_ids, positions = (local_part(x, 1, lengths, self.context_group) for x in (input_ids, positions))
             # the last stage's logits (earlier stages and chunks: hidden states)
             output = model(input_ids, positions, None, packed_seq_params=packing, **vision_inputs)
-            if _unwrap(model).post_process:
+            if unwrap(model).post_process:
                 output = self._head_output(output)
                 if self.context > 1:
                     output = gather(self._per_token(output, labels, with_entropy=not forward_only), 1, lengths,
@@ -474,145 +470,6 @@ class PolicyWorker:
                                                      with_entropy)
         return logprobs * (mb.response_mask > 0), entropy
 
-    # ---- weights out ------------------------------------------------------------------------------
-
-    def export_weights(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Buckets of `(hf_name, tensor)` of the current policy (a Ray streaming generator). Every rank of
-        data-parallel replica 0 must export at the same time (the gathers are collectives)."""
-        bucket_bytes = int(self.cfg.trainer.weight_bucket_mb * (1 << 20))
-        with self._resident("weights"):
-            yield from self.bridge.export_hf_weights([_unwrap(m) for m in self.models], bucket_bytes=bucket_bytes)
-
-    def export_weights_quietly(self) -> int:
-        """Take part in an export whose buckets another rank streams; returns the bucket count."""
-        return sum(1 for _ in self.export_weights())
-
-    def send_weights(self, urls: list[str], strategy: str, version: int, api_key: str | None = None,
-                     scratch_dir: str | None = None) -> dict[str, float]:
-        """Export the policy straight into the engines at `urls` (`rollout.weight_sync`: distributed, tensor or
-        disk); the rest of replica 0 runs `export_weights_quietly` meanwhile. The sender, and with it the
-        distributed group, lives on between updates; a changed engine list (a restarted engine) re-creates it."""
-        from rl360.weight_sync.sender import WeightSender
-
-        sender = getattr(self, "_sender", None)
-        if sender is None or sender.strategy != strategy:
-            if sender is not None:
-                sender.close()
-            import ray
-
-            sender = self._sender = WeightSender(
-                urls, strategy, api_key=api_key, scratch_dir=scratch_dir, timeout_s=self.cfg.rollout.request_timeout_s,
-                backend="nccl" if self.device.type == "cuda" else "gloo", master_address=ray.util.get_node_ip_address())
-        elif sender.urls != [url.rstrip("/") for url in urls]:
-            sender.set_engines(list(urls))
-        return sender.send(self.export_weights(), version)
-
-    def save_hf(self, out_dir: str) -> str:
-        with self._resident("weights"):
-            self.bridge.save_hf_pretrained([_unwrap(m) for m in self.models], out_dir)
-        return out_dir
-
-    # ---- resumable checkpoints ------------------------------------------------------------------
-
-    def save_checkpoint(self, ckpt_dir: str) -> None:
-        """Weights and optimizer state as a megatron-core distributed checkpoint (every rank takes part)."""
-        from megatron.core import dist_checkpointing
-
-        if torch.distributed.get_rank() == 0:
-            os.makedirs(ckpt_dir, exist_ok=True)
-        torch.distributed.barrier()
-        with self._resident("weights", "optimizer"):
-            dist_checkpointing.save(self._checkpoint_state(), ckpt_dir)
-        if torch.distributed.get_rank() == 0:  # the optimizer's kind: the two keep their state in different forms
-            with open(os.path.join(ckpt_dir, OPTIMIZER_KIND_FILE), "w") as f:
-                json.dump({"distributed_optimizer": self.cfg.actor.distributed_optimizer}, f)
-            if self.lora is not None:
-                with open(os.path.join(ckpt_dir, LORA_FILE), "w") as f:
-                    json.dump(self._lora_record(), f, indent=2)
-        torch.distributed.barrier()  # complete on every rank's return (a load right after reads the kind)
-
-    def load_checkpoint(self, ckpt_dir: str) -> None:
-        """Restore what `save_checkpoint` wrote (the same TP x PP layout or another, either layer spec)."""
-        from megatron_bridge.checkpoint import load_model_state, load_sharded
-
-        kind_file = os.path.join(ckpt_dir, OPTIMIZER_KIND_FILE)
-        saved = json.load(open(kind_file))["distributed_optimizer"] if os.path.exists(kind_file) else False
-        wanted = self.cfg.actor.distributed_optimizer
-        if saved != wanted:
-            raise ValueError(f"{ckpt_dir} holds the state of a {'distributed' if saved else 'non-distributed'} "
-                             f"optimizer; this run has actor.distributed_optimizer={str(wanted).lower()} (resume with "
-                             f"actor.distributed_optimizer={str(saved).lower()})")
-        self._check_lora_checkpoint(ckpt_dir)
-        with self._resident("weights", "optimizer"):
-            state = load_sharded(self._checkpoint_state(loading=True), ckpt_dir)  # (either layer spec's)
-            for key, chunk in zip(self._model_keys(), self.models):
-                if self.lora is not None:
-                    load_adapter_state(_unwrap(chunk), state[key])
-                else:
-                    load_model_state(_unwrap(chunk), state[key])
-            self.optimizer.load_state_dict(state["optimizer"])
-
-    def _checkpoint_state(self, loading: bool = False) -> dict:
-        """Sharded weights and optimizer state; when loading, the optimizer first creates its (lazily made)
-        Adam moments so the checkpoint has somewhere to go."""
-        model_state = {key: _unwrap(chunk).sharded_state_dict() for key, chunk in zip(self._model_keys(), self.models)}
-        if self.lora is not None:  # the adapters alone: the base is model.path's
-            model_state = {key: {name: value for name, value in state.items() if is_adapter_name(name)}
-                           for key, state in model_state.items()}
-        if loading and self.cfg.actor.distributed_optimizer:  # its state dict needs Adam's step: one zero step makes
-            for part in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):  # it (overwritten by the load)
-                if not part.optimizer.state:
-                    part._init_optimizer_states_with_dummy_values()
-        # the distributed optimizer's state in the canonical per-parameter layout, loadable at any TP x PP x DP
-        metadata = {"distrib_optim_sharding_type": "fully_reshardable"}
-        return {**model_state,
-                "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=loading, metadata=metadata)}
-
-    def _lora_record(self) -> dict:
-        spec = self.lora
-        return {"rank": spec.rank, "alpha": spec.alpha, "dropout": spec.dropout, "targets": list(spec.targets),
-                "base_model": os.path.abspath(self.cfg.model.path), "dtype": self.cfg.model.dtype,
-                "model_keys": self._model_keys()}
-
-    def _check_lora_checkpoint(self, ckpt_dir: str) -> None:
-        """A checkpoint of adapters resumes only a LoRA policy with the same adapters (and a full one only a full
-        policy)."""
-        path = os.path.join(ckpt_dir, LORA_FILE)
-        saved = json.load(open(path)) if os.path.exists(path) else None
-        if saved is None and self.lora is None:
-            return
-        if saved is None or self.lora is None:
-            raise ValueError(f"{ckpt_dir} holds {'LoRA adapters' if saved else 'a whole model'}; this run has "
-                             f"actor.lora.rank={self.lora.rank if self.lora else 0} (resume with actor.lora."
-                             f"rank={saved['rank'] if saved else 0})")
-        mine = self._lora_record()
-        for key in ("rank", "alpha", "targets"):
-            if saved[key] != mine[key]:
-                raise ValueError(f"{ckpt_dir} holds LoRA adapters with {key}={saved[key]}; this run has "
-                                 f"actor.lora.{key}={mine[key]} (resume with the checkpoint's)")
-
-    def lora_state(self, gradients: bool = False) -> dict[str, torch.Tensor]:
-        """The adapters whole, in PEFT's names (or, with `gradients`, their accumulated gradients); a collective of
-        every rank."""
-        if self.lora is None:
-            raise RuntimeError("actor.lora.rank is 0: this policy has no adapters")
-        value = (lambda param: param.main_grad) if gradients else None
-        with self._resident("weights", "grads") if gradients else self._resident("weights"):
-            return peft_tensors(self.models, self.bridge.weight_hf_names(), value)
-
-    def save_peft(self, out_dir: str) -> str:
-        """Write a PEFT adapter directory (adapter_config.json, adapter_model.safetensors); global rank 0 writes."""
-        tensors = self.lora_state()
-        if torch.distributed.get_rank() == 0:
-            write_peft_dir(out_dir, tensors, self.lora, os.path.abspath(self.cfg.model.path))
-        return out_dir
-
-    def _model_keys(self) -> list[str]:
-        """State-dict key of each model chunk: "model", or "model0", "model1", ... with virtual pipeline stages
-        (megatron's names; the tensors inside are keyed by global layer, so any layout loads them)."""
-        return ["model"] if len(self.models) == 1 else [f"model{i}" for i in range(len(self.models))]
-
-
 def routing_replay(cfg: RunConfig) -> RoutingReplay | None:
     """The routers' replay of the engine's experts when actor.moe_routing_replay is on (ConfigError for a model
     without experts)."""
@@ -635,13 +492,6 @@ def lora_spec(cfg: RunConfig) -> LoraSpec | None:
     return LoraSpec(lora.rank, float(lora.alpha), float(lora.dropout), expand_targets(list(lora.targets)))
 
 
-def load_adapter_state(model: torch.nn.Module, state: dict) -> None:
-    """Load a checkpoint's adapters into `model`: every adapter of the model, nothing else."""
-    result = model.load_state_dict(state, strict=False)
-    missing = sorted(key for key in result.missing_keys if is_adapter_name(key))
-    if missing or result.unexpected_keys:
-        raise KeyError(f"the checkpoint's adapters and the model's disagree: missing {missing[:8]}, unexpected "
-                       f"{sorted(result.unexpected_keys)[:8]}")
 
 
 def reports_to_floats(reports: list[dict]) -> list[dict[str, float]]:
@@ -685,10 +535,6 @@ def optimizer_tensors(optimizer) -> list[torch.Tensor]:
                 tensors.append(param)
                 tensors += [value for value in inner.state.get(param, {}).values() if torch.is_tensor(value)]
     return tensors
-
-
-def _unwrap(model):
-    return getattr(model, "module", model)
 
 
 def _build_optimizer(cfg: RunConfig, settings, models: list):
