@@ -10,7 +10,8 @@ import torch
 
 from megatron_bridge.attention import HostPackedSeqParams
 from rl360.actor.batch import build_batch, to_device
-from rl360.actor.policy import PolicyWorker, reports_to_floats
+from rl360.actor.policy import PolicyWorker
+from rl360.actor.policy_update import reports_to_floats
 
 
 def _batch():

@@ -1,5 +1,7 @@
-"""One rank of the Megatron-core policy: the model built, log-probs, PPO/GRPO updates, reference model; its weights
-out (`policy_export.py`) and its checkpoints (`policy_checkpoints.py`) are parts of it of their own.
+"""One rank of the Megatron-core policy: its state (model, reference model, optimizer, offload) and its forward
+passes through megatron's schedule (log-probs, micro-batches, the inputs of each). Its other parts are modules of
+their own: the model and optimizer built (`policy_model.py`), the update (`policy_update.py`), the weights out
+(`policy_export.py`) and the checkpoints (`policy_checkpoints.py`).
 
 Created as a Ray actor by `rl360.cluster`; every rank initialises torch.distributed and megatron parallel
 state. Micro-batches go through megatron's own forward-backward schedule, gradients live in megatron's
@@ -10,20 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from functools import partial
 
 import torch
-from transformers import AutoConfig
 
 from megatron_bridge import Bridge
 from megatron_bridge.attention import HostPackedSeqParams
 from megatron_bridge.context_parallel import context_group, gather, local_part
 from megatron_bridge.layer_spec import auto_reason, resolve_attention
-from megatron_bridge.lora import (
-    LoraSpec,
-    attach_adapters,
-    expand_targets,
-)
+from megatron_bridge.lora import LoraSpec
 from rl360.actor.batch import (
     RolloutBatch,
     at_least,
@@ -37,24 +33,23 @@ from rl360.actor.offload import StateOffload
 from rl360.actor.parallel import init_parallel, unwrap
 from rl360.actor.policy_checkpoints import PolicyCheckpoints
 from rl360.actor.policy_export import PolicyExport
-from rl360.actor.routing_replay import RoutingReplay, megatron_order
+from rl360.actor.policy_model import (
+    DTYPES,
+    PolicyModel,
+    build_optimizer,
+    lora_spec,
+    optimizer_tensors,
+    routing_replay,
+    wrap_ddp,
+)
+from rl360.actor.policy_update import PolicyUpdate
+from rl360.actor.routing_replay import megatron_order
 from rl360.actor.vocab_parallel import logprobs_and_entropy, without_padding
-from rl360.algos.losses import agg_loss, agg_normalizer, get_policy_loss, kl_penalty, rollout_correction
-from rl360.config import ConfigError, RunConfig
+from rl360.config import RunConfig
 from rl360.data.images import VisionProcessor
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# actor.recompute -> megatron's activation recomputation: none keeps every activation for the backward pass;
-# selective recomputes core attention (its softmax inputs are the largest activations of long sequences);
-# full keeps only each layer's input and recomputes the layer in the backward pass
-RECOMPUTE = {
-    "none": {},
-    "selective": {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
-    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
-}
 
-
-class PolicyWorker(PolicyExport, PolicyCheckpoints):
+class PolicyWorker(PolicyModel, PolicyUpdate, PolicyExport, PolicyCheckpoints):
     metric_prefix = "actor"
 
     def __init__(self, cfg: RunConfig, rank: int = 0, world_size: int = 1,
@@ -87,11 +82,11 @@ class PolicyWorker(PolicyExport, PolicyCheckpoints):
         self.multimodal = self._multimodal_inputs(parallel_state.is_pipeline_first_stage())
         dtype = DTYPES[cfg.model.dtype]
         self.lora = self._lora_spec()
-        self.models = _wrap_ddp(self._build_model(dtype, adapters=True), cfg.actor.distributed_optimizer)
+        self.models = wrap_ddp(self._build_model(dtype, adapters=True), cfg.actor.distributed_optimizer)
         # vocabulary id of this rank's first logit column (the output layer is split over TP, padding last)
         padded_vocab = unwrap(self.models[-1]).vocab_size
         self.vocab_start = parallel_state.get_tensor_model_parallel_rank() * padded_vocab // parallel.tensor
-        self.optimizer = _build_optimizer(cfg, self._optimizer_settings(), self.models)
+        self.optimizer = build_optimizer(cfg, self._optimizer_settings(), self.models)
         self.ref_models = None
         if self._needs_reference():
             self.ref_models = self._build_model(dtype)
@@ -140,31 +135,6 @@ class PolicyWorker(PolicyExport, PolicyCheckpoints):
 
     def _needs_reference(self) -> bool:
         return self.cfg.algorithm.kl_coef > 0 or self.cfg.algorithm.kl_in_reward_coef > 0
-
-    def _build_model(self, dtype: torch.dtype, adapters: bool = False) -> list:
-        """This rank's model chunks from model.path; with `adapters` and actor.lora.rank > 0 the base frozen and
-        LoRA adapters added (the reference model stays the base)."""
-        chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype,
-                                               training={**RECOMPUTE[self.cfg.actor.recompute],
-                                                         "sequence_parallel": self.cfg.actor.parallel.sequence,
-                                                         "cp_comm_type": self.cfg.actor.parallel.cp_comm_type,
-                                                         "moe_aux_loss_coeff": self.cfg.actor.moe_aux_loss_coef,
-                                                         **({"moe_enable_routing_replay": True} if self.replay
-                                                            else {})},
-                                               attention=self.attention)
-        if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
-            for chunk in chunks:                   # each activation's shape before the activation
-                chunk.config.variable_seq_lengths = True
-                # gloo: a tag per direction between stages (see rl360/actor/cpu_compat.py, ring_exchange)
-                chunk.config.use_ring_exchange_p2p = self.device.type == "cpu"
-        if self.cfg.actor.freeze_vision_tower:  # before DDP: frozen parameters get no gradient buffer
-            for chunk in chunks:
-                if hasattr(chunk, "vision"):
-                    chunk.vision.requires_grad_(False)
-        if adapters and self.lora is not None:  # before DDP: only the adapters get gradient buffers
-            for chunk in chunks:
-                attach_adapters(chunk, self.lora, self.cfg.seed)
-        return chunks
 
     def attention_backend(self) -> str:
         """The layer spec this rank runs: te, torch or local (`model.attention=auto` resolved)."""
@@ -219,99 +189,6 @@ class PolicyWorker(PolicyExport, PolicyCheckpoints):
         with torch.no_grad(), self._resident("weights"):
             logits = unwrap(self.models[0])(input_ids, positions, None)
         return logits[..., :self.bridge.vocab_size].float().cpu()
-
-    # ---- update -----------------------------------------------------------------------------------
-
-    def update(self, batch: RolloutBatch) -> dict[str, float]:
-        """PPO epochs over mini-batches of `batch`; returns averaged metrics."""
-        cfg = self.cfg.actor
-        mini_size = cfg.ppo_mini_batch_size * self.cfg.rollout.n // self.dp_size  # this rank's share
-        generator = torch.Generator().manual_seed(self.cfg.seed)
-        totals: dict[str, float] = {}
-        steps = 0
-        with self._resident("weights", "grads"):  # the optimizer state comes for each step (`_optimizer_step`)
-            for chunk in self.models:
-                chunk.train()
-            for _ in range(cfg.ppo_epochs):
-                order = torch.randperm(len(batch), generator=generator)
-                for start in range(0, len(batch), mini_size):
-                    mini = batch.select(order[start:start + mini_size])
-                    for name, value in self._optimizer_step(mini).items():
-                        totals[name] = totals.get(name, 0.0) + value
-                    steps += 1
-        return {name: value / steps for name, value in totals.items()}
-
-    def _optimizer_step(self, mini: RolloutBatch) -> dict[str, float]:
-        reports = self.accumulate_gradients(mini)
-        with self.offload.only_during("optimizer") if self.offload is not None else contextlib.nullcontext():
-            ok, grad_norm, _ = self.optimizer.step()
-        metrics = {key: sum(r[key] for r in reports) for key in reports[0]} if reports else {}
-        metrics[f"{self.metric_prefix}/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
-        metrics[f"{self.metric_prefix}/update_skipped"] = 0.0 if ok else 1.0
-        return metrics
-
-    def accumulate_gradients(self, mini: RolloutBatch) -> list[dict[str, float]]:
-        """Zero the gradients, then forward/backward every micro-batch of `mini`; per-micro-batch reports (read
-        from the device once, after the last micro-batch).
-
-        Gradients end in megatron's `main_grad` buffers, equal to those of the unsplit mini-batch."""
-        # denominators of the whole mini-batch, over every data-parallel rank's share of it (summed on the host
-        # at one rank: the step does not wait for the device)
-        counts = [agg_normalizer(mini.response_mask, self.cfg.actor.loss_agg_mode), float(mini.response_mask.sum())]
-        if self.dp_size > 1:
-            reduced = torch.tensor(counts, dtype=torch.float64, device=self.device)
-            torch.distributed.all_reduce(reduced, group=self.dp_group)
-            counts = reduced.tolist()
-        normalizer = max(counts[0], 1.0)
-        self._tokens_in_mini = max(counts[1], 1.0)
-        micro = self._micro_batches(mini)
-        with self._resident("weights", "grads"):
-            for chunk in self.models:
-                chunk.zero_grad_buffer()
-            self.optimizer.zero_grad()
-            loss_fn = partial(self._loss, normalizer=normalizer, num_micro=len(micro))
-            return reports_to_floats(self._schedule(self.models, micro, loss_fn, forward_only=False))
-
-    def _loss(self, logits: torch.Tensor, mb: RolloutBatch, normalizer: float, num_micro: int):
-        """Loss of one micro-batch, scaled so megatron's division by the micro-batch count cancels and
-        the summed gradient is that of the whole mini-batch under the configured aggregation."""
-        cfg, algo = self.cfg.actor, self.cfg.algorithm
-        mask = mb.response_mask
-        logprob, entropy = self._logprobs_and_entropy(logits, mb)
-
-        def aggregate(per_token: torch.Tensor) -> torch.Tensor:
-            return agg_loss(per_token, mask, cfg.loss_agg_mode, normalizer, self.cfg.rollout.max_response_length)
-
-        def token_mean(per_token: torch.Tensor) -> torch.Tensor:
-            """This micro-batch's part of the mini-batch's token mean (parts add up over micro-batches)."""
-            return (per_token.detach() * mask).sum() / self._tokens_in_mini
-
-        pg_tokens, clipped = get_policy_loss(cfg.loss_mode)(logprob, mb.old_logprobs, mb.advantages, mask, cfg)
-        is_weights = rollout_correction(mb.old_logprobs, mb.rollout_logprobs, cfg.rollout_correction,
-                                        cfg.rollout_is_threshold, cfg.rollout_is_threshold_lower, mask,
-                                        cfg.rollout_is_level, cfg.rollout_is_veto_threshold)
-        pg_loss = aggregate(pg_tokens * is_weights)
-        loss = pg_loss
-        report = {"actor/pg_loss": pg_loss.detach()}  # 0-dim device tensors: `reports_to_floats` reads them
-        if algo.kl_coef > 0:
-            kl = aggregate(kl_penalty(logprob, mb.ref_logprobs, algo.kl_estimator))
-            loss = loss + algo.kl_coef * kl
-            report["actor/kl"] = kl.detach()
-        if cfg.entropy_coeff:
-            loss = loss - cfg.entropy_coeff * aggregate(entropy)
-        report["actor/entropy"] = token_mean(entropy)
-        report["actor/pg_clipfrac"] = token_mean(clipped)
-        report["actor/ppo_kl"] = token_mean(mb.old_logprobs - logprob)
-        if cfg.rollout_correction != "none":
-            report["rollout_correction/mean_weight"] = token_mean(is_weights)
-            report["rollout_correction/zero_weight_frac"] = token_mean((is_weights == 0).float())
-        return self._undo_megatron_scaling(loss, num_micro), report
-
-    def _undo_megatron_scaling(self, loss: torch.Tensor, num_micro: int) -> torch.Tensor:
-        """Megatron divides each micro-batch's loss by the micro-batch count, multiplies it by the context-parallel
-        size and averages gradients over the data- and context-parallel ranks. The loss here is already normalised
-        by the mini-batch's global counts and (gathered) the same on every context-parallel rank: undo all three."""
-        return loss * num_micro * self.dp_size / self.context
 
     # ---- megatron schedule ------------------------------------------------------------------------
 
@@ -470,38 +347,6 @@ class PolicyWorker(PolicyExport, PolicyCheckpoints):
                                                      with_entropy)
         return logprobs * (mb.response_mask > 0), entropy
 
-def routing_replay(cfg: RunConfig) -> RoutingReplay | None:
-    """The routers' replay of the engine's experts when actor.moe_routing_replay is on (ConfigError for a model
-    without experts)."""
-    if not cfg.actor.moe_routing_replay:
-        return None
-    config = AutoConfig.from_pretrained(cfg.model.path)
-    config = getattr(config, "text_config", config)
-    top_k = int(getattr(config, "num_experts_per_tok", 0) or 0)
-    if not top_k:
-        raise ConfigError(f"actor.moe_routing_replay=true: {cfg.model.path} is not a mixture of experts "
-                          f"({config.model_type}, no num_experts_per_tok)")
-    return RoutingReplay(int(config.num_hidden_layers), top_k)
-
-
-def lora_spec(cfg: RunConfig) -> LoraSpec | None:
-    """actor.lora as the adapters' spec (None when rank is 0)."""
-    lora = cfg.actor.lora
-    if not lora.rank:
-        return None
-    return LoraSpec(lora.rank, float(lora.alpha), float(lora.dropout), expand_targets(list(lora.targets)))
-
-
-
-
-def reports_to_floats(reports: list[dict]) -> list[dict[str, float]]:
-    """Per-micro-batch reports whose values are 0-dim tensors (or floats) as floats: the tensors are read from the
-    device in one transfer."""
-    tensors = [value for report in reports for value in report.values() if torch.is_tensor(value)]
-    read = iter(torch.stack([value.detach().reshape(()).to(tensors[0].device, torch.float64)
-                             for value in tensors]).tolist() if tensors else [])
-    return [{key: next(read) if torch.is_tensor(value) else float(value) for key, value in report.items()}
-            for report in reports]
 
 
 def _pad_to_multiple(input_ids: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -510,41 +355,6 @@ def _pad_to_multiple(input_ids: torch.Tensor, multiple: int) -> torch.Tensor:
     return torch.nn.functional.pad(input_ids, (0, extra)) if extra else input_ids
 
 
-def _wrap_ddp(chunks: list, distributed_optimizer: bool) -> list:
-    """Megatron DDP: gradients in contiguous buffers, all-reduced (reduce-scattered for the distributed
-    optimizer) over data-parallel ranks by the schedule's `finalize_model_grads` at the end of each mini-batch."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                               use_distributed_optimizer=distributed_optimizer)
-    wrapped = [DistributedDataParallel(chunk.config, ddp_config, chunk) for chunk in chunks]
-    for chunk in wrapped:
-        chunk.config.finalize_model_grads_func = finalize_model_grads
-    return wrapped
 
 
-def optimizer_tensors(optimizer) -> list[torch.Tensor]:
-    """The tensors megatron's optimizer holds beyond the model: the parameters its torch optimizers step (fp32
-    main weights for bf16 models, shards of them for the distributed optimizer; fp32 models' own parameters
-    otherwise) and their Adam state."""
-    tensors = []
-    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = part.optimizer
-        for group in inner.param_groups:
-            for param in group["params"]:
-                tensors.append(param)
-                tensors += [value for value in inner.state.get(param, {}).values() if torch.is_tensor(value)]
-    return tensors
-
-
-def _build_optimizer(cfg: RunConfig, settings, models: list):
-    """Megatron's Adam over `models` with `settings`' lr, weight_decay, betas and grad_clip."""
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-    config = OptimizerConfig(
-        optimizer="adam", lr=settings.lr, weight_decay=settings.weight_decay, adam_beta1=settings.betas[0],
-        adam_beta2=settings.betas[1], clip_grad=settings.grad_clip, bf16=cfg.model.dtype == "bfloat16",
-        params_dtype=DTYPES[cfg.model.dtype], use_distributed_optimizer=cfg.actor.distributed_optimizer,
-    )
-    return get_megatron_optimizer(config, models)
 

@@ -101,7 +101,7 @@ class EngineFleet:
     def _build(self) -> list[Engine]:
         rollout, kind, model, use_gpu = self.rollout, self.rollout.engine, self.model, self.placement.use_gpu
         if kind == "hf":
-            from rl360.actor.policy import DTYPES
+            from rl360.actor.policy_model import DTYPES
             from rl360.cluster import WorkerGroup
             from rl360.engine.hf_engine import HFEngine
 
