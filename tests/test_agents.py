@@ -850,6 +850,7 @@ def test_a_training_run_with_the_agent_loop_logs_its_metrics(tmp_path):
          f"model.path={model}", f"data.train_files=[{tmp_path / 'data' / 'train.parquet'}]", "data.batch_size=4",
          "rollout.n=4", "actor.ppo_mini_batch_size=4", "trainer.total_steps=2", "trainer.save_hf=false",
          "cluster.num_cpus=2", "agent.loop=tools", "agent.tools=[python]",
+             "agent.tool_pool=0",  # the random model calls no tool: no interpreters started ahead
          "reward.custom={math__synthetic: 'tests.test_rewards_agents:one_turn_trajectory_seen'}"],
         cwd=root, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]

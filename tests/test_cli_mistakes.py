@@ -51,7 +51,7 @@ def _mistakes(tmp: Path) -> dict[str, tuple[tuple[str, ...], str]]:
         "image column wrong": (
             ("train", QUICKSTART, f"model.path={model}", f"data.train_files={images}", f"output_dir={tmp / 'out'}"),
             f"rl360: data error: {images}: column 'images' has type string, expected a list of {{bytes, path}} "
-            "images"),
+            "images (or one {bytes, path} image)"),
         "unknown algorithm": (
             (*train, "algorithm.adv_estimator=grpoo"),
             "rl360: config error: algorithm.adv_estimator='grpoo': unknown advantage estimator 'grpoo'; choose one "
