@@ -188,10 +188,9 @@ def test_memory_held_across_processes_is_capped_per_call(tool):
     call(tool, "x = 7", state)
     spread = ("import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        block = bytearray(200 << 20)\n"
               "        time.sleep(60)\n        os._exit(0)\ntime.sleep(60)")
-    started = time.monotonic()
     over = run(tool.call({"code": spread}, state))
+    # stopped by the memory watch, not by the call's time limit (which a loaded machine can come close to)
     assert "memory limit of 512 MB" in over.error and not over.timed_out, over
-    assert time.monotonic() - started < SETTINGS.timeout_s
     assert call(tool, "print(x)", state) == "7\n"  # a new interpreter, the state rebuilt
 
 
