@@ -80,7 +80,8 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float, stop: StopSig
     # the run refuses to start when the data runs code that the sandbox here cannot isolate
     rewards = open_reward_pool(cfg.reward, routes)
     steps = None
-    with contextlib.ExitStack() as closing:  # on the way out: the tracker, the rollout sampler, the reward pool
+    # on the way out: the tracker, the rollout sampler, the policy's and critic's ranks, the reward pool
+    with contextlib.ExitStack() as closing:
         closing.callback(rewards.close)
         try:
             # a Qwen2-VL / Qwen2.5-VL model (config.json model_type) renders image rows as ImagePrompts
@@ -89,6 +90,9 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float, stop: StopSig
             placement = _place(cfg, stop)
             # the policy (and critic) ranks build in their processes while the engines start below
             policy, critic = _workers(cfg, placement)
+            closing.callback(policy.shutdown)  # last: after the engines, which may still read its weights
+            if critic is not None:
+                closing.callback(critic.shutdown)
             # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer
             rollouts = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy, placement, **turns)
             closing.callback(rollouts.close)

@@ -27,6 +27,15 @@ def _row(content, truth, source="math__synthetic_arithmetic"):
             "reward_model": {"style": "rule", "ground_truth": truth}, "extra_info": {"split": "train", "index": 0}}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    """One local Ray for the module's runs (each `train()` joins it and frees what it reserved), large enough for
+    the 8-rank layout and its engine."""
+    ray.init(address="local", num_cpus=16, include_dashboard=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
@@ -43,10 +52,7 @@ def run(tmp_path_factory):
         "tracking.swanlab=true", "tracking.tensorboard=true", "trainer.dump_rollouts_every=2",
         "rollout.stop=['\\boxed{1']",  # a stop string inside ten of the answer tokens: many responses end early
     ])
-    try:
-        out = train(cfg)
-    finally:
-        ray.shutdown()
+    out = train(cfg)
     return out, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -184,10 +190,7 @@ def _short_run(tmp_path, *overrides: str, rows: list[dict] | None = None, moe: b
         f"output_dir={tmp_path / 'out'}", f"model.path={model}", f"data.train_files=[{tmp_path / 'train.parquet'}]",
         "data.batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2", "trainer.total_steps=2", *overrides,
     ])
-    try:
-        out = train(cfg)
-    finally:
-        ray.shutdown()
+    out = train(cfg)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     return out, records
@@ -284,8 +287,12 @@ def test_estimator_loss_and_preset_runs(tmp_path, overrides, metrics):
         assert all(r["actor/pg_loss"] == pytest.approx(CONSTANT_LOSS) for r in records), records
 
 
-def test_an_unknown_data_source_stops_the_run_before_anything_starts(tmp_path):
+def test_an_unknown_data_source_stops_the_run_before_anything_starts(tmp_path, monkeypatch):
+    def placed(*_):
+        raise AssertionError("the run went on to placing its workers")
+
+    monkeypatch.setattr("rl360.trainer._place", placed)
     rows = [_row("1+1", "2"), _row("2+2", "4", source="no_such_domain__x")]
     with pytest.raises(KeyError, match="no_such_domain__x"):
         _short_run(tmp_path, rows=rows)
-    assert not ray.is_initialized() and not (tmp_path / "out" / "metrics.jsonl").exists()
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()

@@ -26,6 +26,11 @@ class PolicyGroup:
         self.actors = workers.actors
         self._layouts: list[dict] | None = None
 
+    def shutdown(self) -> None:
+        """The ranks killed and their reservation freed (an in-process `train()` leaves Ray as it found it)."""
+        if ray.is_initialized():
+            self.workers.shutdown()
+
     @property
     def layouts(self) -> list[dict]:
         if self._layouts is None:

@@ -130,8 +130,8 @@ class ActorEngine:
     log_path = None
     supports_pause = False
 
-    def __init__(self, actor, index: int = 0):
-        self.actor, self.index = actor, index
+    def __init__(self, actor, index: int = 0, group: Any = None):
+        self.actor, self.index, self.group = actor, index, group  # group: the WorkerGroup that started it
         self.version, self.usable = 0, True
 
     async def start(self) -> None:
@@ -170,7 +170,11 @@ class ActorEngine:
         raise RuntimeError("the in-process rollout engine (rollout.engine=hf) cannot be restarted")
 
     def stop(self) -> None:
-        return None  # the actor ends with Ray
+        """The actor killed and its reservation freed (a Ray that an in-process `train()` joined goes on)."""
+        import ray
+
+        if self.group is not None and ray.is_initialized():
+            self.group.shutdown()
 
     def describe(self) -> dict:
         return {"index": self.index, "kind": self.kind}

@@ -111,7 +111,7 @@ class EngineFleet:
                                 distributed=False, share=self.placement.gpu_share, shared_group=shared,
                                 timeout_s=self.placement_timeout_s, num_threads=self.num_threads,
                                 min_pixels=model.min_pixels or None, max_pixels=model.max_pixels or None)
-            return [ActorEngine(group.actors[0])]
+            return [ActorEngine(group.actors[0], group=group)]
         # the engines decode their shares of a step at the same time: trainer.num_threads is split between them
         per_engine = max(1, self.num_threads // rollout.num_engines)
         pixel_args = [f"--{flag}={value}" for flag, value in (("min-pixels", model.min_pixels),
