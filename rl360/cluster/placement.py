@@ -148,7 +148,7 @@ def make_placement(policy_ranks: int, critic: bool, rollout: Any, gpus: int) -> 
     if colocate and engine_kind(rollout.engine).processes and not asked.shares_gpu:
         weight_sync = _stand_in(rollout.engine) or weight_sync  # one there is: else not colocated (above)
         notes.append(f"rollout.weight_sync={asked.name} cannot run colocated on GPUs ({asked.gpu_note}): using "
-                     f"rollout.weight_sync={weight_sync}, the same-host hand-over")
+                     f"rollout.weight_sync={weight_sync} ({get_strategy(weight_sync).summary})")
     return Placement(**base, colocate=colocate, weight_sync=weight_sync, notes=tuple(notes))
 
 
