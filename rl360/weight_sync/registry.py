@@ -99,10 +99,10 @@ def strategies() -> dict[str, StrategyInfo]:
     """Every registered strategy by name, the package's own modules loaded first."""
     global _loaded
     if not _loaded:
-        _loaded = True
         package = importlib.import_module(__package__)
         for module in pkgutil.iter_modules(package.__path__):
             importlib.import_module(f"{__package__}.{module.name}")
+        _loaded = True
     return dict(_STRATEGIES)
 
 
