@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,15 +30,11 @@ from megatron_bridge.layer_spec import ATTENTION_CHOICES
 from megatron_bridge.lora import expand_targets
 from rl360.algos.advantages import get_advantage_estimator
 from rl360.algos.losses import AGG_MODES, KL_ESTIMATORS, ROLLOUT_IS_LEVELS, get_policy_loss
+from rl360.core.engine_kinds import either, engine_kind, engine_names, engine_summaries
 from rl360.core.trajectory import TRAJECTORY_ENDINGS
-from rl360.errors import UserError
+from rl360.errors import ConfigError
 from rl360.tracking.backends import missing_package
-
-
-class ConfigError(UserError):
-    """A configuration key or value is wrong; the message names it."""
-
-    label = "config error"
+from rl360.weight_sync.registry import get_strategy, strategies, strategy_summaries, usable_strategies
 
 
 @dataclass
@@ -68,8 +65,7 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    # hf: one transformers engine inside a Ray actor (the smallest setup); server: `rl360 serve rollout`
-    # processes behind SGLang's HTTP API; sglang: `python -m sglang.launch_server` processes (GPU)
+    # the rollout engines' kind (rl360/core/engine_kinds.py)
     engine: str = "hf"
     n: int = 8  # responses sampled per prompt
     temperature: float = 1.0  # sampling temperature (the trainer scores with the same one)
@@ -83,10 +79,7 @@ class RolloutConfig:
     # any number of tokens, e.g. "</answer>"): SGLang's `stop`, for every engine
     stop: list[str] = field(default_factory=list)
     num_engines: int = 1  # engines the fleet spreads each step's prompts over
-    # how weights reach server/sglang engines after an update: distributed (a gloo/NCCL group between the
-    # trainer's export rank and every engine, one broadcast per tensor), tensor (engine=server on the same host:
-    # CUDA IPC for GPU weights on the engine's GPU, else shared memory), disk (a safetensors checkpoint the engines
-    # load)
+    # how weights reach server/sglang engines after an update (rl360/weight_sync: one module per strategy)
     weight_sync: str = "distributed"
     # engines on the trainer's GPUs: server/sglang (sync mode) release their weights and KV cache while the
     # trainer trains and take them back for the weight update; hf shares policy rank 0's GPU. Unset (null):
@@ -439,8 +432,6 @@ class RunConfig:
 CHOICES: dict[str, tuple[Any, ...]] = {
     "model.dtype": ("float32", "bfloat16"),
     "data.on_bad_row": ("error", "skip"),
-    "rollout.engine": ("hf", "server", "sglang"),
-    "rollout.weight_sync": ("distributed", "tensor", "disk"),
     "rollout.mode": ("sync", "async"),
     "rollout.engine_hosts": ("local", "ray"),
     "rollout.router": ("fleet", "sglang"),
@@ -455,6 +446,18 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "algorithm.kl_estimator": KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS),
     "agent.loop": ("", "tools"),
 }
+
+# Keys whose values are the names in a registry: key -> the registered names, each with its one-line summary.
+REGISTERED: dict[str, Callable[[], dict[str, str]]] = {
+    "rollout.engine": engine_summaries,
+    "rollout.weight_sync": strategy_summaries,
+}
+
+
+def choices() -> dict[str, tuple[Any, ...]]:
+    """Every closed key's allowed values: `CHOICES`, and the names registered for `REGISTERED`'s keys."""
+    return {**CHOICES, **{key: tuple(names()) for key, names in REGISTERED.items()}}
+
 
 # Keys naming a registered function or a "package.module:function" reference: key -> its lookup.
 PLUGGABLE = {"actor.loss_mode": get_policy_loss, "algorithm.adv_estimator": get_advantage_estimator}
@@ -832,7 +835,7 @@ def validate(cfg: RunConfig, command: str = "train") -> None:
 
 def _check_values(cfg: RunConfig) -> None:
     """Each key on its own: closed choices, plug-ins that resolve, signs; trackers' packages installed."""
-    for key, allowed in CHOICES.items():
+    for key, allowed in choices().items():
         if _get(cfg, key) not in allowed:
             raise ConfigError(f"{key}={_get(cfg, key)!r} is not allowed; choose one of {list(allowed)}")
     for key, lookup in PLUGGABLE.items():
@@ -866,9 +869,10 @@ def _check_inputs(cfg: RunConfig) -> None:
     for k in cfg.eval.pass_k:
         if not 1 <= k <= cfg.eval.n:
             raise ConfigError(f"eval.pass_k has {k}: each k must be in [1, eval.n={cfg.eval.n}]")
-    if (cfg.model.min_pixels or cfg.model.max_pixels) and cfg.rollout.engine == "sglang":
-        raise ConfigError("model.min_pixels / model.max_pixels: SGLang takes an image's pixel bounds from the model's "
-                          "preprocessor_config.json (min_pixels, max_pixels); set them there and leave these at 0")
+    if (cfg.model.min_pixels or cfg.model.max_pixels) and not engine_kind(cfg.rollout.engine).pixel_flags:
+        raise ConfigError(f"model.min_pixels / model.max_pixels: {engine_kind(cfg.rollout.engine).title} take an "
+                          "image's pixel bounds from the model's preprocessor_config.json (min_pixels, max_pixels); "
+                          "set them there and leave these at 0")
     if cfg.model.min_pixels < 0 or cfg.model.max_pixels < 0:
         raise ConfigError(f"model.min_pixels={cfg.model.min_pixels}, model.max_pixels={cfg.model.max_pixels}: "
                           "0 (the image processor's own) or a positive area")
@@ -958,32 +962,39 @@ def _check_rollout(cfg: RunConfig) -> None:
     if cfg.reward.overlong_buffer_len >= cfg.rollout.max_response_length:
         raise ConfigError(f"reward.overlong_buffer_len={cfg.reward.overlong_buffer_len} must be < "
                           f"rollout.max_response_length={cfg.rollout.max_response_length}")
-    if cfg.rollout.engine == "hf" and cfg.rollout.num_engines != 1:
-        raise ConfigError(f"rollout.num_engines={cfg.rollout.num_engines} needs rollout.engine=server or sglang "
-                          "(rollout.engine=hf is one in-process engine)")
-    if cfg.rollout.colocate and cfg.rollout.engine != "hf" and cfg.rollout.mode != "sync":
-        raise ConfigError(f"rollout.colocate=true with rollout.engine={cfg.rollout.engine} needs rollout.mode=sync "
-                          f"(got mode={cfg.rollout.mode}): colocated engines release the GPU while the trainer trains")
-    if cfg.rollout.engine == "sglang" and cfg.rollout.weight_sync == "tensor":
-        raise ConfigError("rollout.weight_sync=tensor sends rl360's own formats (rl360_shared_memory, rl360_cuda_ipc), "
-                          "which rollout.engine=server reads and SGLang does not; with rollout.engine=sglang use "
-                          "rollout.weight_sync=distributed or disk (SGLang's pickled 'flattened_bucket' format is "
-                          "not sent)")
-    if cfg.rollout.router == "sglang" and cfg.rollout.engine == "hf":
-        raise ConfigError("rollout.router=sglang puts sglang-router in front of engine processes: it needs "
-                          "rollout.engine=server or sglang (rollout.engine=hf has no HTTP server)")
-    if cfg.rollout.engine_hosts == "ray" and (cfg.rollout.engine == "hf" or cfg.rollout.colocate or
-                                              cfg.rollout.weight_sync == "tensor"):
-        raise ConfigError("rollout.engine_hosts=ray needs rollout.engine=server or sglang, rollout.colocate=false "
-                          "and rollout.weight_sync=distributed or disk (tensor sync and colocation need the "
-                          f"engines on the trainer's node; got engine={cfg.rollout.engine}, colocate="
-                          f"{cfg.rollout.colocate}, weight_sync={cfg.rollout.weight_sync})")
-    if cfg.rollout.partial and (cfg.rollout.engine == "hf" or cfg.rollout.mode != "async"):
-        raise ConfigError("rollout.partial=true needs rollout.engine=server or sglang and rollout.mode=async "
-                          f"(got engine={cfg.rollout.engine}, mode={cfg.rollout.mode}): only then can a weight "
-                          "update meet requests in flight")
+    _check_engines(cfg.rollout)
     if cfg.rollout.mem_fraction > 1:
         raise ConfigError(f"rollout.mem_fraction={cfg.rollout.mem_fraction} must be in (0, 1]")
+
+
+def _check_engines(rollout: RolloutConfig) -> None:
+    """The engines' kind against what is asked of them (`rl360.core.engine_kinds`), and the weight sync against
+    the engines it reaches (`rl360.weight_sync.registry`)."""
+    kind, sync = engine_kind(rollout.engine), get_strategy(rollout.weight_sync)
+    processes = f"rollout.engine={either(engine_names('processes'))}"
+    if kind.in_process and rollout.num_engines != 1:
+        raise ConfigError(f"rollout.num_engines={rollout.num_engines} needs {processes} (rollout.engine="
+                          f"{kind.name} is one in-process engine)")
+    if rollout.colocate and kind.processes and rollout.mode != "sync":
+        raise ConfigError(f"rollout.colocate=true with rollout.engine={kind.name} needs rollout.mode=sync "
+                          f"(got mode={rollout.mode}): colocated engines release the GPU while the trainer trains")
+    if kind.processes and not sync.reaches(kind.name):
+        raise ConfigError(f"rollout.weight_sync={sync.name} {sync.engines_note or 'does not reach these engines'}; "
+                          f"with rollout.engine={kind.name} use rollout.weight_sync="
+                          f"{either(usable_strategies(kind.name))}")
+    if rollout.router == "sglang" and kind.in_process:
+        raise ConfigError(f"rollout.router=sglang puts sglang-router in front of engine processes: it needs "
+                          f"{processes} (rollout.engine={kind.name} has no HTTP server)")
+    if rollout.engine_hosts == "ray" and (kind.in_process or rollout.colocate or sync.same_host):
+        same_host = [name for name, info in strategies().items() if info.same_host]
+        other_hosts = [name for name, info in strategies().items() if not info.same_host]
+        raise ConfigError(f"rollout.engine_hosts=ray needs {processes}, rollout.colocate=false and "
+                          f"rollout.weight_sync={either(other_hosts)} ({either(same_host)} sync and colocation "
+                          f"need the engines on the trainer's node; got engine={kind.name}, colocate="
+                          f"{rollout.colocate}, weight_sync={sync.name})")
+    if rollout.partial and (kind.in_process or rollout.mode != "async"):
+        raise ConfigError(f"rollout.partial=true needs {processes} and rollout.mode=async (got engine={kind.name}, "
+                          f"mode={rollout.mode}): only then can a weight update meet requests in flight")
 
 
 def _check_agent(cfg: RunConfig) -> None:

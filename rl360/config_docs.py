@@ -4,7 +4,8 @@
     python -m rl360.config_docs verl > docs/from_verl.md
 
 `docs/config.md` lists every key of `RunConfig` (dotted, as overrides and YAML files name it) with its type,
-default, allowed values (`CHOICES`) and help: the comments on and above its field in `rl360/config.py`.
+default, allowed values (`CHOICES`; for `REGISTERED`'s keys each registered name with its summary) and help: the
+comments on and above its field in `rl360/config.py`.
 `docs/from_verl.md` maps every verl / Reasoning360 key of `VERL_KEYS` to rl360's. `tests/test_config_docs.py`
 checks that the committed files equal this output, so regenerate them after changing a config key.
 """
@@ -20,7 +21,7 @@ import tokenize
 import typing
 from typing import Any
 
-from rl360.config import CHOICES, VERL_KEYS, RunConfig
+from rl360.config import CHOICES, REGISTERED, VERL_KEYS, RunConfig
 
 CONFIG_HEADER = """\
 # Config reference
@@ -144,6 +145,8 @@ def render_config() -> str:
             out += ["", f"## {top or 'run'}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         choices = CHOICES.get(key)
         shown = ", ".join(str(choice) if choice != "" else '""' for choice in choices or ())
+        if key in REGISTERED:  # each registered name with its summary
+            choices, shown = True, "; ".join(f"{name}: {summary}" for name, summary in REGISTERED[key]().items())
         meaning = help_text + (f" (one of: {shown})" if choices else "")
         out.append(f"| `{key}` | {_cell(kind)} | {_cell(_value(default))} | {_cell(meaning)} |")
     return "\n".join(out) + "\n"

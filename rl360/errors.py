@@ -41,6 +41,12 @@ class UserError(ValueError):
     label = "error"
 
 
+class ConfigError(UserError):
+    """A configuration key or value is wrong; the message names it."""
+
+    label = "config error"
+
+
 class RunStopped(Exception):
     """A run stopped by a signal at a safe point; `str()` is the line the command line prints."""
 

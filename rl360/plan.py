@@ -58,6 +58,7 @@ from megatron_bridge.vision import is_vision_language, language_config, vision_p
 from rl360.actor.batch import interleaved_micro_batches, interleaving_group
 from rl360.cluster.placement import Placement
 from rl360.config import context_length
+from rl360.core.engine_kinds import engine_kind
 from rl360.model_shapes import RELEASED, close_names, released_config, released_name
 
 GIB = 1024 ** 3
@@ -222,12 +223,13 @@ def plan(cfg: Any, gpu_memory_gb: float = 80.0, placement: Placement | None = No
                           params * (dtype + 4) + optimizer_params * optimizer_bytes, updating))
     terms.append(Term(f"activations (recompute={actor.recompute})", activation_bytes(cfg, hf), ("train",)))
     engine_lines = []
-    if colocate and rollout.engine == "hf":  # the whole model, beside policy rank 0, all the time
-        terms.append(Term("colocated hf engine weights", rank_parameters(hf_file, 1, 1, 0) * dtype))
+    kind = engine_kind(rollout.engine)
+    if colocate and kind.in_process:  # the whole model, beside policy rank 0, all the time
+        terms.append(Term(f"colocated {kind.name} engine weights", rank_parameters(hf_file, 1, 1, 0) * dtype))
     elif colocate:
         terms.append(Term(f"colocated engine (mem_fraction {rollout.mem_fraction:g})",
                           rollout.mem_fraction * gpu_memory_gb * GIB, ("rollout",)))
-    elif rollout.engine == "sglang":
+    elif kind.static_memory:
         engine_lines = engine_report(cfg, hf, gpu_memory_gb)
     return Plan(terms, gpu_memory_gb, engine_lines)
 

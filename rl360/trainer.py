@@ -32,6 +32,7 @@ from rl360.checkpointing import (
 from rl360.cluster import WorkerGroup, start_ray, stopped_by_signals
 from rl360.cluster.placement import Placement, make_placement
 from rl360.config import ConfigError, RunConfig, to_dict
+from rl360.core.engine_kinds import engine_kind
 from rl360.data import MixedPromptStream, PromptRenderer, PromptStream
 from rl360.errors import RunStopped
 from rl360.eval.during_training import TrainingEval
@@ -137,7 +138,7 @@ def _place(cfg: RunConfig, stop: StopSignals) -> Placement:
     whatever reads them (the config keeps what was asked)."""
     policy_ranks = cfg.actor.parallel.ranks
     use_critic = cfg.algorithm.uses_critic
-    in_process_engines = cfg.rollout.num_engines if cfg.rollout.engine == "hf" else 0
+    in_process_engines = cfg.rollout.num_engines if engine_kind(cfg.rollout.engine).in_process else 0
     gpus = start_ray(cfg.cluster.ray_address, cfg.cluster.num_cpus or max(
         os.cpu_count() or 1, policy_ranks * (2 if use_critic else 1) + in_process_engines), cfg.cluster.num_gpus)
     stop.install()  # again: ray.init replaced the SIGTERM handler with its own

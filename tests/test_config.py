@@ -278,3 +278,34 @@ def test_every_trajectory_ending_can_be_kept_by_partial_filtering():
     assert cfg.algorithm.partial_filter_keep == list(TRAJECTORY_ENDINGS)
     with pytest.raises(ConfigError, match=r"partial_filter_keep has \['finished'\].*'image_token'"):
         load_config(None, BASE + ["algorithm.partial_filter_keep=[done,finished]"])
+
+
+def test_engine_checks_ask_the_engine_kinds_table(monkeypatch):
+    """The config's engine checks read each kind's capabilities (rl360.core.engine_kinds), not its name."""
+    import dataclasses
+
+    from rl360.core import engine_kinds
+
+    server = ["rollout.engine=server", "rollout.num_engines=2", "rollout.mode=async"]
+    assert load_config(None, BASE + server).rollout.num_engines == 2
+    pixels = ["rollout.engine=sglang", "model.min_pixels=1024"]
+    with pytest.raises(ConfigError, match="SGLang engines take an image's pixel bounds from the model's preprocessor"):
+        load_config(None, BASE + pixels)
+    kinds = dict(engine_kinds.ENGINE_KINDS)
+    kinds["server"] = dataclasses.replace(kinds["server"], in_process=True)
+    kinds["sglang"] = dataclasses.replace(kinds["sglang"], pixel_flags=True)
+    monkeypatch.setattr(engine_kinds, "ENGINE_KINDS", kinds)
+    with pytest.raises(ConfigError, match=r"rollout\.num_engines=2 needs rollout\.engine=sglang \(rollout\.engine="
+                                          r"server is one in-process engine\)"):
+        load_config(None, BASE + server)
+    assert load_config(None, BASE + pixels).model.min_pixels == 1024
+
+
+def test_weight_sync_is_checked_against_the_engines_it_reaches():
+    with pytest.raises(ConfigError, match=r"rollout\.weight_sync=tensor sends rl360's own formats .* with "
+                                          r"rollout\.engine=sglang use rollout\.weight_sync=disk or distributed"):
+        load_config(None, BASE + ["rollout.engine=sglang", "rollout.weight_sync=tensor"])
+    with pytest.raises(ConfigError, match=r"engine_hosts=ray needs .* rollout\.weight_sync=disk or distributed "
+                                          r"\(tensor sync and colocation need the engines on the trainer's node"):
+        load_config(None, BASE + ["rollout.engine=server", "rollout.weight_sync=tensor", "rollout.engine_hosts=ray"])
+    assert load_config(None, BASE + ["rollout.weight_sync=tensor"]).rollout.weight_sync == "tensor"  # hf: unused

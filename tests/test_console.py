@@ -168,7 +168,7 @@ def test_run_log_copies_stdout_and_stderr_without_colour_codes_and_appends(tmp_p
     with pytest.raises(ConfigError), RunLog(path):
         raise ConfigError("data row 3: no prompt")
     ending = path.read_text().removeprefix("(PolicyWorker pid=1) hello\noops\nresumed\n")
-    assert ending.startswith("Traceback") and ending.endswith("rl360.config.ConfigError: data row 3: no prompt\n"
+    assert ending.startswith("Traceback") and ending.endswith("rl360.errors.ConfigError: data row 3: no prompt\n"
                                                               "rl360: config error: data row 3: no prompt\n")
     assert capsys.readouterr() == ("", "")  # the console shows it as the command line reports it
 

@@ -13,13 +13,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "rl360"
 
 FLOORS = [
-    ["core", "imports", "network", "errors"],  # shared types (prompts, samples, sampling params), the engine API's
-    # client, the user-error base
-    ["algos", "tracking", "service", "model_dir", "model_shapes", "stopping"],  # pure torch algorithms, metric
-    # sinks, the HTTP service layer, model directory checks, released models' shapes, stopping a run on a signal
-    ["config"],  # the typed run config (validates against the algos' registries)
-    ["data", "cluster", "weight_sync", "installed"],  # prompts from parquet, Ray placement, weights into engines,
-    # what a config needs installed
+    ["core", "imports", "network", "errors"],  # shared types (prompts, samples, sampling params, engine kinds), the
+    # engine API's client, the user-error base
+    ["algos", "tracking", "service", "model_dir", "model_shapes", "stopping", "weight_sync"],  # pure torch
+    # algorithms, metric sinks, the HTTP service layer, model directory checks, released models' shapes, stopping a
+    # run on a signal, weights into engines (its strategies' registry)
+    ["config"],  # the typed run config (validates against the algos' and weight sync's registries)
+    ["data", "cluster", "installed"],  # prompts from parquet, Ray placement, what a config needs installed
     ["rewards", "actor", "engine", "checkpointing", "run_config"],  # scoring, the policy, the engines themselves,
     # checkpoints and the config saved with a run
     ["rollout", "serve", "convert", "plan", "agents", "config_docs"],  # the engine fleet and the training sampler;

@@ -34,6 +34,27 @@ def _rollout(**settings) -> RolloutConfig:
     return replace(RolloutConfig(), **settings)
 
 
+def test_the_placement_reads_the_strategies_registrations():
+    """What a colocated engine may take is each strategy's registration: one that shares a GPU with SGLang engines
+    colocates them, and a stand-in replaces a sync that cannot share a GPU."""
+    from rl360.weight_sync.registry import register_strategy, unregister_strategy
+
+    class Shared:
+        @classmethod
+        def from_options(cls, calls, options):
+            return cls()
+
+    with pytest.raises(PlacementError, match="can take weights only from disk here"):
+        make_placement(1, False, _rollout(engine="sglang", colocate=True), gpus=1)
+    register_strategy("shared_in_test", summary="a test's", engines=("sglang",), stand_in=True)(Shared)
+    try:
+        placement = make_placement(1, False, _rollout(engine="sglang", colocate=True), gpus=1)
+        assert placement.colocate and placement.weight_sync == "shared_in_test"
+        assert "using rollout.weight_sync=shared_in_test (a test's)" in placement.notes[0]
+    finally:
+        unregister_strategy("shared_in_test")
+
+
 def test_one_gpu_colocates_the_default_hf_engine_on_policy_rank_0():
     placement = make_placement(1, False, _rollout(), gpus=1)
     assert placement.colocate and placement.gpus_needed == 1 and placement.gpu_share == 0.5

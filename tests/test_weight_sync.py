@@ -470,3 +470,45 @@ def test_tied_weights_load_and_read_under_either_name(tmp_path):
     head, embed = _run(scenario())
     shared = dict(named)["lm_head.weight"]
     assert torch.equal(torch.tensor(head), shared) and torch.equal(torch.tensor(embed), shared)
+
+
+def test_a_registered_strategy_is_a_config_value_the_sender_builds():
+    """A strategy registers itself in its own module (here, this test): it becomes a `rollout.weight_sync` value,
+    its engine facts are checked, and the sender builds and runs it; nothing else lists it."""
+    from rl360.config import load_config
+    from rl360.weight_sync.registry import get_strategy, register_strategy, strategy_names, unregister_strategy
+
+    sent = []
+
+    @register_strategy("in_test", summary="buckets kept in a list", engines=("server",), same_host=True)
+    class ListSync:
+        def __init__(self, calls, scratch_dir):
+            self.calls, self.scratch_dir = calls, scratch_dir
+
+        @classmethod
+        def from_options(cls, calls, options):
+            return cls(calls, options.scratch_dir)
+
+        def send(self, stream, version):
+            sent.extend((version, [name for name, _ in bucket], last) for bucket, last in stream)
+
+        def reset(self):
+            sent.append("reset")
+
+    base = ["model.path=m", "data.train_files=[d.parquet]", "rollout.engine=server"]
+    try:
+        assert "in_test" in strategy_names() and get_strategy("in_test").cls is ListSync
+        assert load_config(None, base + ["rollout.weight_sync=in_test"]).rollout.weight_sync == "in_test"
+        with pytest.raises(ConfigError, match="rollout.weight_sync=in_test does not reach these engines"):
+            load_config(None, base[:2] + ["rollout.engine=sglang", "rollout.weight_sync=in_test"])
+        with pytest.raises(ConfigError, match="engine_hosts=ray needs .* sync and colocation need"):
+            load_config(None, base + ["rollout.weight_sync=in_test", "rollout.engine_hosts=ray"])
+        with WeightSender(["http://127.0.0.1:9"], "in_test") as sender:
+            metrics = sender.send([[("a", torch.zeros(2))], [("b", torch.ones(3))]], version=4)
+        assert sent == ["reset", (4, ["a"], False), (4, ["b"], True), "reset"]
+        assert metrics["weight_sync/buckets"] == 2 and metrics["weight_sync/tensors"] == 2
+    finally:
+        unregister_strategy("in_test")
+    assert "in_test" not in strategy_names()
+    with pytest.raises(ConfigError, match=r"rollout\.weight_sync='in_test' is not allowed"):
+        load_config(None, base + ["rollout.weight_sync=in_test"])

@@ -19,7 +19,9 @@ On GPUs the trainer (policy ranks, plus as many critic ranks for PPO) takes one 
 - `rollout.weight_sync=distributed` puts the trainer's export rank and every engine in one NCCL group, which
   NCCL refuses when two of them are on one GPU: colocated `server` engines on GPUs take `tensor` (CUDA IPC on
   the same device) instead, with a note; colocated `sglang` engines need `disk` (SGLang reads neither of rl360's
-  tensor formats), and are refused without it.
+  tensor formats), and are refused without it. Each strategy's facts (the engines it reaches, whether it shares
+  a GPU, whether it may stand in) are its registration (`rl360.weight_sync.registry`), each engine kind's
+  `rl360.core.engine_kinds`.
 
 A layout that cannot fit is refused with one message naming the counts and what to change; the notes say
 what was decided in the user's place. On CPU (no GPUs) every component takes CPU slots and nothing is refused.
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl360.config import ConfigError
+from rl360.core.engine_kinds import either, engine_kind
+from rl360.weight_sync.registry import get_strategy, strategies, usable_strategies
 
 
 class PlacementError(ConfigError):
@@ -71,7 +75,7 @@ class Placement:
     def gpu_share(self) -> float:
         """The fraction of its bundle's GPU (and CPUs) each actor on a shared bundle takes: a colocated hf engine
         and policy rank 0 take half each (Ray then gives both the same device)."""
-        return 0.5 if self.use_gpu and self.colocate and self.engine == "hf" else 1.0
+        return 0.5 if self.use_gpu and self.colocate and engine_kind(self.engine).in_process else 1.0
 
     def engine_devices(self, index: int, visible: list[str]) -> list[str]:
         """Engine `index`'s devices among the trainer node's `visible` ones (CUDA_VISIBLE_DEVICES, or 0..n-1):
@@ -93,7 +97,8 @@ class Placement:
         else:
             trainer = f"policy {self.policy_ranks}" + (f" + critic {self.critic_ranks}" if self.critic_ranks else "")
             if self.colocate:
-                engines = ("the hf engine on policy rank 0's GPU" if self.engine == "hf" else
+                in_process = engine_kind(self.engine).in_process
+                engines = (f"the {self.engine} engine on policy rank 0's GPU" if in_process else
                            f"{self.num_engines} {self.engine} engine(s) x {self.engine_width} GPU(s) on the "
                            "trainer's GPUs")
                 engines += " (colocated)"
@@ -139,10 +144,11 @@ def make_placement(policy_ranks: int, critic: bool, rollout: Any, gpus: int) -> 
         raise PlacementError(f"{separate.gpus_needed} GPUs needed: {_counts(separate)}; this cluster has {gpus}: "
                              f"{hint}, lower rollout.num_engines or rollout.engine_tensor_parallel, or add GPUs")
     weight_sync = rollout.weight_sync
-    if colocate and rollout.engine != "hf" and weight_sync == "distributed":
-        weight_sync = "tensor"
-        notes.append("rollout.weight_sync=distributed cannot run colocated on GPUs (NCCL refuses two ranks of one "
-                     "group on one GPU): using rollout.weight_sync=tensor, the same-host hand-over")
+    asked = get_strategy(weight_sync)
+    if colocate and engine_kind(rollout.engine).processes and not asked.shares_gpu:
+        weight_sync = _stand_in(rollout.engine) or weight_sync  # one there is: else not colocated (above)
+        notes.append(f"rollout.weight_sync={asked.name} cannot run colocated on GPUs ({asked.gpu_note}): using "
+                     f"rollout.weight_sync={weight_sync} ({get_strategy(weight_sync).summary})")
     return Placement(**base, colocate=colocate, weight_sync=weight_sync, notes=tuple(notes))
 
 
@@ -155,19 +161,37 @@ def _counts(placement: Placement) -> str:
     return " + ".join(parts)
 
 
+def _stand_in(engine: str) -> str | None:
+    """The weight sync the placement takes in the user's place for colocated `engine` processes whose asked sync
+    cannot share a GPU (the first registered stand-in reaching them there), or None."""
+    return next((name for name in usable_strategies(engine, shared_gpu=True) if get_strategy(name).stand_in), None)
+
+
+def _why_not_usable(engine: str) -> str:
+    """Why each strategy that cannot reach `engine` processes on the trainer's GPUs cannot."""
+    reasons = []
+    for name, info in strategies().items():
+        if not info.reaches(engine, shared_gpu=True):
+            why = info.gpu_note if engine in info.engines else info.engines_note
+            reasons.append(f"{name}: {why or f'not for rollout.engine={engine}'}")
+    return "; ".join(reasons)
+
+
 def _why_not_colocated(rollout: Any, separate: Placement) -> str | None:
     """Why the engines cannot share the trainer's GPUs, or None when they can."""
     if rollout.engine_hosts == "ray":
         return "rollout.engine_hosts=ray places engines on GPUs of their own (colocation needs engine_hosts=local)"
-    if rollout.engine == "hf":
+    if engine_kind(rollout.engine).in_process:
         return None
     if rollout.mode != "sync":
         return (f"rollout.mode={rollout.mode}: colocated engines release the GPU while the trainer trains, which "
                 "needs rollout.mode=sync")
-    if rollout.engine == "sglang" and rollout.weight_sync != "disk":
-        return ("SGLang engines on the trainer's GPUs can take weights only from disk here (distributed: NCCL "
-                "refuses two ranks of one group on one GPU; tensor: SGLang reads neither of rl360's tensor formats): "
-                "set rollout.weight_sync=disk")
+    asked = get_strategy(rollout.weight_sync)
+    if not asked.reaches(rollout.engine, shared_gpu=True) and (asked.shares_gpu or not _stand_in(rollout.engine)):
+        usable = usable_strategies(rollout.engine, shared_gpu=True)
+        return (f"{engine_kind(rollout.engine).title} on the trainer's GPUs can take weights only from "
+                f"{either(usable) or 'no weight sync'} here ({_why_not_usable(rollout.engine)}): set "
+                f"rollout.weight_sync={either(usable)}")
     if separate.num_engines * separate.engine_width > separate.policy_ranks:
         return (f"{separate.num_engines} engine(s) x {separate.engine_width} GPU(s) do not fit on the policy's "
                 f"{separate.policy_ranks} GPU(s)")

@@ -5,6 +5,7 @@
 - `trajectory`: `Sample`, one sampled trajectory (a single response is its one-turn case), with its `Turn`s.
 - `wire`: the "rl360_safetensors" weight bucket format, which the engine client sends and engines read.
 - `routes`: SGLang's wire form of a mixture-of-experts model's routed experts (routing replay).
+- `engine_kinds`: the kinds of rollout engine (`rollout.engine`) and what each can do (`ENGINE_KINDS`).
 - `client`: `EngineClient`, the trainer's side of SGLang's native HTTP API (engines, fleet and weight sync use it).
 """
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rl360.config import ConfigError, JudgeConfig, RewardConfig, load_structured, schema_keys
+from rl360.core.engine_kinds import engine_names
 from rl360.installed import check_sglang
 
 # preset -> sampling values (DeepVision-103k's eval_scripts: qwen_ins, qwen_think, mimo, greedy)
@@ -29,7 +30,7 @@ SAMPLING_DEFAULTS: dict[str, float | int] = {"temperature": 1.0, "top_p": 1.0, "
 # DeepVision's prompt-field search order (its --prompt-field auto-detection)
 PROMPT_FIELDS = ("messages", "prompt", "question", "text", "problem", "query", "input")
 PROTOCOLS = ("openai", "sglang")
-ENGINES = ("server", "sglang")
+ENGINES = engine_names("processes")  # the engine kinds eval.model starts: engine processes
 
 
 @dataclass

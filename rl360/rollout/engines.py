@@ -1,4 +1,6 @@
-"""The fleet's engines, one protocol (`Engine`) for three kinds (`rollout.engine`):
+"""The fleet's engines, one protocol (`Engine`) for the kinds of `rollout.engine`, whose capabilities are one
+table (`rl360.core.engine_kinds`, read by the config's checks too; each engine carries its kind's as
+`capabilities`):
 
 - `hf`: `HFEngine` inside a Ray actor (`ActorEngine`); weights arrive as Ray object-store buckets. One engine,
   no HTTP, nothing to pause, release or restart.
@@ -42,6 +44,7 @@ import httpx
 
 from rl360.core import Prompt, Sample, SamplingParams
 from rl360.core.client import EngineClient, EngineError, EngineTimeout
+from rl360.core.engine_kinds import EngineKind, engine_kind
 from rl360.network import free_port
 
 KEY_ENV = "RL360_ROLLOUT_API_KEY"
@@ -80,6 +83,7 @@ class Engine(Protocol):
 
     index: int
     kind: str
+    capabilities: EngineKind  # what its kind can do (`rl360.core.engine_kinds.ENGINE_KINDS[kind]`)
     url: str  # "" where the engine has no HTTP address
     log_path: Path | None
     version: int
@@ -126,6 +130,7 @@ class ActorEngine:
     """The in-process HF engine, in a Ray actor (rollout.engine=hf): nothing to pause, release or restart."""
 
     kind = "hf"
+    capabilities = engine_kind("hf")
     url = ""
     log_path = None
     supports_pause = False
@@ -294,6 +299,7 @@ class ProcessEngine:
                  request_timeout_s: float, env: dict[str, str] | None = None, kind: str = "server",
                  hosts: str = "local", num_gpus: float = 0):
         self.index, self.kind, self.hosts = index, kind, hosts
+        self.capabilities = engine_kind(kind)
         self.log_path = log_dir / f"engine-{index}.log"
         self.api_key, self.request_timeout_s = api_key, request_timeout_s
         self._process_args = (index, command, self.log_path, api_key, startup_timeout_s, env)

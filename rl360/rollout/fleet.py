@@ -40,6 +40,7 @@ import torch
 
 from rl360.cluster.placement import Placement
 from rl360.core import Prompt, Sample, SamplingParams
+from rl360.core.engine_kinds import engine_kind
 from rl360.engine.stop_strings import cut_at_stop
 from rl360.rollout.engines import (
     ActorEngine,
@@ -100,7 +101,7 @@ class EngineFleet:
 
     def _build(self) -> list[Engine]:
         rollout, kind, model, use_gpu = self.rollout, self.rollout.engine, self.model, self.placement.use_gpu
-        if kind == "hf":
+        if engine_kind(kind).in_process:
             from rl360.actor.policy_model import DTYPES
             from rl360.cluster import WorkerGroup
             from rl360.engine.hf_engine import HFEngine
@@ -117,7 +118,8 @@ class EngineFleet:
         pixel_args = [f"--{flag}={value}" for flag, value in (("min-pixels", model.min_pixels),
                                                              ("max-pixels", model.max_pixels)) if value]
         threads = {"OMP_NUM_THREADS": str(per_engine)} if self.num_threads else {}
-        routes_args = ["--enable-return-routed-experts"] if self.routed_experts and kind == "sglang" else []
+        routes_flag = engine_kind(kind).routes_flag
+        routes_args = [routes_flag] if self.routed_experts and routes_flag else []
         return [
             ProcessEngine(i, engine_command(kind, model.path, model.dtype,
                                             rollout.engine_tensor_parallel, rollout.mem_fraction,

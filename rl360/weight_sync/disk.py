@@ -13,11 +13,17 @@ from pathlib import Path
 
 from rl360.core.wire import owning_copies
 from rl360.weight_sync.calls import EngineCalls
+from rl360.weight_sync.registry import SyncOptions, register_strategy
 
 
+@register_strategy("disk", summary="a safetensors checkpoint the engines load", engines=("server", "sglang"))
 class DiskSync:
     def __init__(self, calls: EngineCalls, scratch_dir: str | None):
         self.calls, self.scratch_dir = calls, scratch_dir
+
+    @classmethod
+    def from_options(cls, calls: EngineCalls, options: SyncOptions) -> DiskSync:
+        return cls(calls, options.scratch_dir)
 
     def reset(self) -> None:
         """Nothing is held with the engines between updates."""

@@ -29,9 +29,11 @@ import torch
 import torch.distributed as dist
 
 from rl360.core.client import EngineError, EngineTimeout
+from rl360.errors import ConfigError
 from rl360.weight_sync.calls import EngineCalls, EngineUnreachable, failure
 from rl360.weight_sync.flat_bucket import dtype_name
 from rl360.weight_sync.group import close_process_group, host_store, open_process_group
+from rl360.weight_sync.registry import SyncOptions, register_strategy
 
 TRANSFER_GRACE_S = 2.0  # after every engine answered, broadcasts still pending this long mean the group broke
 DESTROY_TIMEOUT_S = 10.0
@@ -44,10 +46,19 @@ class _Group:
     urls: list[str]
 
 
+@register_strategy("distributed", summary="a gloo/NCCL group between the trainer's export rank and every engine, "
+                   "one broadcast per tensor", engines=("server", "sglang"), shares_gpu=False,
+                   gpu_note="NCCL refuses two ranks of one group on one GPU")
 class DistributedSync:
     def __init__(self, calls: EngineCalls, backend: str, master_address: str, timeout_s: float):
         self.calls, self.backend, self.master_address, self.timeout_s = calls, backend, master_address, timeout_s
         self._group: _Group | None = None
+
+    @classmethod
+    def from_options(cls, calls: EngineCalls, options: SyncOptions) -> DistributedSync:
+        if options.backend == "nccl" and not torch.cuda.is_available():
+            raise ConfigError("weight sync backend 'nccl' needs CUDA, which this process does not have: use 'gloo'")
+        return cls(calls, options.backend, options.master_address, options.timeout_s)
 
     @property
     def group_name(self) -> str | None:

@@ -1,5 +1,5 @@
 """`WeightSender`: full weight updates from a trainer-side process into rollout engines on SGLang's protocol,
-by the strategy it is given (one module each: `distributed`, `tensor`, `disk`).
+by the strategy it is given (one module each, registered in `registry`: `distributed`, `tensor`, `disk`, ...).
 
     sender = WeightSender(["http://10.0.0.2:30000", ...], strategy="distributed", master_address="10.0.0.1")
     metrics = sender.send(buckets, version=7)  # buckets: an iterable of [(hf_name, tensor), ...]
@@ -22,27 +22,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from rl360.config import ConfigError
+from rl360.errors import ConfigError
 from rl360.weight_sync.calls import EngineCalls
-from rl360.weight_sync.disk import DiskSync
-from rl360.weight_sync.distributed import DistributedSync
 from rl360.weight_sync.flat_bucket import dtype_name, is_count
 from rl360.weight_sync.group import BACKENDS
-from rl360.weight_sync.tensor import TensorSync
-
-STRATEGIES = ("distributed", "tensor", "disk")
-
-
-class Strategy(Protocol):
-    def send(self, stream: Iterator[tuple[list[tuple[str, torch.Tensor]], bool]], version: int) -> None:
-        """Every `(bucket, is_last)` into every engine, as weight `version`; EngineError naming those that fail."""
-
-    def reset(self) -> None:
-        """Drop what is held with the engines (the engines changed, or the sender closes)."""
+from rl360.weight_sync.registry import Strategy, SyncOptions, get_strategy
 
 
 class WeightSender:
@@ -51,12 +39,9 @@ class WeightSender:
     def __init__(self, urls: list[str], strategy: str, api_key: str | None = None, backend: str = "gloo",
                  master_address: str = "127.0.0.1", timeout_s: float = 600.0, engine_ranks: list[int] | None = None,
                  scratch_dir: str | None = None, cuda_ipc: bool = True):
-        if strategy not in STRATEGIES:
-            raise ConfigError(f"weight sync strategy must be one of {STRATEGIES}, got {strategy!r}")
+        info = get_strategy(strategy)
         if backend not in BACKENDS:
             raise ConfigError(f"weight sync backend must be one of {BACKENDS}, got {backend!r}")
-        if backend == "nccl" and strategy == "distributed" and not torch.cuda.is_available():
-            raise ConfigError("weight sync backend 'nccl' needs CUDA, which this process does not have: use 'gloo'")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
             raise ConfigError(f"timeout_s must be a positive number, got {timeout_s!r}")
         if scratch_dir is not None and not Path(scratch_dir).is_dir():
@@ -65,13 +50,10 @@ class WeightSender:
         self.api_key, self.timeout_s, self.scratch_dir = api_key, float(timeout_s), scratch_dir
         self.cuda_ipc = bool(cuda_ipc)
         self.calls = EngineCalls(api_key, self.timeout_s)
-        self._strategy: Strategy = {
-            "distributed": lambda: DistributedSync(self.calls, backend, master_address, self.timeout_s),
-            "tensor": lambda: TensorSync(self.calls, scratch_dir, self.cuda_ipc),
-            "disk": lambda: DiskSync(self.calls, scratch_dir),
-        }[strategy]()
         self._closed = False
         try:
+            self._strategy: Strategy = info.build(self.calls, SyncOptions(backend, master_address, self.timeout_s,
+                                                                          scratch_dir, self.cuda_ipc))
             self.set_engines(urls, engine_ranks)
         except BaseException:
             self.calls.stop()
@@ -84,7 +66,7 @@ class WeightSender:
     @property
     def group_name(self) -> str | None:
         """The open weight-update group's name ("distributed"; None before the first send)."""
-        return self._strategy.group_name if isinstance(self._strategy, DistributedSync) else None
+        return getattr(self._strategy, "group_name", None)
 
     def set_engines(self, urls: list[str], engine_ranks: list[int] | None = None) -> None:
         """Send to `urls` from now on (`engine_ranks`: ranks per engine; default: what a known URL had, else

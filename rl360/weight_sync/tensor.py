@@ -29,6 +29,7 @@ from rl360.core.client import EngineTimeout
 from rl360.weight_sync.calls import EngineCalls
 from rl360.weight_sync.cuda_ipc import CUDA_IPC_LOAD_FORMAT, CudaIpcPacker, PackedBucket
 from rl360.weight_sync.formats import SHARED_MEMORY_LOAD_FORMAT, write_shared_bucket
+from rl360.weight_sync.registry import SyncOptions, register_strategy
 
 
 @dataclass
@@ -39,9 +40,18 @@ class _InFlight:
     counters: dict[str, tuple[bytes, int]]
 
 
+@register_strategy("tensor", summary="engine=server on the same host: CUDA IPC for GPU weights on the engine's "
+                   "GPU, else shared memory", engines=("server",), same_host=True, stand_in=True,
+                   engines_note="sends rl360's own formats (rl360_shared_memory, rl360_cuda_ipc), which "
+                                "rollout.engine=server reads and SGLang does not (SGLang's pickled 'flattened_bucket' "
+                                "format is not sent)")
 class TensorSync:
     def __init__(self, calls: EngineCalls, scratch_dir: str | None, cuda_ipc: bool):
         self.calls, self.scratch_dir, self.cuda_ipc = calls, scratch_dir, cuda_ipc
+
+    @classmethod
+    def from_options(cls, calls: EngineCalls, options: SyncOptions) -> TensorSync:
+        return cls(calls, options.scratch_dir, options.cuda_ipc)
 
     def reset(self) -> None:
         """Nothing is held with the engines between updates."""
