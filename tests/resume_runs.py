@@ -1,19 +1,26 @@
-"""The runs that tests of resuming share (tests/test_resume.py, tests/test_stopping.py): the tiny quickstart assets,
-the `rl360 train` command over them, and one unbroken run per algorithm to compare interrupted runs with. A plugin
+"""The runs that tests of resuming share (tests/test_resume.py, tests/test_stopping.py, tests/test_slurm.py): the
+tiny quickstart assets, the `rl360 train` command over them, one unbroken run per algorithm to compare interrupted
+runs with, and one interrupted run per algorithm: stopped by a signal (GRPO by SIGTERM, PPO by a terminal's Ctrl-C),
+then killed once in each phase, each time started again with the same command, and finished. A plugin
 (tests/conftest.py), so that its session fixtures run once however many modules use them.
 """
 
 import json
+import os
+import random
+import signal
 import sys
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from rl360.quickstart.assets import build_quickstart_model
-from tests.killing import TrainingProcess
+from tests.killing import Kill, TrainingProcess, session_pids
 from tests.test_train_e2e import _row
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,6 +39,22 @@ TIMINGS = ("timing/", "weight_sync/seconds")  # the metrics that measure time, t
 ENGINE_LOGPROB_METRICS = ("rollout/logprob_abs_diff", "rollout/logprob_abs_diff_max", "rollout/k3_kl")
 ENGINE_BATCHING_TOLERANCE = 1e-6
 PREVIOUS_RUN_FILES = ("metrics.jsonl", "config.yaml", "train.log")
+
+# the phases each run is killed in (an engine process's generate shows in no Ray title: the async run is killed in
+# an update after a checkpoint, when the step after it is drawn from older weights than the checkpoint's; its
+# checkpoint writes are those of the others)
+RL_PHASES = ("rollout", "update", "checkpoint")  # of tests.killing.PHASES: those of `rl360 train`
+KILL_PHASES = {"grpo": RL_PHASES, "ppo": RL_PHASES, ASYNC: ("update",)}
+KILL_SEED = 13
+MAX_DELAY_S = {"rollout": 0.02, "update": 0.05, "checkpoint": 0.05}  # each lasts ~0.05-1 s here
+
+
+def _ctrl_c(pid: int) -> None:
+    os.killpg(pid, signal.SIGINT)  # a terminal's Ctrl-C: every process of the foreground group
+
+
+# algorithm -> the signal its run is first stopped by, how it is sent, and the logged step after which it is sent
+STOPS = {"grpo": ("SIGTERM", lambda pid: os.kill(pid, signal.SIGTERM), 3), "ppo": ("SIGINT", _ctrl_c, 3)}
 
 
 @pytest.fixture(scope="session")
@@ -116,6 +139,103 @@ def unbroken(assets) -> dict[str, Unbroken]:
     _finish(runs)
     return {algorithm: Unbroken(assets / f"unbroken-{algorithm}", run.output, another[algorithm])
             for algorithm, run in runs.items()}
+
+
+@dataclass
+class KillRecord:
+    """A kill and what the output directory showed right after it, and the output of the run after it."""
+
+    kill: Kill
+    latest: str  # what `latest` named
+    partial: list[str]  # `.partial` checkpoint directories
+    last_logged: int  # the last step in metrics.jsonl
+    next_output: str = ""
+
+
+@dataclass
+class StopRecord:
+    """A run stopped by a signal: its exit status and output, the processes of it still alive after it exited,
+    and the output of the run after it."""
+
+    signal: str
+    code: int
+    output: str
+    left: list[str]
+    next_output: str = ""
+
+
+@dataclass
+class Interrupted:
+    out: Path
+    stop: StopRecord | None
+    kills: list[KillRecord] = field(default_factory=list)
+    final_output: str = ""
+
+
+def _kill_plan(algorithm: str) -> list[tuple[str, int, float]]:
+    """(phase, first step to aim at, random delay) per kill: every phase once, in a seeded order."""
+    rng = random.Random(f"{KILL_SEED}-{algorithm}")
+    phases = list(KILL_PHASES[algorithm])
+    rng.shuffle(phases)
+    return [(phase, rng.randint(0, 1), rng.uniform(0, MAX_DELAY_S[phase])) for phase in phases]
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _stop(command: list[str], algorithm: str) -> StopRecord:
+    name, send, after = STOPS[algorithm]
+    run = TrainingProcess(command, cwd=str(REPO))
+    try:
+        run.wait_for_step(after)
+        started = psutil.Process(run.proc.pid).children(recursive=True)
+        send(run.proc.pid)
+        code = run.wait(RUN_TIMEOUT_S)
+        left = [f"{p.pid} {p.name()}" for p in started if _alive(p)] + [str(pid) for pid in session_pids(run.proc.pid)]
+    finally:
+        run.kill_everything()
+    return StopRecord(name, code, run.output, left)
+
+
+def _interrupt(assets: Path, algorithm: str) -> Interrupted:
+    out = assets / f"killed-{algorithm}"
+    command = _command(assets, out, algorithm, f"trainer.save_every={SAVE_EVERY}")
+    checkpoints = out / "checkpoints"
+    run = Interrupted(out, _stop(command, algorithm) if algorithm in STOPS else None)
+    resume_step = int((checkpoints / "latest").read_text().strip().removeprefix("step_")) + 1 if run.stop else 1
+    for phase, later, delay in _kill_plan(algorithm):
+        process = TrainingProcess(command, cwd=str(REPO))
+        try:
+            # after this process's first checkpoint: every start resumes from a checkpoint its predecessor wrote
+            own_checkpoint = -(-resume_step // SAVE_EVERY) * SAVE_EVERY
+            kill = process.kill_in(phase, own_checkpoint + 1 + later, delay)
+        finally:
+            process.kill_everything()
+        if run.kills:
+            run.kills[-1].next_output = process.output
+        elif run.stop:
+            run.stop.next_output = process.output
+        latest = (checkpoints / "latest").read_text().strip()
+        run.kills.append(KillRecord(kill, latest, sorted(p.name for p in checkpoints.glob("*.partial")),
+                                    _records(out)[-1]["step"]))
+        resume_step = int(latest.removeprefix("step_")) + 1
+    final = TrainingProcess(command, cwd=str(REPO))
+    _finish({algorithm: final})
+    run.kills[-1].next_output = run.final_output = final.output
+    return run
+
+
+@pytest.fixture(scope="session")
+def killed(assets) -> dict[str, Interrupted]:
+    """Per algorithm, one run stopped by a signal (GRPO, PPO), killed once in each phase and finished; all at
+    once."""
+    with ThreadPoolExecutor(len(ALGORITHMS)) as pool:
+        futures = {algorithm: pool.submit(_interrupt, assets, algorithm) for algorithm in ALGORITHMS}
+        return {algorithm: future.result() for algorithm, future in futures.items()}
 
 
 def _records(out: Path) -> list[dict]:

@@ -7,20 +7,18 @@ convert to Hugging Face weights equal to the run's own export.
 The kills are real: `rl360 train` runs as a process tree in its own session and is killed with SIGKILL
 while a chosen phase runs (rollout, policy update, checkpoint write), seen from outside in Ray's process
 titles, after a seeded random delay (tests/killing.py). The titles while the run is frozen, and the
-checkpoint directory afterwards, show where each kill landed. Runs are tiny (the quickstart model, 4
-prompts x 4 samples, 12 steps) and two run at a time: start-up dominates, and one run keeps about one core
-busy.
+checkpoint directory afterwards, show where each kill landed. The GRPO and PPO runs are first stopped by a
+signal (what tests/test_stopping.py checks), so their kills start from the checkpoint a stop wrote. Runs are tiny
+(the quickstart model, 4 prompts x 4 samples, 12 steps) and run at once: start-up dominates, and one run keeps
+about one core busy.
 """
 
 import json
 import os
-import random
 import re
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,12 +28,12 @@ from rl360.checkpointing import latest_checkpoint
 from rl360.config import load_config
 from rl360.rollout.ahead import restore_ahead
 from rl360.tracking.console import dependency_note
-from tests.killing import Kill, TrainingProcess
 from tests.resume_runs import (
     ALGORITHMS,
     ASYNC,
     ENGINE_LOGPROB_METRICS,
     EVAL_STEPS,
+    KILL_PHASES,
     PREVIOUS_RUN_FILES,
     REPO,
     RUN_TIMEOUT_S,
@@ -45,18 +43,10 @@ from tests.resume_runs import (
     _assert_same_metrics,
     _assert_same_weights,
     _command,
-    _finish,
     _records,
     _tree,
 )
 
-# the phases each run is killed in (an engine process's generate shows in no Ray title: the async run is killed in
-# an update after a checkpoint, when the step after it is drawn from older weights than the checkpoint's; its
-# checkpoint writes are those of the others)
-RL_PHASES = ("rollout", "update", "checkpoint")  # of PHASES: those of `rl360 train`
-KILL_PHASES = {"grpo": RL_PHASES, "ppo": RL_PHASES, ASYNC: ("update",)}
-KILL_SEED = 13
-MAX_DELAY_S = {"rollout": 0.02, "update": 0.05, "checkpoint": 0.05}  # each lasts ~0.05-1 s here
 
 def test_a_fresh_run_moves_another_runs_checkpoints_aside(unbroken):
     """trainer.resume=false where another run left step_000009, step_000010 and `latest`: that directory is
@@ -231,66 +221,6 @@ def test_a_held_out_evaluation_scores_what_the_policy_answers_greedily(unbroken,
 
 
 # ---- killed runs ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class KillRecord:
-    """A kill and what the output directory showed right after it, and the output of the run after it."""
-
-    kill: Kill
-    latest: str  # what `latest` named
-    partial: list[str]  # `.partial` checkpoint directories
-    last_logged: int  # the last step in metrics.jsonl
-    next_output: str = ""
-
-
-@dataclass
-class Killed:
-    out: Path
-    kills: list[KillRecord]
-    final_output: str
-
-
-def _kill_plan(algorithm: str) -> list[tuple[str, int, float]]:
-    """(phase, first step to aim at, random delay) per kill: every phase once, in a seeded order."""
-    rng = random.Random(f"{KILL_SEED}-{algorithm}")
-    phases = list(KILL_PHASES[algorithm])
-    rng.shuffle(phases)
-    return [(phase, rng.randint(0, 1), rng.uniform(0, MAX_DELAY_S[phase])) for phase in phases]
-
-
-def _run_with_kills(assets: Path, algorithm: str) -> Killed:
-    out = assets / f"killed-{algorithm}"
-    command = _command(assets, out, algorithm, f"trainer.save_every={SAVE_EVERY}")
-    kills: list[KillRecord] = []
-    resume_step = 1
-    for phase, later, delay in _kill_plan(algorithm):
-        run = TrainingProcess(command, cwd=str(REPO))
-        try:
-            # after this process's first checkpoint: every start resumes from a checkpoint its predecessor wrote
-            own_checkpoint = -(-resume_step // SAVE_EVERY) * SAVE_EVERY
-            kill = run.kill_in(phase, own_checkpoint + 1 + later, delay)
-        finally:
-            run.kill_everything()
-        if kills:
-            kills[-1].next_output = run.output
-        checkpoints = out / "checkpoints"
-        latest = (checkpoints / "latest").read_text().strip()
-        kills.append(KillRecord(kill, latest, sorted(p.name for p in checkpoints.glob("*.partial")),
-                                _records(out)[-1]["step"]))
-        resume_step = int(latest.removeprefix("step_")) + 1
-    final = TrainingProcess(command, cwd=str(REPO))
-    _finish({algorithm: final})
-    kills[-1].next_output = final.output
-    return Killed(out, kills, final.output)
-
-
-@pytest.fixture(scope="module")
-def killed(assets) -> dict[str, Killed]:
-    """Per algorithm, one run killed three times (once in each phase) and finished; both at once."""
-    with ThreadPoolExecutor(len(ALGORITHMS)) as pool:
-        futures = {algorithm: pool.submit(_run_with_kills, assets, algorithm) for algorithm in ALGORITHMS}
-        return {algorithm: future.result() for algorithm, future in futures.items()}
 
 
 @pytest.mark.slow
