@@ -109,7 +109,10 @@ def _quickstart_lewis(speaker_config: str, overrides: list[str]) -> int:
 
     listener_config = str(LEWIS_LISTENER_CONFIG)
     prepare_lewis_quickstart(load_config(speaker_config, overrides), load_config(listener_config, overrides))
-    done = alternate(speaker_config, listener_config, 1, LEWIS_OUT, "listener", overrides, overrides)
+    # the speaker's rewards wait on the listener: 8 reward workers keep 8 games in flight, which the service
+    # scores together (32 candidates a forward)
+    done = alternate(speaker_config, listener_config, 1, LEWIS_OUT, "listener", overrides, overrides,
+                     listener_options=["--max-batch", "32"])
     print(f"done: metrics in {done[-1] / 'metrics.jsonl'} (reward/accuracy_sampled: the listener's accuracy on the "
           f"speaker's messages), models in {done[0] / 'hf'} and {done[-1] / 'hf'}")
     return 0
