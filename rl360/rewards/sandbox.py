@@ -612,16 +612,9 @@ def _start(argv: list[str], files: dict[str, str], limits: SandboxLimits, featur
     """Make the sandbox directory holding `files` and start `argv` there (pipes on stdin, stdout and stderr,
     or stderr into stdout); OSError or SubprocessError (its directory deleted) when it cannot start."""
     isolated = _isolated(features, uid)
-    workdir = tempfile.mkdtemp(prefix="rl360-sandbox-")
+    workdir = make_workdir(files, uid)
     try:
-        for name, text in files.items():
-            with open(os.path.join(workdir, name), "w", encoding="utf-8") as handle:
-                handle.write(text)
-        if uid is not None:
-            for path in [workdir, *(os.path.join(workdir, name) for name in files)]:
-                os.chown(path, uid, uid)
-        env = {"PATH": MINIMAL_PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8", "PYTHONNOUSERSITE": "1"}
+        env = sandbox_env(workdir)
         setup = _ChildSetup(limits, uid, isolated["network_isolated"], isolated["filesystem_isolated"],
                             isolated["processes_isolated"], workdir, files)
         process = subprocess.Popen(
@@ -632,6 +625,28 @@ def _start(argv: list[str], files: dict[str, str], limits: SandboxLimits, featur
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     return SandboxProcess(process, uid, workdir, isolated)
+
+
+def make_workdir(files: dict[str, str], uid: int | None) -> str:
+    """A new sandbox directory (mode 0700) holding `files`, owned with them by `uid` when there is one."""
+    workdir = tempfile.mkdtemp(prefix="rl360-sandbox-")
+    try:
+        for name, text in files.items():
+            with open(os.path.join(workdir, name), "w", encoding="utf-8") as handle:
+                handle.write(text)
+        if uid is not None:
+            for path in [workdir, *(os.path.join(workdir, name) for name in files)]:
+                os.chown(path, uid, uid)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    return workdir
+
+
+def sandbox_env(workdir: str) -> dict[str, str]:
+    """The whole environment of sandboxed code whose directory is `workdir` (nothing of this process's)."""
+    return {"PATH": MINIMAL_PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8", "PYTHONNOUSERSITE": "1"}
 
 
 def _communicate(process: subprocess.Popen, data: bytes, limits: SandboxLimits, started: float,

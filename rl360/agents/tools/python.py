@@ -446,15 +446,16 @@ class _Worker:
         self.sessions = 0
         self.alive = True
 
-    def start(self, python: str, script: str, limits: Any,
-              niceness: int = 0) -> tuple[int, int, int | None, int, int] | str:
+    def start(self, python: str, script: str, limits: Any, niceness: int = 0,
+              fork: bool = True) -> tuple[int, int, int | None, int, int] | str:
         """A new interpreter: (slot, pid, uid, our write end of its stdin, our read end of its stdout), or why
-        it could not start; `niceness` added to its processes' (from its fork on) where it can be taken back."""
+        it could not start; `niceness` added to its processes' (from its fork on) where it can be taken back;
+        `fork`: forked from the worker's zygote where that is available (else started by an exec)."""
         from multiprocessing.reduction import recv_handle
 
         with self.lock:
             try:
-                self.conn.send(("start", python, script, limits, _sandbox_environ(), niceness))
+                self.conn.send(("start", python, script, limits, _sandbox_environ(), niceness, fork))
                 reply = self.conn.recv()
                 if reply[0] != "ok":
                     return reply[1]
@@ -493,9 +494,10 @@ def _worker_main(conn: Any) -> None:
     interpreter it started."""
     from multiprocessing.reduction import send_handle
 
-    from rl360.rewards.sandbox import SESSION_SLOTS, IsolationError, sandbox_python, start_session
+    from rl360.rewards.sandbox import SESSION_SLOTS, IsolationError, sandbox_python
 
     children: dict[int, Any] = {}
+    zygotes: dict[str, Any] = {}  # interpreter -> its zygote (None where the fork path failed to start)
 
     def terminate(*_: Any) -> None:
         """SIGTERM (multiprocessing ends its daemon children so at exit): stop the interpreters and exit here and
@@ -522,7 +524,7 @@ def _worker_main(conn: Any) -> None:
                     child.stop()
                 conn.send(("ok", None if child is None else child.process.returncode))
                 continue
-            _, python, script, limits, environ, niceness = message
+            _, python, script, limits, environ, niceness, fork = message
             for name, value in environ.items():
                 if value is None:
                     os.environ.pop(name, None)
@@ -535,14 +537,7 @@ def _worker_main(conn: Any) -> None:
                 python = python or sandbox_python()
                 if python is None:
                     raise ValueError("no Python interpreter runs inside the sandbox here")
-                base = os.getpriority(os.PRIO_PROCESS, 0)
-                if niceness and os.geteuid() == 0:  # the child inherits it from its fork; this worker takes it back
-                    os.setpriority(os.PRIO_PROCESS, 0, min(base + niceness, 19))
-                try:
-                    child = start_session([python, "-I", "-B", "driver.py"], {"driver.py": script}, limits, slot)
-                finally:
-                    if niceness and os.geteuid() == 0:
-                        os.setpriority(os.PRIO_PROCESS, 0, base)
+                child = _start_child(zygotes, python, script, limits, slot, niceness, fork)
             except (IsolationError, OSError, ValueError, subprocess.SubprocessError) as error:
                 conn.send(("error", str(error)))
                 continue
@@ -555,6 +550,40 @@ def _worker_main(conn: Any) -> None:
     finally:
         for child in children.values():
             child.stop()
+        for zygote in zygotes.values():
+            if zygote is not None:
+                zygote.close()
+
+
+def _start_child(zygotes: dict[str, Any], python: str, script: str, limits: Any, slot: int, niceness: int,
+                 fork: bool) -> Any:
+    """A new sandboxed interpreter running `script` in `slot`: forked from this worker's zygote for `python`
+    (started at the first such call) where `fork` is asked and the fork path is available, else started by
+    `start_session` (an exec of `python`); `niceness` added to its processes' where it can be taken back."""
+    from rl360.rewards import zygote as forked
+    from rl360.rewards.sandbox import start_session
+
+    if fork and forked.available():
+        zygote = zygotes.get(python, False)
+        if zygote is False or (zygote is not None and not zygote.alive):
+            try:
+                zygote = zygotes[python] = forked.Zygote(python)
+            except (OSError, subprocess.SubprocessError):
+                zygote = zygotes[python] = None  # the exec path from now on
+        if zygote is not None:
+            try:
+                return zygote.start(script, {"driver.py": script}, limits, slot,
+                                    niceness if os.geteuid() == 0 else 0)
+            except forked.ZygoteError:
+                zygotes.pop(python).close()  # gone: a new one at the next start
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if niceness and os.geteuid() == 0:  # the child inherits it from its fork; this worker takes it back
+        os.setpriority(os.PRIO_PROCESS, 0, min(base + niceness, 19))
+    try:
+        return start_session([python, "-I", "-B", "driver.py"], {"driver.py": script}, limits, slot)
+    finally:
+        if niceness and os.geteuid() == 0:
+            os.setpriority(os.PRIO_PROCESS, 0, base)
 
 
 @register_tool("python")
@@ -747,7 +776,7 @@ class PythonTool:
         mark = "\n@@rl360-python-" + secrets.token_hex(16) + "@@"
         limits = SandboxLimits(timeout_s=self.settings.timeout_s, memory_bytes=self.settings.memory_mb << 20,
                                cpu_s=int(self.settings.timeout_s * _SESSION_CPU_CALLS) + 1)
-        started = worker.start(self.settings.python, driver(mark), limits, niceness)
+        started = worker.start(self.settings.python, driver(mark), limits, niceness, fork=not self.settings.replay)
         if isinstance(started, str):
             with self._lock:
                 worker.sessions -= 1
