@@ -8,8 +8,9 @@ as the exec path (`sandbox._ChildSetup`: uid `session_uid(slot)`, new network na
 namespace with tmpfs /tmp, /var/tmp, /dev/shm, /run/lock and its own directory, a private /proc with
 hidepid=invisible, rlimits, PR_SET_NO_NEW_PRIVS, setgroups/setresgid/setresuid, so it holds no capability
 afterwards), takes the sandbox's scrubbed environment and only then runs the script. What the caller gets is
-a `SandboxProcess` like `start_session`'s: its pipes, uid and directory, and `stop()` kills its process
-group and every process of its uid, reaps it (through the zygote, its parent) and deletes its directory.
+a `SandboxProcess` like `start_session`'s (`ForkedSession`): its pipes, uid and directory, and `stop()` has the
+zygote, its parent, kill its process group and every process of its uid and reap it, then deletes its
+directory.
 
 The fork path is used only where the uid switch is in effect (`available`, i.e. root with the sandbox's
 isolation): without it a child of the zygote would share the zygote's uid, so there `start_session` starts
@@ -23,6 +24,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -46,20 +48,29 @@ def available() -> bool:
 
 
 class _ForkedProcess:
-    """What `SandboxProcess` and its callers use of a `Popen`, for a child of the zygote: pid, returncode, our
-    ends of its stdin and stdout, and `wait()` (the zygote reaps it)."""
+    """What the python tool's worker uses of a `Popen`, for a child of the zygote: pid, returncode and our ends
+    of its stdin and stdout."""
 
-    def __init__(self, zygote: Zygote, pid: int, stdin: int, stdout: int):
-        self.zygote, self.pid, self.returncode = zygote, pid, None
+    def __init__(self, pid: int, stdin: int, stdout: int):
+        self.pid, self.returncode = pid, None
         self.stdin, self.stdout = os.fdopen(stdin, "wb", buffering=0), os.fdopen(stdout, "rb", buffering=0)
 
-    def wait(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self.zygote.wait(self.pid)
-        return self.returncode
 
-    def poll(self) -> int | None:
-        return self.returncode
+@dataclasses.dataclass
+class ForkedSession(SandboxProcess):
+    """A `SandboxProcess` forked by `zygote`: `stop()` has the zygote kill its process group, reap it and
+    sweep its uid (else, with the zygote gone, kills them from here), then deletes its directory."""
+
+    zygote: Zygote | None = None
+
+    def stop(self) -> None:
+        try:
+            if self.process.returncode is None:
+                self.process.returncode = self.zygote.stop(self.process.pid, self.uid)
+        finally:
+            for stream in (self.process.stdin, self.process.stdout):
+                stream.close()
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class Zygote:
@@ -120,13 +131,19 @@ class Zygote:
                 os.close(fd)
             shutil.rmtree(workdir, ignore_errors=True)
             raise
-        return SandboxProcess(_ForkedProcess(self, reply["pid"], *ours), uid, workdir, isolated)
+        return ForkedSession(_ForkedProcess(reply["pid"], *ours), uid, workdir, isolated, zygote=self)
 
-    def wait(self, pid: int) -> int | None:
-        """Reap the child `pid` (killed by its caller first); its exit status, None when the zygote is gone."""
+    def stop(self, pid: int, uid: int) -> int | None:
+        """Kill the child `pid` with every process of its uid and reap it; its exit status (None when the zygote
+        is gone: then its process group and uid are killed from here, and init reaps it)."""
         try:
-            return self._ask({"op": "wait", "pid": pid}, [])["status"]
+            return self._ask({"op": "stop", "pid": pid}, [])["status"]
         except ZygoteError:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            sandbox._kill_uid(uid)
             return None
 
     def close(self) -> None:

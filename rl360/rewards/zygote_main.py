@@ -14,8 +14,8 @@ time from it, each a JSON datagram:
   PR_SET_NO_NEW_PRIVS), replaces its whole environment with the sandbox's, and only then runs the script
   given (the tool's driver) as `__main__`, exiting when it returns. Reply: `{"pid": ...}` once the set-up is
   done, or `{"error": ...}` when it failed (the child is gone then).
-- `{"op": "wait", "pid": ...}`: reaps that child (its caller killed it); reply `{"status": ...}`, the exit
-  status as `subprocess` gives it (negative: the signal).
+- `{"op": "stop", "pid": ...}`: kills that child's process group, reaps it and kills every process left
+  under its uid; reply `{"status": ...}`, its exit status as `subprocess` gives it (negative: the signal).
 
 Nothing of the zygote is left to a child: it holds no secret (scrubbed environment, no rl360 state), its
 descriptors are closed in the child, and the uid switch from root to the session's uid clears every
@@ -81,9 +81,8 @@ def main(argv: list[str]) -> int:
                 if "pid" in reply:
                     children[reply["pid"]] = request["uid"]
             else:
-                children.pop(request["pid"], None)
-                _, status = os.waitpid(request["pid"], 0)
-                reply = {"status": os.waitstatus_to_exitcode(status)}
+                uid = children.pop(request["pid"], None)
+                reply = {"status": _stop(sandbox, request["pid"], uid)}
             channel.send(json.dumps(reply).encode())
     finally:
         _sweep(sandbox, children)
@@ -169,19 +168,27 @@ def _run_script(script: str) -> int:  # pragma: no cover (child)
     return code
 
 
+def _stop(sandbox: types.ModuleType, pid: int, uid: int | None) -> int | None:
+    """SIGKILL the child's process group, reap it, then kill every process left under its uid (as the sandbox's
+    `_kill_all`, from this small process: the uid sweep forks it); its exit status."""
+    try:
+        os.killpg(pid, signal.SIGKILL)  # unreaped until below, so its pgid is still its own
+    except OSError:
+        pass
+    try:
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+    except OSError:
+        code = None
+    if uid is not None:
+        sandbox._kill_uid(uid)
+    return code
+
+
 def _sweep(sandbox: types.ModuleType, children: dict[int, int | None]) -> None:
-    """Kill and reap the children still here, and every process of their uids."""
+    """Stop the children still here, with every process of their uids."""
     for pid, uid in children.items():
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            os.waitpid(pid, 0)
-        except OSError:
-            pass
-        if uid is not None:
-            sandbox._kill_uid(uid)
+        _stop(sandbox, pid, uid)
 
 
 if __name__ == "__main__":
