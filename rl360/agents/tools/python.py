@@ -22,9 +22,9 @@ start-up) at a niceness 10 above this process's, and set back to this process's 
 refilling yields to the calls running meanwhile.
 
 **Replay mode** (`replay`, `agent.python_replay`): every call starts a new interpreter that first re-runs the
-trajectory's earlier cells silently, and stops it after the call (no pool): the same replies at a cost that
-grows with the trajectory, kept as the reference the persistent interpreter is measured against
-(`benchmarks/tools_step_time.py`).
+trajectory's earlier cells silently, and stops it after the call (no pool, and each interpreter started by an
+exec, as a one-shot sandbox run starts its code): the same replies at a cost that grows with the trajectory,
+kept as the reference the persistent interpreter is measured against (`benchmarks/tools_step_time.py`).
 
 **Failures.** A call's wall clock is capped at `timeout_s`, and while it runs the resident memory of its
 sandbox's processes (those of its uid) is summed every 50 ms by one watch thread for all running calls, capped
@@ -40,7 +40,13 @@ run, another process) rebuilds its interpreter the same way, once.
 **Processes and uids.** The interpreters are started by worker processes (`workers`, default the CPU count,
 started from the forkserver, one thread each), so the sandbox's root-side setup runs in a child forked from a
 single-threaded process, never from this multi-threaded one; a worker hands this process the interpreter's
-pipes and is asked again only to stop it. Each interpreter has its own uid, `session_uid(slot)` of the worker
+pipes and is asked again only to stop it. **Fast start**: where each interpreter gets a uid of its own (root),
+a worker forks its interpreters from its zygote (`rl360.rewards.zygote`), a sandbox-interpreter process it
+starts once that has already imported what the driver needs; the child applies the same sandbox set-up as
+the exec path before it runs the driver, so an interpreter starts in a few milliseconds of CPU instead of a
+whole Python start-up. A zygote that dies is replaced at the next start; where the fork path is not
+available (no uid switch), or the zygote cannot start, interpreters are started by an exec
+(`start_session`). Each interpreter has its own uid, `session_uid(slot)` of the worker
 that started it (a range apart from one-shot sandbox runs, unique across live processes), so two trajectories
 never share a uid, a memory count or a sweep: one cannot see another's variables, files or processes. Calls of
 many trajectories run side by side, each waiting on its own interpreter in a thread.
@@ -565,7 +571,10 @@ def _start_child(zygotes: dict[str, Any], python: str, script: str, limits: Any,
 
     if fork and forked.available():
         zygote = zygotes.get(python, False)
-        if zygote is False or (zygote is not None and not zygote.alive):
+        if zygote is not None and zygote is not False and not zygote.alive:
+            zygote.close()  # it died: its children live on until stopped (from here), a new one forks from now on
+            zygote = False
+        if zygote is False:
             try:
                 zygote = zygotes[python] = forked.Zygote(python)
             except (OSError, subprocess.SubprocessError):
