@@ -62,7 +62,8 @@ def tool():
 def test_a_forked_interpreter_holds_its_uid_and_nothing_of_the_zygote(tool):
     state = TrajectoryState()
     code = ("import json, os\nstatus = dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
-            "fds = [os.readlink('/proc/self/fd/' + fd) for fd in os.listdir('/proc/self/fd')]\n"
+            "fds = [os.readlink('/proc/self/fd/' + fd) for fd in os.listdir('/proc/self/fd')\n"
+            "       if os.path.exists('/proc/self/fd/' + fd)]  # not the listing's own\n"
             "print(json.dumps({'uid': os.getresuid(), 'gid': os.getresgid(), 'groups': os.getgroups(),\n"
             "    'caps': [int(status[k], 16) for k in ('CapInh', 'CapPrm', 'CapEff', 'CapAmb')],\n"
             "    'no_new_privs': int(status['NoNewPrivs']), 'sockets': [fd for fd in fds if 'socket' in fd],\n"
@@ -147,20 +148,23 @@ def test_without_the_fork_path_interpreters_start_by_exec(how, monkeypatch):
 
 
 @needs_uid
-def test_a_set_up_the_kernel_refuses_leaves_no_process_and_no_directory(monkeypatch):
+def test_a_set_up_the_kernel_refuses_runs_nothing_and_leaves_no_process_and_no_directory(monkeypatch):
     from rl360.rewards.zygote import Zygote
+    from rl360.rewards.zygote_main import SETUP_FAILED
 
+    zygote = Zygote(sandbox.sandbox_python())
     made = []
     make_workdir = sandbox.make_workdir
     monkeypatch.setattr(sandbox, "make_workdir", lambda *args: made.append(make_workdir(*args)) or made[-1])
-    zygote = Zygote(sandbox.sandbox_python())
     try:
         # a private directory one byte large: the driver file cannot be written into it, so the set-up fails
-        with pytest.raises(OSError, match="set-up failed"):
-            zygote.start("print('never')", {"driver.py": "x" * 65536}, SandboxLimits(tmpfs_bytes=1), 7)
+        child = zygote.start("print('ran')", {"driver.py": "x" * 65536}, SandboxLimits(tmpfs_bytes=1), 7)
+        output = child.process.stdout.read().decode()
+        assert output.startswith(SETUP_FAILED) and "ran" not in output and output.count("\n") == 1, output
+        child.stop()
+        assert child.process.returncode == 127 and len(made) == 1 and not os.path.exists(made[0])
         uid = sandbox.session_uid(7)
         assert not [p for p in os.listdir("/proc") if p.isdigit() and os.stat(f"/proc/{p}").st_uid == uid]
-        assert len(made) == 1 and not os.path.exists(made[0])
         child = zygote.start("import sys\nprint('ran', sys.argv[0])", {}, SandboxLimits(), 7)  # the zygote lives on
         assert child.process.stdout.read() == b"ran driver.py\n"
         child.stop()

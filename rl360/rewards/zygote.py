@@ -104,8 +104,9 @@ class Zygote:
               niceness: int = 0) -> SandboxProcess:
         """A new sandboxed child running `script` as `__main__`, in a new sandbox directory holding `files`, as
         uid `session_uid(slot)`, with the isolation and limits `start_session` gives (its stdout and stderr are
-        one pipe), at `niceness` above the zygote's. `IsolationError` as `start_session`, OSError when the
-        set-up failed, `ZygoteError` when the zygote is gone."""
+        one pipe), at `niceness` above the zygote's. `IsolationError` as `start_session`, OSError when it could
+        not fork, `ZygoteError` when the zygote is gone. Its set-up is still under way when this returns: one
+        that fails writes `zygote_main.SETUP_FAILED` and why as its only output and exits with status 127."""
         features = sandbox._features_for_untrusted_code()
         uid = sandbox.session_uid(slot) if "uid" in features else None
         if uid is None:
@@ -125,7 +126,7 @@ class Zygote:
                 os.close(pipes[0][0])
                 os.close(pipes[1][1])
             if "error" in reply:
-                raise OSError(f"the sandbox set-up failed: {reply['error']}")
+                raise OSError(f"the sandbox zygote could not fork: {reply['error']}")
         except BaseException:
             for fd in ours:
                 os.close(fd)

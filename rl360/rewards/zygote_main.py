@@ -12,8 +12,10 @@ time from it, each a JSON datagram:
   (`sandbox._ChildSetup`, the code a sandboxed `Popen` runs before exec: new network and mount namespaces,
   private tmpfs mounts and /proc, setgroups/setresgid/setresuid to the session's uid, resource limits,
   PR_SET_NO_NEW_PRIVS), replaces its whole environment with the sandbox's, and only then runs the script
-  given (the tool's driver) as `__main__`, exiting when it returns. Reply: `{"pid": ...}` once the set-up is
-  done, or `{"error": ...}` when it failed (the child is gone then).
+  given (the tool's driver) as `__main__`, exiting when it returns. Reply: `{"pid": ...}` right after the
+  fork, so that the set-up of several children (whose namespaces the kernel may take a while to make) runs
+  side by side; a set-up that fails writes `SETUP_FAILED` and why as the child's one line of output and
+  exits with status 127, before anything it was sent is read. `{"error": ...}` when it could not fork.
 - `{"op": "stop", "pid": ...}`: kills that child's process group, reaps it and kills every process left
   under its uid; reply `{"status": ...}`, its exit status as `subprocess` gives it (negative: the signal).
 
@@ -41,6 +43,7 @@ PRELOAD = ("base64", "contextlib", "io", "json", "random", "resource", "time", "
 OPTIONAL = ("PIL.Image",)  # where the sandbox interpreter has it
 _SANDBOX_NAME = "rl360_zygote_sandbox"
 _PR_SET_DUMPABLE = 4
+SETUP_FAILED = "rl360 sandbox: the sandbox set-up failed: "  # a child's only line of output when it did
 
 
 def load_sandbox(path: str) -> types.ModuleType:
@@ -77,7 +80,7 @@ def main(argv: list[str]) -> int:
                 return 0
             request = json.loads(data)
             if request["op"] == "fork":
-                reply = _fork(sandbox, request, fds, channel.fileno())
+                reply = _fork(sandbox, request, fds)
                 if "pid" in reply:
                     children[reply["pid"]] = request["uid"]
             else:
@@ -88,41 +91,36 @@ def main(argv: list[str]) -> int:
         _sweep(sandbox, children)
 
 
-def _fork(sandbox: types.ModuleType, request: dict, fds: list[int], channel_fd: int) -> dict:
-    """Fork the child of a fork request; its pid once it is set up, or why it could not be."""
+def _fork(sandbox: types.ModuleType, request: dict, fds: list[int]) -> dict:
+    """Fork the child of a fork request; its pid (its set-up goes on in the child meanwhile), or why it could
+    not be forked."""
     if len(fds) != 2:
         for fd in fds:
             os.close(fd)
         return {"error": "a fork request needs the child's stdin and stdout"}
-    status_read, status_write = os.pipe()
     try:
         pid = os.fork()
     except OSError as error:
-        for fd in (*fds, status_read, status_write):
+        for fd in fds:
             os.close(fd)
         return {"error": f"fork: {error}"}
     if pid == 0:  # pragma: no cover (child)
-        _child(sandbox, request, fds, status_write)
-    for fd in (*fds, status_write):
+        _child(sandbox, request, fds)
+    for fd in fds:
         os.close(fd)
-    with os.fdopen(status_read, "rb") as status:
-        failure = status.read()
-    if failure:
-        os.waitpid(pid, 0)
-        return {"error": failure.decode("utf-8", "replace")}
     return {"pid": pid}
 
 
-def _child(sandbox: types.ModuleType, request: dict, fds: list[int], status_write: int) -> None:
-    """In the forked child: the sandbox set-up, then the script; never returns."""
+def _child(sandbox: types.ModuleType, request: dict, fds: list[int]) -> None:  # pragma: no cover (child)
+    """In the forked child: the sandbox set-up, then the script; never returns. A set-up that fails writes
+    why as the one line of its output and exits with status 127 before anything else runs."""
     try:
         os.setsid()
         stdin, stdout = fds
         os.dup2(stdin, 0)
         os.dup2(stdout, 1)
         os.dup2(stdout, 2)
-        os.closerange(3, status_write)
-        os.closerange(status_write + 1, os.sysconf("SC_OPEN_MAX"))
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if request["niceness"]:
             os.setpriority(os.PRIO_PROCESS, 0, min(os.getpriority(os.PRIO_PROCESS, 0) + request["niceness"], 19))
@@ -137,10 +135,9 @@ def _child(sandbox: types.ModuleType, request: dict, fds: list[int], status_writ
         os.environ.update(request["env"])
     except BaseException as error:
         try:
-            os.write(status_write, f"{type(error).__name__}: {error}".encode("utf-8", "replace"))
+            os.write(1, f"{SETUP_FAILED}{type(error).__name__}: {error}\n".encode("utf-8", "replace"))
         finally:
             os._exit(127)
-    os.close(status_write)
     os._exit(_run_script(request["script"]))
 
 
@@ -171,10 +168,11 @@ def _run_script(script: str) -> int:  # pragma: no cover (child)
 def _stop(sandbox: types.ModuleType, pid: int, uid: int | None) -> int | None:
     """SIGKILL the child's process group, reap it, then kill every process left under its uid (as the sandbox's
     `_kill_all`, from this small process: the uid sweep forks it); its exit status."""
-    try:
-        os.killpg(pid, signal.SIGKILL)  # unreaped until below, so its pgid is still its own
-    except OSError:
-        pass
+    for kill in (os.kill, os.killpg):  # itself (it may not have made its session yet), and its process group
+        try:
+            kill(pid, signal.SIGKILL)  # unreaped until below, so its pid and pgid are still its own
+        except OSError:
+            pass
     try:
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)

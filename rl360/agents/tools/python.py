@@ -639,6 +639,7 @@ class PythonTool:
         """Run `code` as the trajectory's next cell in its interpreter (started, with the trajectory's earlier
         cells replayed, when it has none); the reply."""
         from rl360.rewards.sandbox import _signal_name
+        from rl360.rewards.zygote_main import SETUP_FAILED
 
         memory = state.store.setdefault(_STORE, {"cells": [], "seconds": []})
         variables = state.kwargs.get(self.name, {}).get("variables") or {}
@@ -672,6 +673,8 @@ class PythonTool:
         stray = head.decode("utf-8", "replace")
         if envelope is None:  # the interpreter is stopped, or dead: the next call starts a new one
             status = self._end(state, session)
+            if stray.startswith(SETUP_FAILED):  # a forked interpreter whose sandbox could not be set up
+                return ToolReply(error=f"the code was not run: {stray[len(SETUP_FAILED):].strip()}")
             if stopped == "timeout":
                 return ToolReply(_tail(stray, self.settings.max_output_chars),
                                  error=f"the code ran past the time limit of {self.settings.timeout_s:g} s and was "
