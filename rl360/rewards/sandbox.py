@@ -6,7 +6,8 @@ starts a process with the same isolation and limits and leaves it running (the p
 per trajectory), as the uid `session_uid(slot)`: `SESSION_UID_BASE + (pid % PID_SPAN) * SESSION_SLOTS + slot`,
 a range apart from the one-shot runs' uids, so each live session of every process has a uid of its own; its
 caller enforces the timeout, memory cap and output cap while it talks to it, and `stop()` kills it and sweeps
-its uid. Four kinds of isolation, each used where this machine allows it (`isolation()` says which; see
+its uid. `rl360.rewards.zygote` forks such sessions from a warm interpreter instead of an exec, with the same
+child set-up (`_ChildSetup`), where the uid switch is in effect. Four kinds of isolation, each used where this machine allows it (`isolation()` says which; see
 "Isolation required" below):
 
 - **uid**: the child runs as a uid of its own, `UID_BASE + (this process's pid % UID_SPAN)`, with no
