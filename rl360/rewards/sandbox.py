@@ -7,7 +7,8 @@ per trajectory), as the uid `session_uid(slot)`: `SESSION_UID_BASE + (pid % PID_
 a range apart from the one-shot runs' uids, so each live session of every process has a uid of its own; its
 caller enforces the timeout, memory cap and output cap while it talks to it, and `stop()` kills it and sweeps
 its uid. `rl360.rewards.zygote` forks such sessions from a warm interpreter instead of an exec, with the same
-child set-up (`_ChildSetup`), where the uid switch is in effect. Four kinds of isolation, each used where this machine allows it (`isolation()` says which; see
+child set-up (`_ChildSetup`), where the uid switch is in effect. Four kinds of isolation, each used where
+this machine allows it (`isolation()` says which; see
 "Isolation required" below):
 
 - **uid**: the child runs as a uid of its own, `UID_BASE + (this process's pid % UID_SPAN)`, with no
