@@ -8,8 +8,7 @@ a range apart from the one-shot runs' uids, so each live session of every proces
 caller enforces the timeout, memory cap and output cap while it talks to it, and `stop()` kills it and sweeps
 its uid. `rl360.rewards.zygote` forks such sessions from a warm interpreter instead of an exec, with the same
 child set-up (`_ChildSetup`), where the uid switch is in effect. Four kinds of isolation, each used where
-this machine allows it (`isolation()` says which; see
-"Isolation required" below):
+this machine allows it (`isolation()` says which; see "Isolation required" below):
 
 - **uid**: the child runs as a uid of its own, `UID_BASE + (this process's pid % UID_SPAN)`, with no
   supplementary groups, so one sandbox per process at a time never shares a uid with another: file
