@@ -6,8 +6,9 @@ starts a process with the same isolation and limits and leaves it running (the p
 per trajectory), as the uid `session_uid(slot)`: `SESSION_UID_BASE + (pid % PID_SPAN) * SESSION_SLOTS + slot`,
 a range apart from the one-shot runs' uids, so each live session of every process has a uid of its own; its
 caller enforces the timeout, memory cap and output cap while it talks to it, and `stop()` kills it and sweeps
-its uid. Four kinds of isolation, each used where this machine allows it (`isolation()` says which; see
-"Isolation required" below):
+its uid. `rl360.rewards.zygote` forks such sessions from a warm interpreter instead of an exec, with the same
+child set-up (`_ChildSetup`), where the uid switch is in effect. Four kinds of isolation, each used where
+this machine allows it (`isolation()` says which; see "Isolation required" below):
 
 - **uid**: the child runs as a uid of its own, `UID_BASE + (this process's pid % UID_SPAN)`, with no
   supplementary groups, so one sandbox per process at a time never shares a uid with another: file
@@ -612,16 +613,9 @@ def _start(argv: list[str], files: dict[str, str], limits: SandboxLimits, featur
     """Make the sandbox directory holding `files` and start `argv` there (pipes on stdin, stdout and stderr,
     or stderr into stdout); OSError or SubprocessError (its directory deleted) when it cannot start."""
     isolated = _isolated(features, uid)
-    workdir = tempfile.mkdtemp(prefix="rl360-sandbox-")
+    workdir = make_workdir(files, uid)
     try:
-        for name, text in files.items():
-            with open(os.path.join(workdir, name), "w", encoding="utf-8") as handle:
-                handle.write(text)
-        if uid is not None:
-            for path in [workdir, *(os.path.join(workdir, name) for name in files)]:
-                os.chown(path, uid, uid)
-        env = {"PATH": MINIMAL_PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8", "PYTHONNOUSERSITE": "1"}
+        env = sandbox_env(workdir)
         setup = _ChildSetup(limits, uid, isolated["network_isolated"], isolated["filesystem_isolated"],
                             isolated["processes_isolated"], workdir, files)
         process = subprocess.Popen(
@@ -632,6 +626,28 @@ def _start(argv: list[str], files: dict[str, str], limits: SandboxLimits, featur
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     return SandboxProcess(process, uid, workdir, isolated)
+
+
+def make_workdir(files: dict[str, str], uid: int | None) -> str:
+    """A new sandbox directory (mode 0700) holding `files`, owned with them by `uid` when there is one."""
+    workdir = tempfile.mkdtemp(prefix="rl360-sandbox-")
+    try:
+        for name, text in files.items():
+            with open(os.path.join(workdir, name), "w", encoding="utf-8") as handle:
+                handle.write(text)
+        if uid is not None:
+            for path in [workdir, *(os.path.join(workdir, name) for name in files)]:
+                os.chown(path, uid, uid)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    return workdir
+
+
+def sandbox_env(workdir: str) -> dict[str, str]:
+    """The whole environment of sandboxed code whose directory is `workdir` (nothing of this process's)."""
+    return {"PATH": MINIMAL_PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8", "PYTHONNOUSERSITE": "1"}
 
 
 def _communicate(process: subprocess.Popen, data: bytes, limits: SandboxLimits, started: float,

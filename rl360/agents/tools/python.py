@@ -22,9 +22,9 @@ start-up) at a niceness 10 above this process's, and set back to this process's 
 refilling yields to the calls running meanwhile.
 
 **Replay mode** (`replay`, `agent.python_replay`): every call starts a new interpreter that first re-runs the
-trajectory's earlier cells silently, and stops it after the call (no pool): the same replies at a cost that
-grows with the trajectory, kept as the reference the persistent interpreter is measured against
-(`benchmarks/tools_step_time.py`).
+trajectory's earlier cells silently, and stops it after the call (no pool, and each interpreter started by an
+exec, as a one-shot sandbox run starts its code): the same replies at a cost that grows with the trajectory,
+kept as the reference the persistent interpreter is measured against (`benchmarks/tools_step_time.py`).
 
 **Failures.** A call's wall clock is capped at `timeout_s`, and while it runs the resident memory of its
 sandbox's processes (those of its uid) is summed every 50 ms by one watch thread for all running calls, capped
@@ -40,7 +40,13 @@ run, another process) rebuilds its interpreter the same way, once.
 **Processes and uids.** The interpreters are started by worker processes (`workers`, default the CPU count,
 started from the forkserver, one thread each), so the sandbox's root-side setup runs in a child forked from a
 single-threaded process, never from this multi-threaded one; a worker hands this process the interpreter's
-pipes and is asked again only to stop it. Each interpreter has its own uid, `session_uid(slot)` of the worker
+pipes and is asked again only to stop it. **Fast start**: where each interpreter gets a uid of its own (root),
+a worker forks its interpreters from its zygote (`rl360.rewards.zygote`), a sandbox-interpreter process it
+starts once that has already imported what the driver needs; the child applies the same sandbox set-up as
+the exec path before it runs the driver, so an interpreter starts in a few milliseconds of CPU instead of a
+whole Python start-up. A zygote that dies is replaced at the next start; where the fork path is not
+available (no uid switch), or the zygote cannot start, interpreters are started by an exec
+(`start_session`). Each interpreter has its own uid, `session_uid(slot)` of the worker
 that started it (a range apart from one-shot sandbox runs, unique across live processes), so two trajectories
 never share a uid, a memory count or a sweep: one cannot see another's variables, files or processes. Calls of
 many trajectories run side by side, each waiting on its own interpreter in a thread.
@@ -446,15 +452,16 @@ class _Worker:
         self.sessions = 0
         self.alive = True
 
-    def start(self, python: str, script: str, limits: Any,
-              niceness: int = 0) -> tuple[int, int, int | None, int, int] | str:
+    def start(self, python: str, script: str, limits: Any, niceness: int = 0,
+              fork: bool = True) -> tuple[int, int, int | None, int, int] | str:
         """A new interpreter: (slot, pid, uid, our write end of its stdin, our read end of its stdout), or why
-        it could not start; `niceness` added to its processes' (from its fork on) where it can be taken back."""
+        it could not start; `niceness` added to its processes' (from its fork on) where it can be taken back;
+        `fork`: forked from the worker's zygote where that is available (else started by an exec)."""
         from multiprocessing.reduction import recv_handle
 
         with self.lock:
             try:
-                self.conn.send(("start", python, script, limits, _sandbox_environ(), niceness))
+                self.conn.send(("start", python, script, limits, _sandbox_environ(), niceness, fork))
                 reply = self.conn.recv()
                 if reply[0] != "ok":
                     return reply[1]
@@ -493,9 +500,10 @@ def _worker_main(conn: Any) -> None:
     interpreter it started."""
     from multiprocessing.reduction import send_handle
 
-    from rl360.rewards.sandbox import SESSION_SLOTS, IsolationError, sandbox_python, start_session
+    from rl360.rewards.sandbox import SESSION_SLOTS, IsolationError, sandbox_python
 
     children: dict[int, Any] = {}
+    zygotes: dict[str, Any] = {}  # interpreter -> its zygote (None where the fork path failed to start)
 
     def terminate(*_: Any) -> None:
         """SIGTERM (multiprocessing ends its daemon children so at exit): stop the interpreters and exit here and
@@ -522,7 +530,7 @@ def _worker_main(conn: Any) -> None:
                     child.stop()
                 conn.send(("ok", None if child is None else child.process.returncode))
                 continue
-            _, python, script, limits, environ, niceness = message
+            _, python, script, limits, environ, niceness, fork = message
             for name, value in environ.items():
                 if value is None:
                     os.environ.pop(name, None)
@@ -535,14 +543,7 @@ def _worker_main(conn: Any) -> None:
                 python = python or sandbox_python()
                 if python is None:
                     raise ValueError("no Python interpreter runs inside the sandbox here")
-                base = os.getpriority(os.PRIO_PROCESS, 0)
-                if niceness and os.geteuid() == 0:  # the child inherits it from its fork; this worker takes it back
-                    os.setpriority(os.PRIO_PROCESS, 0, min(base + niceness, 19))
-                try:
-                    child = start_session([python, "-I", "-B", "driver.py"], {"driver.py": script}, limits, slot)
-                finally:
-                    if niceness and os.geteuid() == 0:
-                        os.setpriority(os.PRIO_PROCESS, 0, base)
+                child = _start_child(zygotes, python, script, limits, slot, niceness, fork)
             except (IsolationError, OSError, ValueError, subprocess.SubprocessError) as error:
                 conn.send(("error", str(error)))
                 continue
@@ -555,6 +556,43 @@ def _worker_main(conn: Any) -> None:
     finally:
         for child in children.values():
             child.stop()
+        for zygote in zygotes.values():
+            if zygote is not None:
+                zygote.close()
+
+
+def _start_child(zygotes: dict[str, Any], python: str, script: str, limits: Any, slot: int, niceness: int,
+                 fork: bool) -> Any:
+    """A new sandboxed interpreter running `script` in `slot`: forked from this worker's zygote for `python`
+    (started at the first such call) where `fork` is asked and the fork path is available, else started by
+    `start_session` (an exec of `python`); `niceness` added to its processes' where it can be taken back."""
+    from rl360.rewards import zygote as forked
+    from rl360.rewards.sandbox import start_session
+
+    if fork and forked.available():
+        zygote = zygotes.get(python, False)
+        if zygote is not None and zygote is not False and not zygote.alive:
+            zygote.close()  # it died: its children live on until stopped (from here), a new one forks from now on
+            zygote = False
+        if zygote is False:
+            try:
+                zygote = zygotes[python] = forked.Zygote(python)
+            except (OSError, subprocess.SubprocessError):
+                zygote = zygotes[python] = None  # the exec path from now on
+        if zygote is not None:
+            try:
+                return zygote.start(script, {"driver.py": script}, limits, slot,
+                                    niceness if os.geteuid() == 0 else 0)
+            except forked.ZygoteError:
+                zygotes.pop(python).close()  # gone: a new one at the next start
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if niceness and os.geteuid() == 0:  # the child inherits it from its fork; this worker takes it back
+        os.setpriority(os.PRIO_PROCESS, 0, min(base + niceness, 19))
+    try:
+        return start_session([python, "-I", "-B", "driver.py"], {"driver.py": script}, limits, slot)
+    finally:
+        if niceness and os.geteuid() == 0:
+            os.setpriority(os.PRIO_PROCESS, 0, base)
 
 
 @register_tool("python")
@@ -601,6 +639,7 @@ class PythonTool:
         """Run `code` as the trajectory's next cell in its interpreter (started, with the trajectory's earlier
         cells replayed, when it has none); the reply."""
         from rl360.rewards.sandbox import _signal_name
+        from rl360.rewards.zygote_main import SETUP_FAILED
 
         memory = state.store.setdefault(_STORE, {"cells": [], "seconds": []})
         variables = state.kwargs.get(self.name, {}).get("variables") or {}
@@ -634,6 +673,8 @@ class PythonTool:
         stray = head.decode("utf-8", "replace")
         if envelope is None:  # the interpreter is stopped, or dead: the next call starts a new one
             status = self._end(state, session)
+            if stray.startswith(SETUP_FAILED):  # a forked interpreter whose sandbox could not be set up
+                return ToolReply(error=f"the code was not run: {stray[len(SETUP_FAILED):].strip()}")
             if stopped == "timeout":
                 return ToolReply(_tail(stray, self.settings.max_output_chars),
                                  error=f"the code ran past the time limit of {self.settings.timeout_s:g} s and was "
@@ -747,7 +788,7 @@ class PythonTool:
         mark = "\n@@rl360-python-" + secrets.token_hex(16) + "@@"
         limits = SandboxLimits(timeout_s=self.settings.timeout_s, memory_bytes=self.settings.memory_mb << 20,
                                cpu_s=int(self.settings.timeout_s * _SESSION_CPU_CALLS) + 1)
-        started = worker.start(self.settings.python, driver(mark), limits, niceness)
+        started = worker.start(self.settings.python, driver(mark), limits, niceness, fork=not self.settings.replay)
         if isinstance(started, str):
             with self._lock:
                 worker.sessions -= 1
