@@ -52,6 +52,17 @@ def pytest_configure(config):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
+@pytest.fixture(scope="module")
+def shared_ray():
+    """One local Ray for a module's in-process `train()` runs (each joins it and frees what it reserved when it
+    ends), with CPUs for an 8-rank layout beside its engines: one Ray start per module instead of one per run."""
+    import ray
+
+    ray.init(address="local", num_cpus=16, include_dashboard=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def megatron_single_rank():
     """torch.distributed (gloo) and megatron parallel state for one TP=1 x PP=1 rank in this process."""

@@ -23,7 +23,6 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import ray
 import torch
 from transformers import AutoTokenizer
 
@@ -34,7 +33,7 @@ from rl360.quickstart.assets import build_quickstart_model
 from rl360.rollout.fleet import EngineFleet
 from rl360.trainer import train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]  # one Ray for the runs (conftest)
 STEPS = 6
 
 
@@ -64,10 +63,7 @@ def _metrics(out) -> list[dict]:
 
 def _train(assets, name, *extra) -> tuple:
     out = assets[0] / name
-    try:
-        train(load_config("configs/quickstart.yaml", _overrides(assets, out, *extra)))
-    finally:
-        ray.shutdown()
+    train(load_config("configs/quickstart.yaml", _overrides(assets, out, *extra)))
     return out, _metrics(out)
 
 

@@ -6,7 +6,6 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -16,7 +15,8 @@ from rl360.trainer import train
 from tests.algo_fixtures import CONSTANT_LOSS
 from tests.test_trackers import _swanlab, _tensorboard
 
-pytestmark = pytest.mark.slow  # whole training runs (`pytest -m "not slow"` leaves them out)
+# whole training runs (`pytest -m "not slow"` leaves them out), on one Ray (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]
 
 REQUIRED = ["step", "reward/mean", "response_length/mean", "actor/pg_loss", "actor/kl", "actor/grad_norm",
             "rollout/logprob_abs_diff", "timing/engine_busy_frac", "timing/step_s"]
@@ -25,15 +25,6 @@ REQUIRED = ["step", "reward/mean", "response_length/mean", "actor/pg_loss", "act
 def _row(content, truth, source="math__synthetic_arithmetic"):
     return {"data_source": source, "prompt": [{"role": "user", "content": content}], "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": truth}, "extra_info": {"split": "train", "index": 0}}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    """One local Ray for the module's runs (each `train()` joins it and frees what it reserved), large enough for
-    the 8-rank layout and its engine."""
-    ray.init(address="local", num_cpus=16, include_dashboard=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
