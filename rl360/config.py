@@ -308,7 +308,8 @@ class AgentConfig:
     # generated tokens of one turn at most (0: no limit but rollout.max_response_length); a turn cut there ends
     # the trajectory as one cut by the budget does
     max_turn_tokens: int = 0
-    tool_workers: int = 0  # worker processes starting the python tool's interpreters (0: the CPU count)
+    # worker processes starting the python tool's interpreters (0: four per CPU, at most 16; replay mode: one per CPU)
+    tool_workers: int = 0
     # fresh sandboxed interpreters the python tool keeps started ahead of trajectories' first calls, refilled in
     # the background (each serves one trajectory only; 0: a trajectory's first call starts its own)
     tool_pool: int = 16

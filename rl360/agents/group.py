@@ -22,6 +22,7 @@ from typing import Any
 from rl360.agents.build import Agent
 from rl360.agents.loop import check_chat_template, run_agent
 from rl360.agents.metrics import agent_metrics
+from rl360.agents.tools.base import prepare_tools
 from rl360.config import ConfigError
 from rl360.core.prompt import Prompt
 from rl360.core.sampling import SamplingParams
@@ -36,6 +37,7 @@ def agent_group(agent: Agent, tokenizer: Any):
         check_chat_template(tokenizer, agent.parser)
     except ValueError as err:
         raise ConfigError(f"agent.parser: the model's chat template does not fit the agent loop: {err}") from None
+    prepare_tools(agent.tools, None)  # the tools' processes start beside the engines and the policy
 
     async def generate_group(fleet: Any, prompts: list[Prompt], params: SamplingParams, seed: int,
                              metrics: dict[str, float], rows: list[Mapping[str, Any]] | None = None

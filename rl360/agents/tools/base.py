@@ -110,9 +110,10 @@ def build_tools(names: list[str] | tuple[str, ...], settings: ToolSettings | Non
     return tools
 
 
-def prepare_tools(tools: dict[str, Tool], state: TrajectoryState) -> None:
-    """The trajectory of `state` begins: call `prepare(state)` of each tool that has one (once per tool), e.g. the
-    python tool fills its warm pool of interpreters while the engines decode."""
+def prepare_tools(tools: dict[str, Tool], state: TrajectoryState | None) -> None:
+    """The trajectory of `state` begins (None: the run begins): call `prepare(state)` of each tool that has one
+    (once per tool), e.g. the python tool starts its workers and fills its warm pool of interpreters while the
+    engines start or decode."""
     for tool in {id(tool): tool for tool in tools.values()}.values():
         prepare = getattr(tool, "prepare", None)
         if callable(prepare):

@@ -23,8 +23,9 @@ refilling yields to the calls running meanwhile.
 
 **Replay mode** (`replay`, `agent.python_replay`): every call starts a new interpreter that first re-runs the
 trajectory's earlier cells silently, and stops it after the call (no pool, and each interpreter started by an
-exec, as a one-shot sandbox run starts its code): the same replies at a cost that grows with the trajectory,
-kept as the reference the persistent interpreter is measured against (`benchmarks/tools_step_time.py`).
+exec, as a one-shot sandbox run starts its code, by one worker per CPU): the same replies at a cost that grows
+with the trajectory, kept as the reference the persistent interpreter is measured against
+(`benchmarks/tools_step_time.py`).
 
 **Failures.** A call's wall clock is capped at `timeout_s`, and while it runs the resident memory of its
 sandbox's processes (those of its uid) is summed every 50 ms by one watch thread for all running calls, capped
@@ -37,19 +38,20 @@ those cells (a rebuild drops what it did before raising; the live interpreter ke
 cut is. The cells live in `TrajectoryState.store["python"]`, so a trajectory continued elsewhere (a resumed
 run, another process) rebuilds its interpreter the same way, once.
 
-**Processes and uids.** The interpreters are started by worker processes (`workers`, default the CPU count,
-started from the forkserver, one thread each), so the sandbox's root-side setup runs in a child forked from a
-single-threaded process, never from this multi-threaded one; a worker hands this process the interpreter's
-pipes and is asked again only to stop it. **Fast start**: where each interpreter gets a uid of its own (root),
-a worker forks its interpreters from its zygote (`rl360.rewards.zygote`), a sandbox-interpreter process it
-starts once that has already imported what the driver needs; the child applies the same sandbox set-up as
-the exec path before it runs the driver, so an interpreter starts in a few milliseconds of CPU instead of a
-whole Python start-up. A zygote that dies is replaced at the next start; where the fork path is not
-available (no uid switch), or the zygote cannot start, interpreters are started by an exec
-(`start_session`). Each interpreter has its own uid, `session_uid(slot)` of the worker
-that started it (a range apart from one-shot sandbox runs, unique across live processes), so two trajectories
-never share a uid, a memory count or a sweep: one cannot see another's variables, files or processes. Calls of
-many trajectories run side by side, each waiting on its own interpreter in a thread.
+**Processes and uids.** The interpreters are started by worker processes (`workers`: by default four per CPU,
+at most 16, since a start mostly waits on hand-overs between processes; started from the forkserver, one thread
+each), so the sandbox's root-side setup runs in a child forked from a single-threaded process, never from this
+multi-threaded one; a worker hands this process the interpreter's pipes and is asked again only to stop it. The
+workers and their zygotes start when the first trajectory begins, so that a step's burst of first calls finds
+them ready. **Fast start**: where each interpreter gets a uid of its own (root), a worker forks its interpreters
+from its zygote (`rl360.rewards.zygote`), a sandbox-interpreter process it starts once that has already imported
+what the driver needs; the child applies the same sandbox set-up as the exec path before it runs the driver, so
+an interpreter starts in a few milliseconds of CPU instead of a whole Python start-up. A zygote that dies is
+replaced at the next start; where the fork path is not available (no uid switch), or the zygote cannot start,
+interpreters are started by an exec (`start_session`). Each interpreter has its own uid, `session_uid(slot)` of
+the worker that started it (a range apart from one-shot sandbox runs, unique across live processes), so two
+trajectories never share a uid, a memory count or a sweep: one cannot see another's variables, files or
+processes. Calls of many trajectories run side by side, each waiting on its own interpreter in a thread.
 
 **Images in**: the trajectory's images (the prompt's, then those tools returned) are files `image_clue_0.png`,
 `image_clue_1.jpg`, ... in the working directory, and, where PIL imports, PIL images `image_clue_0`, ...
@@ -306,6 +308,7 @@ def _drain(fd: int) -> None:
             return
 
 
+MAX_DEFAULT_WORKERS = 16  # worker processes the python tool starts unless agent.tool_workers says
 _POOL_NICE = 10  # added to the niceness of a warm interpreter (from its fork) until a trajectory takes it
 
 
@@ -475,6 +478,15 @@ class _Worker:
         _, slot, pid, uid = reply
         return slot, pid, uid, fds[0], fds[1]
 
+    def prime(self, python: str) -> None:
+        """Start the worker's zygote for `python` ("": the sandbox's) ahead of its first interpreter."""
+        with self.lock:
+            try:
+                self.conn.send(("prime", python, _sandbox_environ()))
+                self.conn.recv()
+            except (OSError, EOFError):
+                self.alive = False
+
     def stop(self, slot: int) -> int | None:
         """Kill the interpreter in `slot` and every process of its uid, delete its directory; its exit status."""
         with self.lock:
@@ -530,12 +542,12 @@ def _worker_main(conn: Any) -> None:
                     child.stop()
                 conn.send(("ok", None if child is None else child.process.returncode))
                 continue
+            if message[0] == "prime":  # the zygote started ahead of the first interpreter
+                _prime(zygotes, message[1] or sandbox_python(), message[2])
+                conn.send(("ok",))
+                continue
             _, python, script, limits, environ, niceness, fork = message
-            for name, value in environ.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+            _take_environ(environ)
             slot = next((slot for slot in range(SESSION_SLOTS) if slot not in children), None)
             try:
                 if slot is None:
@@ -559,6 +571,27 @@ def _worker_main(conn: Any) -> None:
         for zygote in zygotes.values():
             if zygote is not None:
                 zygote.close()
+
+
+def _prime(zygotes: dict[str, Any], python: str | None, environ: dict[str, str | None]) -> None:
+    """This worker's zygote for `python` started now (where the fork path is available), not at its first
+    interpreter's start."""
+    from rl360.rewards import zygote as forked
+
+    _take_environ(environ)
+    if python is not None and python not in zygotes and forked.available():
+        try:
+            zygotes[python] = forked.Zygote(python)
+        except (OSError, subprocess.SubprocessError):
+            zygotes[python] = None  # the exec path from now on
+
+
+def _take_environ(environ: dict[str, str | None]) -> None:
+    for name, value in environ.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _start_child(zygotes: dict[str, Any], python: str, script: str, limits: Any, slot: int, niceness: int,
@@ -628,6 +661,8 @@ class PythonTool:
         # the filler's own worker process: a niced start there never holds up a call's start in another worker
         self._pool_worker: _Worker | None = None
         self._generation = 0  # close() ends the filler of the generation before
+        self._primer: threading.Thread | None = None  # starts the workers ahead of the first calls
+        self._primed = 0  # close() ends the primer of the generation before
 
     async def call(self, arguments: dict[str, Any], state: TrajectoryState) -> ToolReply:
         code = arguments.get("code")
@@ -729,6 +764,7 @@ class PythonTool:
         """Stop every interpreter and the worker processes (a later call starts new ones)."""
         with self._lock:
             workers, self._workers = self._workers, []
+            self._primer, self._primed = None, self._primed + 1
             sessions, self._sessions = list(self._sessions.values()), {}
             threads, self._threads = self._threads, None
             reaper, self._reaper = self._reaper, None
@@ -796,10 +832,25 @@ class PythonTool:
         slot, pid, uid, write_fd, read_fd = started
         return _Session(worker, slot, pid, uid, write_fd, read_fd, mark.encode(), limits.memory_bytes)
 
+    def _wanted_workers(self) -> int:
+        """`workers`, else four per CPU (at most `MAX_DEFAULT_WORKERS`): a start mostly waits on its hand-overs
+        between processes, so a burst of first calls (every trajectory of a step at once) needs more starts in
+        flight than there are cores. Replay mode, the reference, starts its interpreters by an exec in one
+        worker per CPU, started as calls need them."""
+        cpus = os.cpu_count() or 1
+        return self.settings.workers or (cpus if self.settings.replay else min(4 * cpus, MAX_DEFAULT_WORKERS))
+
     def prepare(self, state: TrajectoryState | None = None) -> None:
-        """A trajectory begins (the agent loop calls this before its first turn): the warm pool starts filling,
-        if it is not full, while the engines decode."""
-        if self.settings.pool <= 0 or self.settings.replay:
+        """A trajectory begins (the agent loop calls this before its first turn): the workers and their zygotes
+        start, once, and the warm pool starts filling, if it is not full, while the engines decode."""
+        if self.settings.replay:
+            return
+        with self._lock:
+            primer, self._primer = self._primer, self._primer or threading.Thread(
+                target=self._start_workers, args=(self._primed,), name="rl360-python-workers", daemon=True)
+        if primer is None:
+            self._primer.start()
+        if self.settings.pool <= 0:
             return
         with self._pool_cond:
             if self._filler is None:
@@ -817,6 +868,28 @@ class PythonTool:
             while len(self._pool) < self.settings.pool and time.monotonic() < deadline:
                 self._pool_cond.wait(max(min(deadline - time.monotonic(), 0.5), 0))
             return len(self._pool)
+
+    def _start_workers(self, generation: int) -> None:
+        """Every worker started, then their zygotes side by side (what the first burst of calls would otherwise
+        wait for); calls may take a worker as soon as it is listed."""
+        started = []
+        while True:
+            with self._lock:
+                if self._primed != generation or sum(w.alive for w in self._workers) >= self._wanted_workers():
+                    break
+            worker = _Worker()
+            with self._lock:
+                if self._primed != generation:
+                    worker.close()  # the tool closed meanwhile
+                    return
+                self._workers.append(worker)
+            started.append(worker)
+        primers = [threading.Thread(target=worker.prime, args=(self.settings.python,), daemon=True)
+                   for worker in started]
+        for primer in primers:
+            primer.start()
+        for primer in primers:
+            primer.join()
 
     def pooled_pids(self) -> list[int]:
         """The pids of the warm pool's interpreters (started, belonging to no trajectory)."""
@@ -886,7 +959,7 @@ class PythonTool:
                 self._workers = [worker for worker in self._workers if worker.alive]
                 room = [worker for worker in self._workers if worker.sessions < SESSION_SLOTS]
                 best = min(room, key=lambda worker: worker.sessions, default=None)
-                wanted = self.settings.workers or os.cpu_count() or 1
+                wanted = self._wanted_workers()
                 if best is not None and (best.sessions == 0 or len(self._workers) >= wanted or may_wait):
                     best.sessions += 1
                     return best
