@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,7 +25,7 @@ from rl360.data.stream import PromptStream, RowFormat
 from rl360.quickstart.prepare import _script
 from rl360.quickstart.tools_assets import CALL, build_tools_quickstart_model
 from rl360.sft import Conversations
-from tests.killing import TrainingProcess
+from tests.killing import Kill, TrainingProcess
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = json.dumps([{"type": "function", "function": {"name": "python", "description": "run python",
@@ -293,18 +294,55 @@ def test_the_held_out_loss_is_the_exported_models_loss_on_the_assistant_tokens(a
     assert _metrics(unbroken)[-1]["val/loss"] == pytest.approx(total / count, rel=1e-5)
 
 
-@pytest.mark.slow
-def test_a_killed_run_resumes_to_the_unbroken_runs_weights_bit_for_bit(assets, unbroken, tmp_path):
-    out = tmp_path / "run"
-    run = TrainingProcess(_command(assets, out), cwd=str(REPO))
-    try:  # SIGKILL, the whole process tree, in step 5's optimizer step (the last checkpoint: step 4)
-        kill = run.kill_in("sft_update", step=5, delay_s=0.005)
+@dataclass
+class Interrupted:
+    out: Path
+    stopped: str  # the SIGTERM-stopped run's output
+    stopped_code: int
+    kill: Kill  # the kill of the run started after it
+    logged_at_kill: list[int]  # the steps metrics.jsonl held right after the kill
+    hf_at_kill: bool  # whether an export existed then
+    resumed: str  # the output of the run that finished
+
+
+@pytest.fixture(scope="module")
+def interrupted(assets, tmp_path_factory) -> Interrupted:
+    """One run stopped by SIGTERM after step 2 (asked for many steps: the runs after it take the unbroken run's
+    6), started again and SIGKILLed, its whole process tree, in step 5's optimizer step (the last checkpoint:
+    step 4), then started again to its end."""
+    out = tmp_path_factory.mktemp("interrupted") / "run"
+    run = TrainingProcess(_command(assets, out, "trainer.total_steps=1000"), cwd=str(REPO))
+    try:
+        run.wait_for_step(2)
+        run.proc.send_signal(signal.SIGTERM)
+        stopped_code = run.wait(timeout_s=RUN_TIMEOUT_S)
     finally:
         run.kill_everything()
-    assert kill.landed_in_phase, kill.titles
-    assert [m["step"] for m in _metrics(out)] == [1, 2, 3, 4] and not (out / "hf").exists()
-    resumed = _run(_command(assets, out))
-    assert f"resumed from {out / 'checkpoints' / 'step_000004'} at step 5" in resumed.stdout
+    again = TrainingProcess(_command(assets, out), cwd=str(REPO))
+    try:
+        kill = again.kill_in("sft_update", step=5, delay_s=0.005)
+    finally:
+        again.kill_everything()
+    logged, exported = [m["step"] for m in _metrics(out)], (out / "hf").exists()
+    return Interrupted(out, run.output, stopped_code, kill, logged, exported, _run(_command(assets, out)).stdout)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_with_a_checkpoint_and_the_next_start_resumes_from_it(interrupted):
+    assert interrupted.stopped_code == 75, interrupted.stopped[-3000:]
+    stopped = re.search(r"rl360: stopped by SIGTERM at step (\d+); checkpoint (\S+); run the same command to resume",
+                        interrupted.stopped)
+    assert stopped, interrupted.stopped[-3000:]
+    step = int(stopped.group(1))
+    assert 2 <= step <= 4 and stopped.group(2) == str(interrupted.out / "checkpoints" / f"step_{step:06d}")
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_to_the_unbroken_runs_weights_and_metrics_bit_for_bit(interrupted, unbroken):
+    out = interrupted.out
+    assert interrupted.kill.landed_in_phase, interrupted.kill.titles
+    assert interrupted.logged_at_kill == [1, 2, 3, 4] and not interrupted.hf_at_kill
+    assert f"resumed from {out / 'checkpoints' / 'step_000004'} at step 5" in interrupted.resumed
     mine, theirs = load_file(out / "hf" / "model.safetensors"), load_file(unbroken / "hf" / "model.safetensors")
     assert mine.keys() == theirs.keys()
     for name in theirs:
@@ -312,27 +350,6 @@ def test_a_killed_run_resumes_to_the_unbroken_runs_weights_bit_for_bit(assets, u
     drop = ("sft/tokens_per_s", "timing/step_s")
     assert [{k: v for k, v in m.items() if k not in drop} for m in _metrics(out)] == \
         [{k: v for k, v in m.items() if k not in drop} for m in _metrics(unbroken)]
-
-
-@pytest.mark.slow
-def test_sigterm_stops_with_a_checkpoint_and_the_run_goes_on_to_the_unbroken_runs_weights(assets, unbroken, tmp_path):
-    out = tmp_path / "run"
-    # asked for many steps, stopped early: the resume (the unbroken run's 6 steps) takes the change of total_steps
-    run = TrainingProcess(_command(assets, out, "trainer.total_steps=1000"), cwd=str(REPO))
-    try:
-        run.wait_for_step(2)
-        run.proc.send_signal(signal.SIGTERM)
-        assert run.wait(timeout_s=RUN_TIMEOUT_S) == 75
-    finally:
-        run.kill_everything()
-    stopped = re.search(r"rl360: stopped by SIGTERM at step (\d+); checkpoint (\S+); run the same command to resume",
-                        run.output)
-    assert stopped, run.output[-3000:]
-    step = int(stopped.group(1))
-    assert 2 <= step < STEPS and stopped.group(2) == str(out / "checkpoints" / f"step_{step:06d}")
-    _run(_command(assets, out))
-    mine, theirs = load_file(out / "hf" / "model.safetensors"), load_file(unbroken / "hf" / "model.safetensors")
-    assert all(torch.equal(mine[name], theirs[name]) for name in theirs)
 
 
 @pytest.mark.slow
