@@ -38,20 +38,20 @@ those cells (a rebuild drops what it did before raising; the live interpreter ke
 cut is. The cells live in `TrajectoryState.store["python"]`, so a trajectory continued elsewhere (a resumed
 run, another process) rebuilds its interpreter the same way, once.
 
-**Processes and uids.** The interpreters are started by worker processes (`workers`: by default four per CPU,
-at most 16, since a start mostly waits on hand-overs between processes; started from the forkserver, one thread
-each), so the sandbox's root-side setup runs in a child forked from a single-threaded process, never from this
+**Processes and uids.** The interpreters are started by worker processes (`workers`: by default four per CPU, at
+most 16, since a start mostly waits on hand-overs between processes; started from the forkserver, one thread each),
+so the sandbox's root-side setup runs in a child forked from a single-threaded process, never from this
 multi-threaded one; a worker hands this process the interpreter's pipes and is asked again only to stop it. The
-workers and their zygotes start when the first trajectory begins, so that a step's burst of first calls finds
-them ready. **Fast start**: where each interpreter gets a uid of its own (root), a worker forks its interpreters
-from its zygote (`rl360.rewards.zygote`), a sandbox-interpreter process it starts once that has already imported
-what the driver needs; the child applies the same sandbox set-up as the exec path before it runs the driver, so
-an interpreter starts in a few milliseconds of CPU instead of a whole Python start-up. A zygote that dies is
-replaced at the next start; where the fork path is not available (no uid switch), or the zygote cannot start,
-interpreters are started by an exec (`start_session`). Each interpreter has its own uid, `session_uid(slot)` of
-the worker that started it (a range apart from one-shot sandbox runs, unique across live processes), so two
-trajectories never share a uid, a memory count or a sweep: one cannot see another's variables, files or
-processes. Calls of many trajectories run side by side, each waiting on its own interpreter in a thread.
+workers and their zygotes start at the tool's first `prepare()` (a run's agent loop calls it as the run begins), so
+that a step's burst of first calls finds them ready. **Fast start**: where each interpreter gets a uid of its own
+(root), a worker forks its interpreters from its zygote (`rl360.rewards.zygote`), a sandbox-interpreter process it
+starts once that has already imported what the driver needs; the child applies the same sandbox set-up as the exec
+path before it runs the driver, so an interpreter starts in a few milliseconds of CPU instead of a whole Python
+start-up. A zygote that dies is replaced at the next start; where the fork path is not available (no uid switch), or
+the zygote cannot start, interpreters are started by an exec (`start_session`). Each interpreter has its own uid,
+`session_uid(slot)` of the worker that started it (a range apart from one-shot sandbox runs, unique across live
+processes), so two trajectories never share a uid, a memory count or a sweep: one cannot see another's variables,
+files or processes. Calls of many trajectories run side by side, each waiting on its own interpreter in a thread.
 
 **Images in**: the trajectory's images (the prompt's, then those tools returned) are files `image_clue_0.png`,
 `image_clue_1.jpg`, ... in the working directory, and, where PIL imports, PIL images `image_clue_0`, ...
