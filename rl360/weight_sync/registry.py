@@ -96,14 +96,15 @@ def unregister_strategy(name: str) -> None:
 
 
 def strategies() -> dict[str, StrategyInfo]:
-    """Every registered strategy by name, the package's own modules loaded first."""
+    """Every registered strategy by name, in the names' order (whatever order the modules were imported in), the
+    package's own modules loaded first."""
     global _loaded
     if not _loaded:
         package = importlib.import_module(__package__)
         for module in pkgutil.iter_modules(package.__path__):
             importlib.import_module(f"{__package__}.{module.name}")
         _loaded = True
-    return dict(_STRATEGIES)
+    return dict(sorted(_STRATEGIES.items()))
 
 
 def strategy_names() -> tuple[str, ...]:
@@ -124,6 +125,6 @@ def get_strategy(name: str) -> StrategyInfo:
 
 def usable_strategies(engine: str, shared_gpu: bool = False, other_hosts: bool = False) -> list[str]:
     """The strategies `engine` processes take (on the sender's own GPU with `shared_gpu`; on other nodes than the
-    sender's with `other_hosts`), in registration order."""
+    sender's with `other_hosts`), in the names' order."""
     return [name for name, info in strategies().items()
             if info.reaches(engine, shared_gpu) and not (other_hosts and info.same_host)]
