@@ -195,7 +195,7 @@ def test_the_sender_sends_cpu_buckets_through_shared_memory(tmp_path):
 
 def test_sglang_engines_are_not_sent_rl360_tensor_formats():
     base = ["model.path=/m", "data.train_files=[d.parquet]", "rollout.engine=sglang"]
-    with pytest.raises(ConfigError, match="rollout.weight_sync=tensor .* rollout.weight_sync=distributed or disk"):
+    with pytest.raises(ConfigError, match="rollout.weight_sync=tensor .* rollout.weight_sync=disk or distributed"):
         load_config(None, base + ["rollout.weight_sync=tensor"])
     assert load_config(None, base + ["rollout.weight_sync=disk"]).rollout.weight_sync == "disk"
 
