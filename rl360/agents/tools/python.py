@@ -515,7 +515,7 @@ def _worker_main(conn: Any) -> None:
     from rl360.rewards.sandbox import SESSION_SLOTS, IsolationError, sandbox_python
 
     children: dict[int, Any] = {}
-    zygotes: dict[str, Any] = {}  # interpreter -> its zygote (None where the fork path failed to start)
+    zygotes = _Zygotes()
 
     def terminate(*_: Any) -> None:
         """SIGTERM (multiprocessing ends its daemon children so at exit): stop the interpreters and exit here and
@@ -543,7 +543,8 @@ def _worker_main(conn: Any) -> None:
                 conn.send(("ok", None if child is None else child.process.returncode))
                 continue
             if message[0] == "prime":  # the zygote started ahead of the first interpreter
-                _prime(zygotes, message[1] or sandbox_python(), message[2])
+                _take_environ(message[2])
+                zygotes.prime(message[1] or sandbox_python())
                 conn.send(("ok",))
                 continue
             _, python, script, limits, environ, niceness, fork = message
@@ -568,22 +569,47 @@ def _worker_main(conn: Any) -> None:
     finally:
         for child in children.values():
             child.stop()
-        for zygote in zygotes.values():
+        zygotes.close()
+
+
+class _Zygotes:
+    """A worker's zygotes, one per interpreter path, each started at its first use (or primed ahead of it): `get`
+    gives the live one, replacing one that died, or None where the fork path is not available or its zygote
+    failed to start (the exec path from then on)."""
+
+    def __init__(self):
+        self._by_python: dict[str, Any] = {}  # None: the fork path failed for that interpreter
+
+    def prime(self, python: str | None) -> None:
+        if python is not None and python not in self._by_python:
+            self.get(python)
+
+    def get(self, python: str) -> Any:
+        from rl360.rewards import zygote as forked
+
+        if not forked.available():
+            return None
+        zygote = self._by_python.get(python)
+        if zygote is not None and not zygote.alive:
+            zygote.close()  # it died: its children live on until stopped (from here), a new one forks from now on
+            del self._by_python[python]
+        if python not in self._by_python:
+            try:
+                self._by_python[python] = forked.Zygote(python)
+            except (OSError, subprocess.SubprocessError):
+                self._by_python[python] = None
+        return self._by_python[python]
+
+    def drop(self, python: str) -> None:
+        """The zygote for `python` failed a start: closed, a new one at the next start."""
+        zygote = self._by_python.pop(python, None)
+        if zygote is not None:
+            zygote.close()
+
+    def close(self) -> None:
+        for zygote in self._by_python.values():
             if zygote is not None:
                 zygote.close()
-
-
-def _prime(zygotes: dict[str, Any], python: str | None, environ: dict[str, str | None]) -> None:
-    """This worker's zygote for `python` started now (where the fork path is available), not at its first
-    interpreter's start."""
-    from rl360.rewards import zygote as forked
-
-    _take_environ(environ)
-    if python is not None and python not in zygotes and forked.available():
-        try:
-            zygotes[python] = forked.Zygote(python)
-        except (OSError, subprocess.SubprocessError):
-            zygotes[python] = None  # the exec path from now on
 
 
 def _take_environ(environ: dict[str, str | None]) -> None:
@@ -594,7 +620,7 @@ def _take_environ(environ: dict[str, str | None]) -> None:
             os.environ[name] = value
 
 
-def _start_child(zygotes: dict[str, Any], python: str, script: str, limits: Any, slot: int, niceness: int,
+def _start_child(zygotes: _Zygotes, python: str, script: str, limits: Any, slot: int, niceness: int,
                  fork: bool) -> Any:
     """A new sandboxed interpreter running `script` in `slot`: forked from this worker's zygote for `python`
     (started at the first such call) where `fork` is asked and the fork path is available, else started by
@@ -602,22 +628,12 @@ def _start_child(zygotes: dict[str, Any], python: str, script: str, limits: Any,
     from rl360.rewards import zygote as forked
     from rl360.rewards.sandbox import start_session
 
-    if fork and forked.available():
-        zygote = zygotes.get(python, False)
-        if zygote is not None and zygote is not False and not zygote.alive:
-            zygote.close()  # it died: its children live on until stopped (from here), a new one forks from now on
-            zygote = False
-        if zygote is False:
-            try:
-                zygote = zygotes[python] = forked.Zygote(python)
-            except (OSError, subprocess.SubprocessError):
-                zygote = zygotes[python] = None  # the exec path from now on
-        if zygote is not None:
-            try:
-                return zygote.start(script, {"driver.py": script}, limits, slot,
-                                    niceness if os.geteuid() == 0 else 0)
-            except forked.ZygoteError:
-                zygotes.pop(python).close()  # gone: a new one at the next start
+    zygote = zygotes.get(python) if fork else None
+    if zygote is not None:
+        try:
+            return zygote.start(script, {"driver.py": script}, limits, slot, niceness if os.geteuid() == 0 else 0)
+        except forked.ZygoteError:
+            zygotes.drop(python)
     base = os.getpriority(os.PRIO_PROCESS, 0)
     if niceness and os.geteuid() == 0:  # the child inherits it from its fork; this worker takes it back
         os.setpriority(os.PRIO_PROCESS, 0, min(base + niceness, 19))
