@@ -1,9 +1,11 @@
 """megatron_bridge at TP=2 x PP=2 on CPU (4 gloo processes): round trip, logits parity, checkpoints at
-other layouts through `rl360 convert`, and per-rank memory while loading."""
+other layouts through `rl360 convert`, and per-rank memory while loading. The round trips of one world size run
+in one launch of their ranks (`launched`)."""
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,36 +20,69 @@ from tests.helpers import assert_every_rank_exported_the_checkpoint, make_tiny_m
 ARCHS = ["qwen2", "qwen3", "llama"]
 
 
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+TIED = [True, False]
+VPP_SEED = 3
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Every tiny model loaded by `tests.bridge_worker:export_and_logits` at its layout, one launch of the ranks
+    per world size: TP=2 x PP=2 for each architecture, tied or not (4 ranks); PP=2 x VPP=2, tied or not (2 ranks).
+    (kind, arch, tied) -> (the HF directory, the case's output directory), or the launch's `RankFailed`."""
+    root = tmp_path_factory.mktemp("bridge_parallel")
+    layouts = {4: [(("tp2pp2", arch, tied), arch, ARCHS.index(arch), ["2", "2"]) for arch in ARCHS for tied in TIED],
+               2: [(("vpp2", "qwen3", tied), "qwen3", VPP_SEED, ["1", "2", "1", "0", "2"]) for tied in TIED]}
+    found: dict[tuple, tuple[str, Path] | RankFailed] = {}
+    for world, cases in layouts.items():
+        listing = []
+        for number, (key, arch, seed, layout) in enumerate(cases):
+            out = root / f"world{world}_case{number}"
+            hf = make_tiny_model(str(out / "hf"), arch, tie_word_embeddings=key[2], seed=seed)
+            found[key] = (hf, out)
+            listing.append([hf, str(out), *layout])
+        (root / f"world{world}.json").write_text(json.dumps(listing))
+        try:
+            run_ranks("tests.bridge_worker:export_and_logits_cases", world, [str(root / f"world{world}.json")],
+                      timeout_s=900)
+        except RankFailed as failed:
+            found.update({key: failed for key, *_ in cases})
+    return found
+
+
+def _case(launched: dict, key: tuple) -> tuple[str, Path]:
+    case = launched[key]
+    if isinstance(case, RankFailed):
+        raise case
+    return case
+
+
+@pytest.mark.parametrize("tied", TIED, ids=["tied", "untied"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_tp2_pp2_round_trip_is_bitwise_and_logits_match_transformers(tmp_path, arch, tied):
-    hf = make_tiny_model(str(tmp_path / "hf"), arch, tie_word_embeddings=tied, seed=ARCHS.index(arch))
-    run_ranks("tests.bridge_worker:export_and_logits", 4, [hf, str(tmp_path), "2", "2"], timeout_s=600)
-    original = assert_every_rank_exported_the_checkpoint(hf, tmp_path, 4)  # the whole model, on every rank
+def test_tp2_pp2_round_trip_is_bitwise_and_logits_match_transformers(launched, arch, tied):
+    hf, out = _case(launched, ("tp2pp2", arch, tied))
+    original = assert_every_rank_exported_the_checkpoint(hf, out, 4)  # the whole model, on every rank
     assert ("lm_head.weight" in original) != tied
     reference = AutoModelForCausalLM.from_pretrained(hf).eval()
     with torch.no_grad():
         expected = reference(token_ids()).logits
     for rank in (2, 3):  # the last pipeline stage's two tensor-parallel ranks
-        logits = torch.load(tmp_path / f"logits_rank{rank}.pt")
+        logits = torch.load(out / f"logits_rank{rank}.pt")
         assert logits.shape == expected.shape
         assert (logits - expected).abs().max().item() <= 1e-4, rank
 
 
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_virtual_pipeline_chunks_round_trip_bitwise_and_match_transformers(tmp_path, tied):
+@pytest.mark.parametrize("tied", TIED, ids=["tied", "untied"])
+def test_virtual_pipeline_chunks_round_trip_bitwise_and_match_transformers(launched, tied):
     """PP=2 x VPP=2: each rank holds two non-adjacent layer chunks (rank 0: layers 0 and 2, rank 1: 1 and 3;
     the embedding in rank 0's first chunk, the output layer in rank 1's last) and the interleaved schedule runs
     them."""
-    hf = make_tiny_model(str(tmp_path / "hf"), "qwen3", tie_word_embeddings=tied, seed=3)
-    run_ranks("tests.bridge_worker:export_and_logits", 2, [hf, str(tmp_path), "1", "2", "1", "0", "2"],
-              timeout_s=600)  # TP=1, PP=2, EP=1, no save, VPP=2
-    assert_every_rank_exported_the_checkpoint(hf, tmp_path, 2)
+    hf, out = _case(launched, ("vpp2", "qwen3", tied))
+    assert_every_rank_exported_the_checkpoint(hf, out, 2)
     reference = AutoModelForCausalLM.from_pretrained(hf).eval()
     with torch.no_grad():
         expected = reference(token_ids()).logits
-    assert not (tmp_path / "logits_rank0.pt").exists()
-    logits = torch.load(tmp_path / "logits_rank1.pt")
+    assert not (out / "logits_rank0.pt").exists()
+    logits = torch.load(out / "logits_rank1.pt")
     assert logits.shape == expected.shape
     assert (logits - expected).abs().max().item() <= 1e-4
 
@@ -84,9 +119,9 @@ def test_convert_refuses_a_directory_that_is_not_a_checkpoint(tmp_path):
 
 
 def test_a_failing_rank_is_reported_with_its_output(tmp_path):
-    hf = make_tiny_model(str(tmp_path / "hf"), "qwen2", tie_word_embeddings=False)  # 4 heads: TP=8 cannot split
-    with pytest.raises(RankFailed, match="num_attention_heads=4 is not divisible by TP=8"):
-        run_ranks("rl360.convert:hf_to_megatron_rank", 8, [hf, str(tmp_path / "ckpt"), "8", "1", "float32"],
+    hf = make_tiny_model(str(tmp_path / "hf"), "qwen2", tie_word_embeddings=False)  # 4 heads: TP=3 cannot split
+    with pytest.raises(RankFailed, match="num_attention_heads=4 is not divisible by TP=3"):
+        run_ranks("rl360.convert:hf_to_megatron_rank", 3, [hf, str(tmp_path / "ckpt"), "3", "1", "float32"],
                   timeout_s=600)
 
 
