@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -60,25 +59,13 @@ def export_and_logits(hf_dir: str, out_dir: str, tp: str, pp: str, ep: str = "1"
                       vpp: str = "1") -> None:
     """Load `hf_dir` at TP x PP (x EP, x VPP chunks); every rank writes what it exported; the last stage writes
     the logits; with `save` "1" the ranks also save the model to `out_dir`/saved."""
-    _export_and_logits(hf_dir, out_dir, tp, pp, ep, save, vpp)
+    export_and_logits_case(hf_dir, out_dir, tp, pp, ep, save, vpp)
     destroy_parallel()
 
 
-def export_and_logits_cases(cases_file: str) -> None:
-    """`export_and_logits` for each argument list of a JSON list, one after another in these processes (one
-    world size, any layout): megatron's parallel state is torn down between them, the process group kept. A
-    launch of the ranks costs more than a case."""
-    from megatron.core import parallel_state
-
-    for args in json.loads(Path(cases_file).read_text()):
-        _export_and_logits(*args)
-        parallel_state.destroy_model_parallel()
-        dist.barrier()
-    destroy_parallel()
-
-
-def _export_and_logits(hf_dir: str, out_dir: str, tp: str, pp: str, ep: str = "1", save: str = "0",
-                       vpp: str = "1") -> None:
+def export_and_logits_case(hf_dir: str, out_dir: str, tp: str, pp: str, ep: str = "1", save: str = "0",
+                           vpp: str = "1") -> None:
+    """`export_and_logits` leaving the parallel state up (`tests.rank_cases` tears it down between cases)."""
     init_parallel(int(tp), int(pp), expert_parallel=int(ep), virtual_pipeline=int(vpp))
     rank = dist.get_rank()
     bridge = Bridge.from_hf_pretrained(hf_dir)

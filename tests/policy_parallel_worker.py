@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -53,19 +52,6 @@ def main(model_dir: str, out_dir: str, mode: str, tp: str, pp: str, micro: str, 
     save_file(gradient, f"{out_dir}/gradient_rank{rank}.safetensors")
     if logprobs is not None:
         torch.save(logprobs, f"{out_dir}/logprobs_rank{rank}.pt")
-
-
-def cases(cases_file: str) -> None:
-    """`main` for each case of a JSON list ({"args": [model_dir, out_dir, mode, tp, pp, micro, extra]}), one after
-    the other in these processes (the same world size, any layout): megatron's parallel state is torn down between
-    cases and the next policy sets up its own, over the one process group. A launch costs more than a case here."""
-    from megatron.core import parallel_state
-
-    for case in json.loads(Path(cases_file).read_text()):
-        if parallel_state.model_parallel_is_initialized():
-            parallel_state.destroy_model_parallel()
-        main(*case["args"])
-        dist.barrier()
 
 
 def weights_as_hf(worker: PolicyWorker) -> dict[str, torch.Tensor]:

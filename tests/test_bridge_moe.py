@@ -12,10 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from megatron_bridge import Bridge
 from megatron_bridge.config_map import check_supported, to_hf_config, to_megatron
-from rl360.cluster.launch import run_ranks
 from rl360.plan import rank_parameters
 from tests.bridge_worker import export_all, token_ids
 from tests.helpers import make_tiny_model
+from tests.rank_cases import launch_by_world, output
 
 ARCHS = ["qwen3_moe", "qwen2_moe"]
 
@@ -83,15 +83,23 @@ LAYOUTS = [  # (arch, ranks, TP, PP, EP)
 ]
 
 
+@pytest.fixture(scope="module")
+def launched(tiny, tmp_path_factory):
+    """Every layout of LAYOUTS loaded by `tests.bridge_worker:export_and_logits_case`, one launch of the ranks per
+    world size (`tests.rank_cases`); at EP > 1 the ranks also save the model."""
+    cases = {layout: (layout[1], [tiny[layout[0]], *map(str, layout[2:]), "1" if layout[4] > 1 else "0"])
+             for layout in LAYOUTS}
+    return launch_by_world("tests.bridge_worker:export_and_logits_case", cases, tmp_path_factory.mktemp("moe_ranks"))
+
+
 @pytest.mark.parametrize("arch, ranks, tp, pp, ep", LAYOUTS,
                          ids=[f"{a}-tp{t}pp{p}ep{e}" for a, _, t, p, e in LAYOUTS])
-def test_parallel_round_trip_is_bitwise_and_logits_match_transformers(tiny, tmp_path, arch, ranks, tp, pp, ep):
+def test_parallel_round_trip_is_bitwise_and_logits_match_transformers(tiny, launched, arch, ranks, tp, pp, ep):
     """Every rank loads only its experts (EP) and slices (TP), and yields the whole HF model, identical to the
     input; the last stage's logits match transformers'. At EP > 1 rank r holds experts 2r, 2r+1 as its local
     0, 1: a misplaced expert would route tokens to the wrong weights and show in the logits."""
     hf = tiny[arch]
-    run_ranks("tests.bridge_worker:export_and_logits", ranks, [hf, str(tmp_path), str(tp), str(pp), str(ep),
-                                                               "1" if ep > 1 else "0"], timeout_s=600)
+    tmp_path = output(launched, (arch, ranks, tp, pp, ep))
     original = load_file(f"{hf}/model.safetensors")
     for rank in range(ranks):
         _assert_bitwise(load_file(tmp_path / f"exported_rank{rank}.safetensors"), original, rank)

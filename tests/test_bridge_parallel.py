@@ -16,6 +16,7 @@ from megatron_bridge import Bridge
 from rl360.cluster.launch import RankFailed, run_ranks
 from tests.bridge_worker import token_ids
 from tests.helpers import assert_every_rank_exported_the_checkpoint, make_tiny_model
+from tests.rank_cases import launch_by_world, output
 
 ARCHS = ["qwen2", "qwen3", "llama"]
 
@@ -26,34 +27,22 @@ VPP_SEED = 3
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    """Every tiny model loaded by `tests.bridge_worker:export_and_logits` at its layout, one launch of the ranks
+    """Every tiny model loaded by `tests.bridge_worker:export_and_logits_case` at its layout, one launch of the ranks
     per world size: TP=2 x PP=2 for each architecture, tied or not (4 ranks); PP=2 x VPP=2, tied or not (2 ranks).
-    (kind, arch, tied) -> (the HF directory, the case's output directory), or the launch's `RankFailed`."""
+    (layout, arch, tied) -> (the HF directory, the case's output directory or its launch's `RankFailed`)."""
     root = tmp_path_factory.mktemp("bridge_parallel")
-    layouts = {4: [(("tp2pp2", arch, tied), arch, ARCHS.index(arch), ["2", "2"]) for arch in ARCHS for tied in TIED],
-               2: [(("vpp2", "qwen3", tied), "qwen3", VPP_SEED, ["1", "2", "1", "0", "2"]) for tied in TIED]}
-    found: dict[tuple, tuple[str, Path] | RankFailed] = {}
-    for world, cases in layouts.items():
-        listing = []
-        for number, (key, arch, seed, layout) in enumerate(cases):
-            out = root / f"world{world}_case{number}"
-            hf = make_tiny_model(str(out / "hf"), arch, tie_word_embeddings=key[2], seed=seed)
-            found[key] = (hf, out)
-            listing.append([hf, str(out), *layout])
-        (root / f"world{world}.json").write_text(json.dumps(listing))
-        try:
-            run_ranks("tests.bridge_worker:export_and_logits_cases", world, [str(root / f"world{world}.json")],
-                      timeout_s=900)
-        except RankFailed as failed:
-            found.update({key: failed for key, *_ in cases})
-    return found
+    cases = [(("tp2pp2", arch, tied), ARCHS.index(arch), 4, ["2", "2"]) for arch in ARCHS for tied in TIED]
+    cases += [(("vpp2", "qwen3", tied), VPP_SEED, 2, ["1", "2", "1", "0", "2"]) for tied in TIED]
+    models = {key: make_tiny_model(str(root / f"hf{number}"), key[1], tie_word_embeddings=key[2], seed=seed)
+              for number, (key, seed, _, _) in enumerate(cases)}
+    outputs = launch_by_world("tests.bridge_worker:export_and_logits_case",
+                              {key: (world, [models[key], *layout]) for key, _, world, layout in cases}, root)
+    return {key: (models[key], outputs[key]) for key in models}
 
 
 def _case(launched: dict, key: tuple) -> tuple[str, Path]:
-    case = launched[key]
-    if isinstance(case, RankFailed):
-        raise case
-    return case
+    hf, _ = launched[key]
+    return hf, output({key: launched[key][1]}, key)
 
 
 @pytest.mark.parametrize("tied", TIED, ids=["tied", "untied"])

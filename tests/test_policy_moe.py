@@ -17,6 +17,7 @@ from rl360.engine.hf_engine import HFEngine
 from tests.dp_worker import fixed_batch
 from tests.helpers import make_tiny_model
 from tests.policy_parallel_worker import config, logprobs_and_gradient
+from tests.rank_cases import launch_by_world, output
 from tests.test_policy import _config, _rollouts
 
 
@@ -51,20 +52,33 @@ def test_token_budget_splits_the_halves_unevenly_and_at_least_evens_them():
         at_least(rows[0], 9)
 
 
-@pytest.mark.parametrize("arch, mode, extra, dp, ep", [
+EXPERT_PARALLEL = [  # (arch, mode, extra, dp, ep)
     ("qwen3_moe", "token-mean", "", 2, 2),
     # token budgets split the two ranks' halves into different numbers of micro-batches: the policy evens them
     ("qwen2_moe", "seq-mean-token-sum-norm", f"actor.max_tokens_per_micro_batch={UNEVEN_BUDGET}", 2, 2),
     # two expert-data-parallel replicas: each expert's gradient all-reduced over the two ranks that hold it
     ("qwen2_moe", "token-mean", "", 4, 2),
-], ids=["qwen3_moe-dp2ep2", "qwen2_moe-dp2ep2-token-budget", "qwen2_moe-dp4ep2"])
-def test_expert_parallel_policy_matches_one_rank(megatron_single_rank, moe_dirs, tmp_path, arch, mode, extra, dp,
+]
+MICRO = 3
+
+
+@pytest.fixture(scope="module")
+def launched(moe_dirs, tmp_path_factory):
+    """Every EXPERT_PARALLEL case through `tests.policy_parallel_worker:expert_parallel`, one launch of the ranks
+    per world size (`tests.rank_cases`)."""
+    cases = {case: (case[3], [moe_dirs[case[0]], case[1], str(MICRO), case[2], str(case[3]), str(case[4])])
+             for case in EXPERT_PARALLEL}
+    return launch_by_world("tests.policy_parallel_worker:expert_parallel", cases, tmp_path_factory.mktemp("ep_ranks"))
+
+
+@pytest.mark.parametrize("arch, mode, extra, dp, ep", EXPERT_PARALLEL,
+                         ids=["qwen3_moe-dp2ep2", "qwen2_moe-dp2ep2-token-budget", "qwen2_moe-dp4ep2"])
+def test_expert_parallel_policy_matches_one_rank(megatron_single_rank, moe_dirs, launched, arch, mode, extra, dp,
                                                  ep):
-    model_dir, micro = moe_dirs[arch], 3
+    model_dir = moe_dirs[arch]
     expected_logprobs, expected_gradient = logprobs_and_gradient(
-        PolicyWorker(config(model_dir, mode, 1, 1, micro, *filter(None, [extra]))))
-    run_ranks("tests.policy_parallel_worker:expert_parallel", dp,
-              [model_dir, str(tmp_path), mode, str(micro), extra, str(dp), str(ep)], timeout_s=600)
+        PolicyWorker(config(model_dir, mode, 1, 1, MICRO, *filter(None, [extra]))))
+    tmp_path = output(launched, (arch, mode, extra, dp, ep))
     share = len(expected_logprobs) // dp
     for rank in range(dp):  # each data-parallel rank's share of the batch
         got = torch.load(tmp_path / f"logprobs_rank{rank}.pt")

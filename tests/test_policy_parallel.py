@@ -4,8 +4,6 @@ log-probs and the same gradient, for each loss aggregation, with uneven micro-ba
 The layouts of one world size run in one launch of their ranks, one case after another (`launched`): starting
 the ranks costs more than a case."""
 
-import json
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -13,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from rl360.actor.policy import PolicyWorker
-from rl360.cluster.launch import RankFailed, run_ranks
 from tests.helpers import make_tiny_qwen2
 from tests.policy_parallel_worker import config, logprobs_and_gradient
+from tests.rank_cases import launch_by_world, output
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +55,8 @@ VIRTUAL_PIPELINE = [
 
 
 def _cases(model_dir: str, four_layer_model_dir: str) -> dict[tuple, tuple[int, list[str]]]:
-    """Every case's key -> its world size and the worker's arguments (but the output directory)."""
+    """Every case's key -> its world size and `tests.policy_parallel_worker:main`'s arguments (but the output
+    directory)."""
     found = {}
     for tp, pp, mode, extra in MODEL_PARALLEL:
         found[("tp", tp, pp, mode, extra)] = (tp * pp, [model_dir, mode, str(tp), str(pp), "3", extra])
@@ -72,31 +71,9 @@ def _cases(model_dir: str, four_layer_model_dir: str) -> dict[tuple, tuple[int, 
 
 @pytest.fixture(scope="module")
 def launched(model_dir, four_layer_model_dir, tmp_path_factory):
-    """Every case run at its layout, one launch per world size: case key -> its output directory, or the
-    `RankFailed` of its launch."""
-    root = tmp_path_factory.mktemp("policy_parallel_cases")
-    by_world: dict[int, list[tuple[tuple, list[str]]]] = defaultdict(list)
-    outputs: dict[tuple, Path | RankFailed] = {}
-    for number, (key, (world, args)) in enumerate(_cases(model_dir, four_layer_model_dir).items()):
-        out = root / f"case{number}"
-        out.mkdir()
-        outputs[key] = out
-        by_world[world].append((key, [args[0], str(out), *args[1:]]))
-    for world, cases in sorted(by_world.items()):
-        listing = root / f"world{world}.json"
-        listing.write_text(json.dumps([{"args": args} for _, args in cases]))
-        try:
-            run_ranks("tests.policy_parallel_worker:cases", world, [str(listing)], timeout_s=900)
-        except RankFailed as failed:
-            outputs.update({key: failed for key, _ in cases})
-    return outputs
-
-
-def _output(launched: dict, key: tuple) -> Path:
-    out = launched[key]
-    if isinstance(out, RankFailed):
-        raise out
-    return out
+    """Every case run at its layout, one launch per world size (`tests.rank_cases`)."""
+    return launch_by_world("tests.policy_parallel_worker:main", _cases(model_dir, four_layer_model_dir),
+                           tmp_path_factory.mktemp("policy_parallel_cases"))
 
 
 def _assert_matches(out: Path, world: int, last_stage: list[int], expected_logprobs, expected_gradient,
@@ -117,7 +94,7 @@ def _assert_matches(out: Path, world: int, last_stage: list[int], expected_logpr
 def test_model_parallel_policy_matches_one_rank(megatron_single_rank, model_dir, launched, tp, pp, mode, extra):
     micro = 3  # 16 samples in micro-batches of 3: the last one is smaller, and widths differ
     expected_logprobs, expected_gradient = logprobs_and_gradient(PolicyWorker(config(model_dir, mode, 1, 1, micro)))
-    out = _output(launched, ("tp", tp, pp, mode, extra))
+    out = output(launched, ("tp", tp, pp, mode, extra))
     _assert_matches(out, tp * pp, list(range(tp * pp - tp, tp * pp)), expected_logprobs, expected_gradient, 1e-6)
 
 
@@ -129,7 +106,7 @@ def test_context_and_sequence_parallel_policy_matches_one_rank(megatron_single_r
     atol = 2e-6 if "sequence=true" in extra else 1e-6
     expected_logprobs, expected_gradient = logprobs_and_gradient(PolicyWorker(config(model_dir, mode, 1, 1, 3)))
     world = tp * pp * cp
-    out = _output(launched, ("cp", tp, pp, cp, mode, extra))
+    out = output(launched, ("cp", tp, pp, cp, mode, extra))
     # megatron orders ranks TP fastest, then CP, ..., PP last
     _assert_matches(out, world, list(range(world - tp * cp, world)), expected_logprobs, expected_gradient, atol)
 
@@ -142,5 +119,5 @@ def test_virtual_pipeline_policy_matches_one_rank(megatron_single_rank, four_lay
     atol = 2e-6 if "sequence=true" in extra else 1e-6
     expected_logprobs, expected_gradient = logprobs_and_gradient(
         PolicyWorker(config(four_layer_model_dir, mode, 1, 1, 3)))
-    out = _output(launched, ("vpp", tp, pp, vpp, mode, micro, extra))
+    out = output(launched, ("vpp", tp, pp, vpp, mode, micro, extra))
     _assert_matches(out, tp * pp, list(range(tp * pp - tp, tp * pp)), expected_logprobs, expected_gradient, atol)
