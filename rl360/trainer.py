@@ -39,7 +39,7 @@ from rl360.eval.during_training import TrainingEval
 from rl360.plan import GIB, plan
 from rl360.rewards.pool import open_reward_pool
 from rl360.rollout.ahead import keep_ahead, restore_ahead
-from rl360.rollout.sampler import RolloutSampler, StepRollouts
+from rl360.rollout.sampler import RolloutSampler, SamplerSettings, StepRollouts
 from rl360.run_checks import CheckedRun, check_run
 from rl360.run_config import save_run_config
 from rl360.stopping import StopSignals
@@ -95,7 +95,8 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float, stop: StopSig
             if critic is not None:
                 closing.callback(critic.shutdown)
             # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer
-            rollouts = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy, placement, **turns)
+            rollouts = RolloutSampler(SamplerSettings.of(cfg), tokenizer, stream, renderer, rewards, policy, placement,
+                                      **turns)
             closing.callback(rollouts.close)
             attention = policy.call("attention_backend")[0]  # what model.attention (auto: te or torch) resolved to
             why = f" ({policy.call('attention_reason')[0]})" if cfg.model.attention == "auto" else ""
