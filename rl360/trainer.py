@@ -15,6 +15,7 @@ from rl360.actor.batch import RolloutBatch
 from rl360.actor.critic import CriticWorker
 from rl360.actor.policy import PolicyWorker
 from rl360.actor.policy_group import PolicyGroup
+from rl360.actor.settings import PolicySettings
 from rl360.agents.group import agent_group
 from rl360.algos.advantages import compute_advantages, get_advantage_estimator, token_rewards
 from rl360.algos.distillation import distill_advantages
@@ -159,9 +160,10 @@ def _place(cfg: RunConfig, stop: StopSignals) -> Placement:
 def _workers(cfg: RunConfig, placement: Placement) -> tuple[PolicyGroup, PolicyGroup | None]:
     """The policy's ranks, and the critic's (PPO's gae) where the placement has them, on the same layout."""
     groups = dict(use_gpu=placement.use_gpu, timeout_s=cfg.cluster.placement_timeout_s, colocated=placement.colocate)
-    ranks = cfg.actor.parallel.ranks
-    policy = PolicyGroup(WorkerGroup(PolicyWorker, ranks, cfg, name="policy", share=placement.gpu_share, **groups))
-    critic = PolicyGroup(WorkerGroup(CriticWorker, ranks, cfg, name="critic", **groups)) \
+    settings = PolicySettings.of(cfg)  # what every rank reads of the config, the policy's and the critic's alike
+    policy = PolicyGroup(WorkerGroup(PolicyWorker, placement.policy_ranks, settings, name="policy",
+                                     share=placement.gpu_share, **groups))
+    critic = PolicyGroup(WorkerGroup(CriticWorker, placement.critic_ranks, settings, name="critic", **groups)) \
         if placement.critic_ranks else None
     return policy, critic
 

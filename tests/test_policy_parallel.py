@@ -6,6 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.cluster.launch import run_ranks
 from tests.helpers import make_tiny_qwen2
 from tests.policy_parallel_worker import config, logprobs_and_gradient
@@ -33,7 +34,8 @@ PACKED = "actor.pack_sequences=true"
 ])
 def test_model_parallel_policy_matches_one_rank(megatron_single_rank, model_dir, tmp_path, tp, pp, mode, extra):
     micro = 3  # 16 samples in micro-batches of 3: the last one is smaller, and widths differ
-    expected_logprobs, expected_gradient = logprobs_and_gradient(PolicyWorker(config(model_dir, mode, 1, 1, micro)))
+    expected_logprobs, expected_gradient = logprobs_and_gradient(
+        PolicyWorker(PolicySettings.of(config(model_dir, mode, 1, 1, micro))))
     run_ranks("tests.policy_parallel_worker:main", tp * pp, [model_dir, str(tmp_path), mode, str(tp), str(pp),
                                                              str(micro), extra], timeout_s=600)
     returning = [rank for rank in range(tp * pp) if (tmp_path / f"logprobs_rank{rank}.pt").exists()]
@@ -63,7 +65,8 @@ def test_context_and_sequence_parallel_policy_matches_one_rank(megatron_single_r
     # sequence parallelism sums the tied embedding's gradient in another order (measured: 1.5e-6 apart)
     atol = 2e-6 if "sequence=true" in extra else 1e-6
     micro = 3
-    expected_logprobs, expected_gradient = logprobs_and_gradient(PolicyWorker(config(model_dir, mode, 1, 1, micro)))
+    expected_logprobs, expected_gradient = logprobs_and_gradient(
+        PolicyWorker(PolicySettings.of(config(model_dir, mode, 1, 1, micro))))
     world = tp * pp * cp
     run_ranks("tests.policy_parallel_worker:main", world, [model_dir, str(tmp_path), mode, str(tp), str(pp),
                                                            str(micro), f"actor.parallel.context={cp} {extra}"],
@@ -92,7 +95,8 @@ def test_virtual_pipeline_policy_matches_one_rank(megatron_single_rank, four_lay
     against the padded one-rank policy: the same log-probs and gradients."""
     atol = 2e-6 if "sequence=true" in extra else 1e-6
     model_dir = four_layer_model_dir
-    expected_logprobs, expected_gradient = logprobs_and_gradient(PolicyWorker(config(model_dir, mode, 1, 1, 3)))
+    expected_logprobs, expected_gradient = logprobs_and_gradient(
+        PolicyWorker(PolicySettings.of(config(model_dir, mode, 1, 1, 3))))
     world = tp * pp
     run_ranks("tests.policy_parallel_worker:main", world,
               [model_dir, str(tmp_path), mode, str(tp), str(pp), str(micro),
