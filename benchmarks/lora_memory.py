@@ -48,12 +48,13 @@ def overrides(model_dir: str, dtype: str, rank: int) -> list[str]:
 def measure(model_dir: str, dtype: str, rank: int, updates: int) -> dict:
     """Optimizer bytes (measured, planned) and update times of one run."""
     from rl360.actor.policy import PolicyWorker
+    from rl360.actor.settings import PolicySettings
     from rl360.config import load_config
     from rl360.plan import plan
     from tests.dp_worker import fixed_batch
 
     cfg = load_config(None, overrides(model_dir, dtype, rank))
-    worker = PolicyWorker(cfg)
+    worker = PolicyWorker(PolicySettings.of(cfg))
     times = []
     for step in range(updates + 1):
         batch = fixed_batch()

@@ -35,6 +35,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from rl360.actor.batch import build_batch
 from rl360.actor.parallel import init_parallel
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.config import load_config
 
 
@@ -67,7 +68,7 @@ def timed(worker: PolicyWorker, batch, repeats: int) -> tuple[float, int]:
         worker.accumulate_gradients(batch)
     seconds = (time.perf_counter() - started) / repeats
     micro = worker._micro_batches(batch)
-    if worker.cfg.actor.pack_sequences:
+    if worker.settings.actor.pack_sequences:
         padded = sum(int(mb.sequence_lengths().sum()) for mb in micro)
     else:
         padded = sum(len(mb) * mb.input_ids.shape[1] for mb in micro)
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
                             ("fixed", [f"actor.micro_batch_size={args.micro}"]),
                             ("token_budget", [f"actor.max_tokens_per_micro_batch={budget}"]),
                             ("packed", [f"actor.max_tokens_per_micro_batch={budget}", "actor.pack_sequences=true"])):
-            worker = PolicyWorker(load_config(None, common + extra))
+            worker = PolicyWorker(PolicySettings.of(load_config(None, common + extra)))
             batch.old_logprobs = torch.full_like(batch.response_mask, -1.0)
             seconds, padded = timed(worker, batch, args.repeats)
             runs[name] = {"seconds": seconds, "tokens_per_s": real_tokens / seconds, "padded_tokens": padded}

@@ -46,13 +46,15 @@ def make_model(out_dir: Path, layers: int) -> str:
 def rank(model_dir: str, out_file: str, dtype: str, extra: str) -> None:
     """One data-parallel rank: two updates, then its state's bytes and peak memory into `out_file`."""
     from rl360.actor.policy import PolicyWorker
+    from rl360.actor.settings import PolicySettings
     from rl360.config import load_config
     from tests.dp_worker import fixed_batch
 
     cfg = load_config(None, [f"model.path={model_dir}", "data.train_files=[unused.parquet]", "rollout.n=4",
                              "data.batch_size=4", "actor.ppo_mini_batch_size=4", "actor.micro_batch_size=4",
                              "actor.parallel.data=2", f"model.dtype={dtype}", *filter(None, extra.split(" "))])
-    worker = PolicyWorker(cfg, rank=int(os.environ["RANK"]), world_size=2, master_port=int(os.environ["MASTER_PORT"]))
+    worker = PolicyWorker(PolicySettings.of(cfg), rank=int(os.environ["RANK"]), world_size=2,
+                          master_port=int(os.environ["MASTER_PORT"]))
     half, dp_rank = len(fixed_batch()) // 2, worker.layout()["dp_rank"]
     for _ in range(2):
         batch = fixed_batch().select(slice(dp_rank * half, (dp_rank + 1) * half))

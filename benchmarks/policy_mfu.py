@@ -57,6 +57,7 @@ from megatron_bridge.layer_spec import resolve_attention
 from rl360.actor.batch import build_batch
 from rl360.actor.parallel import init_parallel
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.config import load_config
 
 SHAPES = {
@@ -160,7 +161,7 @@ def megatron_step(hf_dir: str, attention: str, sequences: torch.Tensor, prompt: 
         f"model.attention={attention}", "rollout.n=2", f"data.batch_size={count // 2}",
         f"actor.ppo_mini_batch_size={count // 2}", f"rollout.max_response_length={length - prompt}",
         "algorithm.kl_coef=0", "actor.pack_sequences=true", f"actor.max_tokens_per_micro_batch={tokens_per_micro}"])
-    worker = PolicyWorker(cfg)
+    worker = PolicyWorker(PolicySettings.of(cfg))
     prompts = [row[:prompt].tolist() for row in sequences]
     responses = [row[prompt:].tolist() for row in sequences]
     batch = build_batch(prompts, responses, [[-1.0] * len(r) for r in responses])

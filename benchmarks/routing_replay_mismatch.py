@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 from rl360.actor.batch import build_batch  # noqa: E402
 from rl360.actor.parallel import init_parallel  # noqa: E402
 from rl360.actor.policy import PolicyWorker  # noqa: E402
+from rl360.actor.settings import PolicySettings  # noqa: E402
 from rl360.config import load_config  # noqa: E402
 from rl360.core import SamplingParams  # noqa: E402
 from rl360.engine.hf_engine import HFEngine  # noqa: E402
@@ -46,7 +47,7 @@ def measure(model_dir: str, dtype: str, replay: bool, batch) -> dict[str, float]
                              "data.batch_size=4", "actor.ppo_mini_batch_size=2", "actor.micro_batch_size=64",
                              "rollout.temperature=1.0", f"model.dtype={dtype}",
                              f"actor.moe_routing_replay={str(replay).lower()}"])
-    logprobs = PolicyWorker(cfg).compute_logprobs(batch)
+    logprobs = PolicyWorker(PolicySettings.of(cfg)).compute_logprobs(batch)
     diff = (logprobs - batch.rollout_logprobs).abs() * batch.response_mask
     return {"mean_abs_diff": diff.sum().item() / batch.response_mask.sum().item(), "max_abs_diff": diff.max().item()}
 

@@ -185,8 +185,8 @@ def lora_rank_parameters(hf: dict[str, Any], rank: int, targets: tuple[str, ...]
 
 
 def plan(cfg: Any, gpu_memory_gb: float = 80.0, placement: Placement | None = None) -> Plan:
-    """The per-GPU memory of a policy rank (and of an engine of its own) under `cfg`, colocated or not as
-    `placement` decided (without one: as `rollout.colocate` asks)."""
+    """The per-GPU memory of a policy rank (and of an engine of its own) under `cfg`, colocated or not and with a
+    critic or not as `placement` decided (without one: as `rollout.colocate` and `algorithm.adv_estimator` ask)."""
     hf = hf_file = model_config(cfg.model.path)
     parallel, actor, rollout = cfg.actor.parallel, cfg.actor, cfg.rollout
     colocate = placement.colocate if placement is not None else bool(rollout.colocate)
@@ -218,7 +218,7 @@ def plan(cfg: Any, gpu_memory_gb: float = 80.0, placement: Placement | None = No
                   optimizer_params * optimizer_bytes, ("step",) if actor.offload else PHASES)]
     if cfg.algorithm.kl_coef > 0 or cfg.algorithm.kl_in_reward_coef > 0:
         terms.append(Term("reference model weights", params * dtype, ("train",) if actor.offload else PHASES))
-    if cfg.algorithm.uses_critic:
+    if placement.critic_ranks if placement is not None else cfg.algorithm.uses_critic:
         terms.append(Term("critic weights, gradients, optimizer",
                           params * (dtype + 4) + optimizer_params * optimizer_bytes, updating))
     terms.append(Term(f"activations (recompute={actor.recompute})", activation_bytes(cfg, hf), ("train",)))

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 from rl360.actor.batch import RolloutBatch, build_batch
 from rl360.actor.policy_group import PolicyGroup
+from rl360.actor.settings import PolicySettings
 from rl360.actor.sft import SFTWorker
 from rl360.checkpointing import (
     ConvertInfo,
@@ -126,7 +127,7 @@ def _run(cfg: RunConfig, out: Path, stop: StopSignals, started: float) -> Path:
     stop.install()  # again: ray.init replaced the SIGTERM handler with its own
     if 0 < gpus < ranks:
         raise ConfigError(f"actor.parallel asks for {ranks} ranks; the cluster has {gpus} GPUs")
-    policy = PolicyGroup(WorkerGroup(SFTWorker, ranks, cfg, name="policy", use_gpu=gpus > 0,
+    policy = PolicyGroup(WorkerGroup(SFTWorker, ranks, PolicySettings.of(cfg), name="policy", use_gpu=gpus > 0,
                                      timeout_s=cfg.cluster.placement_timeout_s))
     print(f"policy: {ranks} rank(s), {policy.dp_size} data-parallel replica(s)", flush=True)  # once they are built
     checkpoints = out / "checkpoints"

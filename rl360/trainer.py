@@ -15,6 +15,7 @@ from rl360.actor.batch import RolloutBatch
 from rl360.actor.critic import CriticWorker
 from rl360.actor.policy import PolicyWorker
 from rl360.actor.policy_group import PolicyGroup
+from rl360.actor.settings import PolicySettings
 from rl360.agents.group import agent_group
 from rl360.algos.advantages import compute_advantages, get_advantage_estimator, token_rewards
 from rl360.algos.distillation import distill_advantages
@@ -39,7 +40,7 @@ from rl360.eval.during_training import TrainingEval
 from rl360.plan import GIB, plan
 from rl360.rewards.pool import open_reward_pool
 from rl360.rollout.ahead import keep_ahead, restore_ahead
-from rl360.rollout.sampler import RolloutSampler, StepRollouts
+from rl360.rollout.sampler import RolloutSampler, SamplerSettings, StepRollouts
 from rl360.run_checks import CheckedRun, check_run
 from rl360.run_config import save_run_config
 from rl360.stopping import StopSignals
@@ -95,7 +96,8 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float, stop: StopSig
             if critic is not None:
                 closing.callback(critic.shutdown)
             # the prompt stream, the engines and the reward pool; generate(step) runs beside the trainer
-            rollouts = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy, placement, **turns)
+            rollouts = RolloutSampler(SamplerSettings.of(cfg), tokenizer, stream, renderer, rewards, policy, placement,
+                                      **turns)
             closing.callback(rollouts.close)
             attention = policy.call("attention_backend")[0]  # what model.attention (auto: te or torch) resolved to
             why = f" ({policy.call('attention_reason')[0]})" if cfg.model.attention == "auto" else ""
@@ -158,9 +160,10 @@ def _place(cfg: RunConfig, stop: StopSignals) -> Placement:
 def _workers(cfg: RunConfig, placement: Placement) -> tuple[PolicyGroup, PolicyGroup | None]:
     """The policy's ranks, and the critic's (PPO's gae) where the placement has them, on the same layout."""
     groups = dict(use_gpu=placement.use_gpu, timeout_s=cfg.cluster.placement_timeout_s, colocated=placement.colocate)
-    ranks = cfg.actor.parallel.ranks
-    policy = PolicyGroup(WorkerGroup(PolicyWorker, ranks, cfg, name="policy", share=placement.gpu_share, **groups))
-    critic = PolicyGroup(WorkerGroup(CriticWorker, ranks, cfg, name="critic", **groups)) \
+    settings = PolicySettings.of(cfg)  # what every rank reads of the config, the policy's and the critic's alike
+    policy = PolicyGroup(WorkerGroup(PolicyWorker, placement.policy_ranks, settings, name="policy",
+                                     share=placement.gpu_share, **groups))
+    critic = PolicyGroup(WorkerGroup(CriticWorker, placement.critic_ranks, settings, name="critic", **groups)) \
         if placement.critic_ranks else None
     return policy, critic
 

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from rl360.actor.critic import CriticWorker
+from rl360.actor.settings import PolicySettings
 from rl360.config import load_config
 from tests.dp_worker import fixed_batch
 
@@ -66,8 +67,8 @@ def _body_gradient_as_hf(worker: CriticWorker) -> dict[str, torch.Tensor]:
 
 def main(model_dir: str, out_dir: str, mode: str, tp: str, pp: str, micro: str, cp: str = "1",
          sequence: str = "0", vpp: str = "1") -> None:
-    worker = CriticWorker(config(model_dir, mode, int(tp), int(pp), int(micro), int(cp), sequence == "1", int(vpp)),
-                          rank=int(os.environ["RANK"]),
+    cfg = config(model_dir, mode, int(tp), int(pp), int(micro), int(cp), sequence == "1", int(vpp))
+    worker = CriticWorker(PolicySettings.of(cfg), rank=int(os.environ["RANK"]),
                           world_size=int(os.environ["WORLD_SIZE"]), master_port=int(os.environ["MASTER_PORT"]))
     values, gradient = values_and_gradient(worker)
     rank = dist.get_rank()

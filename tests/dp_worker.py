@@ -6,6 +6,7 @@ import torch
 
 from rl360.actor.batch import build_batch
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.config import load_config
 
 
@@ -35,7 +36,8 @@ def gradient(worker: PolicyWorker, batch) -> torch.Tensor:
 
 
 def main(model_dir: str, mode: str, loss: str, rank: int, port: int, out: str) -> None:
-    worker = PolicyWorker(config(model_dir, mode, loss, 2), rank=rank, world_size=2, master_port=port)
+    worker = PolicyWorker(PolicySettings.of(config(model_dir, mode, loss, 2)), rank=rank, world_size=2,
+                          master_port=port)
     batch = fixed_batch()
     half = len(batch) // 2
     torch.save(gradient(worker, batch.select(slice(rank * half, (rank + 1) * half))), out)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.config import load_config
 from tests.dp_worker import fixed_batch
 from tests.policy_parallel_worker import gradient_as_hf, train_pipelined, weights_as_hf
@@ -54,8 +55,8 @@ def old_logprobs(worker: PolicyWorker, batch) -> torch.Tensor:
 def gradients_and_export(model_dir: str, out_dir: str, extra: tuple[str, ...] = ()) -> PolicyWorker:
     """The adapters' gradient, the merged export, and the whole model's gradient at the merged weights."""
     rank = int(os.environ["RANK"])
-    worker = PolicyWorker(lora_config(model_dir, 2, *extra), rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
-                          master_port=int(os.environ["MASTER_PORT"]))
+    worker = PolicyWorker(PolicySettings.of(lora_config(model_dir, 2, *extra)), rank=rank,
+                          world_size=int(os.environ["WORLD_SIZE"]), master_port=int(os.environ["MASTER_PORT"]))
     randomize_b(worker)
     before = worker.lora_state()
     merged = weights_as_hf(worker)
@@ -65,8 +66,8 @@ def gradients_and_export(model_dir: str, out_dir: str, extra: tuple[str, ...] = 
     batch.old_logprobs = old_logprobs(worker, batch)
     worker.accumulate_gradients(batch)
     lora_gradient = worker.lora_state(gradients=True)
-    full = PolicyWorker(config(merged_dir, 2, *extra), rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
-                        master_port=int(os.environ["MASTER_PORT"]))
+    full = PolicyWorker(PolicySettings.of(config(merged_dir, 2, *extra)), rank=rank,
+                        world_size=int(os.environ["WORLD_SIZE"]), master_port=int(os.environ["MASTER_PORT"]))
     full.accumulate_gradients(batch)
     full_gradient = gradient_as_hf(full)
     if rank == 0:
@@ -95,8 +96,8 @@ def main(model_dir: str, out_dir: str) -> None:
     saved = worker.lora_state()
     train_pipelined(worker, steps=1, first=2)
     unbroken = worker.lora_state()
-    resumed = PolicyWorker(lora_config(model_dir, 2), rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
-                           master_port=int(os.environ["MASTER_PORT"]))
+    resumed = PolicyWorker(PolicySettings.of(lora_config(model_dir, 2)), rank=rank,
+                           world_size=int(os.environ["WORLD_SIZE"]), master_port=int(os.environ["MASTER_PORT"]))
     resumed.load_checkpoint(f"{out_dir}/ckpt")
     loaded = resumed.lora_state()
     train_pipelined(resumed, steps=1, first=2)

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.config import load_config
 from tests.dp_worker import fixed_batch
 
@@ -44,9 +45,9 @@ def logprobs_and_gradient(worker: PolicyWorker) -> tuple[torch.Tensor | None, di
 
 
 def main(model_dir: str, out_dir: str, mode: str, tp: str, pp: str, micro: str, extra: str = "") -> None:
-    worker = PolicyWorker(config(model_dir, mode, int(tp), int(pp), int(micro), *filter(None, extra.split(" "))),
-                          rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                          master_port=int(os.environ["MASTER_PORT"]))
+    cfg = config(model_dir, mode, int(tp), int(pp), int(micro), *filter(None, extra.split(" ")))
+    worker = PolicyWorker(PolicySettings.of(cfg), rank=int(os.environ["RANK"]),
+                          world_size=int(os.environ["WORLD_SIZE"]), master_port=int(os.environ["MASTER_PORT"]))
     logprobs, gradient = logprobs_and_gradient(worker)
     rank = dist.get_rank()
     save_file(gradient, f"{out_dir}/gradient_rank{rank}.safetensors")
@@ -76,8 +77,9 @@ def train_and_checkpoint(model_dir: str, out_dir: str, tp: str, pp: str, extra: 
     checkpoint, then a 4th update and the weights after it; the last rank writes its reports."""
     from tests.zero_worker import config as one_step_config
 
-    worker = PolicyWorker(one_step_config(model_dir, 1, f"actor.parallel.tensor={tp}", f"actor.parallel.pipeline={pp}",
-                                          *filter(None, extra.split(" "))),
+    cfg = one_step_config(model_dir, 1, f"actor.parallel.tensor={tp}", f"actor.parallel.pipeline={pp}",
+                          *filter(None, extra.split(" ")))
+    worker = PolicyWorker(PolicySettings.of(cfg),
                           rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
                           master_port=int(os.environ["MASTER_PORT"]))
     rank = dist.get_rank()
@@ -96,8 +98,9 @@ def train_and_checkpoint(model_dir: str, out_dir: str, tp: str, pp: str, extra: 
 
 def _expert_parallel_worker(model_dir: str, mode: str, micro: int, extra: str = "", dp: int = 2,
                             ep: int = 2) -> PolicyWorker:
-    return PolicyWorker(config(model_dir, mode, 1, 1, micro, f"actor.parallel.data={dp}", f"actor.parallel.expert={ep}",
-                               *filter(None, extra.split(" "))),
+    cfg = config(model_dir, mode, 1, 1, micro, f"actor.parallel.data={dp}", f"actor.parallel.expert={ep}",
+                 *filter(None, extra.split(" ")))
+    return PolicyWorker(PolicySettings.of(cfg),
                         rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
                         master_port=int(os.environ["MASTER_PORT"]))
 

@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 
 from rl360.actor.batch import build_batch
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.agents import AgentSettings, run_agent
 from rl360.agents.parsers import parse_hermes
 from rl360.agents.tools import ToolSettings, get_tool
@@ -101,7 +102,8 @@ def test_trainer_logprobs_across_a_zoom_equal_the_engines(megatron_single_rank, 
     for row, sample in enumerate(trajectories[:3]):
         second_turn[row, sample.turn_list()[-1].start:len(sample.response_ids)] = True
     for packed in ("false", "true"):
-        logprobs = PolicyWorker(_config(vl_dir, f"actor.pack_sequences={packed}")).compute_logprobs(batch)
+        worker = PolicyWorker(PolicySettings.of(_config(vl_dir, f"actor.pack_sequences={packed}")))
+        logprobs = worker.compute_logprobs(batch)
         diff = (logprobs - batch.rollout_logprobs).abs() * batch.response_mask
         assert diff.sum() / batch.response_mask.sum() <= 1e-6, packed
         assert diff.max().item() <= 1e-5, packed
@@ -111,7 +113,7 @@ def test_trainer_logprobs_across_a_zoom_equal_the_engines(megatron_single_rank, 
 def test_the_second_turn_sees_the_zoomed_image(megatron_single_rank, vl_dir, trajectories):
     """Another picture in the crop's place (same size, so the same tokens) changes the second turn's log-probs
     and nothing before the crop: the trainer feeds the tool's image at its tokens."""
-    worker = PolicyWorker(_config(vl_dir))
+    worker = PolicyWorker(PolicySettings.of(_config(vl_dir)))
     batch = _batch(trajectories[:1])
     first_end = trajectories[0].turn_list()[0].end
     original = worker.compute_logprobs(batch)
@@ -137,7 +139,7 @@ def test_tool_tokens_and_their_image_get_no_gradient(megatron_single_rank, vl_di
         noise = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(1)) * changed_tokens
         changed.advantages = batch.advantages + 5 * noise
         changed.old_logprobs = batch.old_logprobs + noise
-        worker = PolicyWorker(_config(vl_dir, "actor.entropy_coeff=0.01"))
+        worker = PolicyWorker(PolicySettings.of(_config(vl_dir, "actor.entropy_coeff=0.01")))
         worker.accumulate_gradients(changed)
         return torch.cat([p.main_grad.flatten().cpu() for p in worker.models[0].parameters()])
 

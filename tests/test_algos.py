@@ -480,6 +480,7 @@ def test_policy_step_loss_adds_the_kl_and_subtracts_the_entropy_bonus(megatron_s
     sampling temperature; values and gradients with respect to the logits against the references."""
     from rl360.actor.batch import build_batch
     from rl360.actor.policy import PolicyWorker
+    from rl360.actor.settings import PolicySettings
     from rl360.config import RunConfig
 
     gen = torch.Generator().manual_seed(8)
@@ -496,11 +497,12 @@ def test_policy_step_loss_adds_the_kl_and_subtracts_the_entropy_bonus(megatron_s
 
     def step_loss(entropy_coeff, kl):
         worker = object.__new__(PolicyWorker)
-        worker.cfg = cfg = RunConfig()
+        cfg = RunConfig()
         cfg.rollout.temperature, cfg.rollout.max_response_length = temperature, MAX_RESPONSE_LENGTH
         cfg.actor.loss_agg_mode, cfg.actor.entropy_coeff = agg_mode, entropy_coeff
         cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high, cfg.actor.clip_ratio_c = 0.2, 0.28, 3.0
         cfg.algorithm.kl_coef, cfg.algorithm.kl_estimator = kl, "k3"
+        worker.settings = PolicySettings.of(cfg)
         worker.vocab_start, worker.dp_size, worker._tokens_in_mini = 0, 1, float(mb.response_mask.sum())
         worker.context = worker.sequence_multiple = 1  # one rank: no context or sequence parallelism
         loss, report = worker._loss(logits, mb, agg_normalizer(mb.response_mask, agg_mode), num_micro=1)

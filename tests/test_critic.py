@@ -5,6 +5,7 @@ import torch
 
 from rl360.actor.critic import CriticWorker, ValueHead
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from tests.dp_worker import fixed_batch
 from tests.helpers import make_tiny_qwen2
 from tests.test_policy import _config
@@ -23,13 +24,13 @@ def _with_targets(batch, values):
 
 
 def test_critic_is_the_policy_body_with_a_zero_value_head(megatron_single_rank, model_dir):
-    critic = CriticWorker(_config(model_dir))
+    critic = CriticWorker(PolicySettings.of(_config(model_dir)))
     model = critic.models[0].module
     assert isinstance(model.output_layer, ValueHead) and not model.share_embeddings_and_output_weights
     batch = fixed_batch()
     values = critic.compute_values(batch)
     assert values.shape == batch.response_mask.shape and values.abs().max() == 0  # head starts at zero
-    policy_body = dict(PolicyWorker(_config(model_dir)).models[0].module.decoder.named_parameters())
+    policy_body = dict(PolicyWorker(PolicySettings.of(_config(model_dir))).models[0].module.decoder.named_parameters())
     for name, param in model.decoder.named_parameters():
         assert torch.equal(param, policy_body[name]), name
 
@@ -38,8 +39,9 @@ def test_critic_is_the_policy_body_with_a_zero_value_head(megatron_single_rank, 
 def test_critic_gradient_does_not_depend_on_micro_batch_split(megatron_single_rank, model_dir, mode):
     grads = []
     for micro in (16, 8, 2):  # the critic's own setting (the actor's is 4 throughout)
-        critic = CriticWorker(_config(model_dir, "actor.micro_batch_size=4", f"critic.micro_batch_size={micro}",
-                                      f"actor.loss_agg_mode={mode}", "critic.cliprange_value=0.02"))
+        critic = CriticWorker(PolicySettings.of(_config(model_dir, "actor.micro_batch_size=4",
+                                                        f"critic.micro_batch_size={micro}",
+                                                        f"actor.loss_agg_mode={mode}", "critic.cliprange_value=0.02")))
         head = critic.models[0].module.output_layer
         with torch.no_grad():  # a non-zero head, so the body gets a gradient too
             head.weight.copy_(0.05 * torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(0)))
@@ -55,7 +57,7 @@ def test_critic_gradient_does_not_depend_on_micro_batch_split(megatron_single_ra
 
 
 def test_critic_updates_reduce_the_value_loss(megatron_single_rank, model_dir):
-    critic = CriticWorker(_config(model_dir, "critic.lr=1e-2", "critic.cliprange_value=10"))
+    critic = CriticWorker(PolicySettings.of(_config(model_dir, "critic.lr=1e-2", "critic.cliprange_value=10")))
     batch = fixed_batch()
     batch.returns = torch.full(batch.response_mask.shape, 0.7) * batch.response_mask
     losses = []
@@ -88,7 +90,8 @@ def _assert_parallel_critic_matches_one_rank(model_dir, tmp_path, mode, tp, pp, 
     from rl360.cluster.launch import run_ranks
     from tests.critic_parallel_worker import config, values_and_gradient
 
-    expected_values, expected_gradient = values_and_gradient(CriticWorker(config(model_dir, mode, 1, 1, 3)))
+    expected_values, expected_gradient = values_and_gradient(
+        CriticWorker(PolicySettings.of(config(model_dir, mode, 1, 1, 3))))
     world = tp * pp * cp
     run_ranks("tests.critic_parallel_worker:main", world,
               [model_dir, str(tmp_path), mode, str(tp), str(pp), "3", str(cp), str(sp), str(vpp)], timeout_s=600)

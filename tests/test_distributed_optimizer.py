@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.cluster.launch import run_ranks
 from tests.helpers import assert_close_bf16, make_tiny_qwen2
 from tests.zero_worker import config, flat_weights, train
@@ -104,7 +105,7 @@ def test_plan_counts_each_ranks_share_of_the_optimizer(model_dir, runs):
 def test_a_two_rank_checkpoint_resumes_on_one_rank(megatron_single_rank, model_dir, runs):
     """The DP=2 run's checkpoint after 3 updates, loaded at DP=1: the 4th update on the whole batch lands where
     the DP=2 run's 4th update did (same global gradient, same restored Adam moments)."""
-    worker = PolicyWorker(config(model_dir, 1, "actor.distributed_optimizer=true"))
+    worker = PolicyWorker(PolicySettings.of(config(model_dir, 1, "actor.distributed_optimizer=true")))
     worker.load_checkpoint(runs["distributed"]["ckpt"])
     assert torch.equal(flat_weights(worker), runs["distributed"]["weights"][0])
     train(worker, steps=1, first=3)
@@ -112,7 +113,7 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank(megatron_single_rank, model_d
 
 
 def test_resuming_with_the_other_optimizer_kind_is_refused_by_name(megatron_single_rank, model_dir, runs):
-    worker = PolicyWorker(config(model_dir, 1))
+    worker = PolicyWorker(PolicySettings.of(config(model_dir, 1)))
     with pytest.raises(ValueError, match="distributed optimizer; this run has actor.distributed_optimizer=false "
                                          r"\(resume with actor.distributed_optimizer=true\)"):
         worker.load_checkpoint(runs["distributed"]["ckpt"])

@@ -71,7 +71,7 @@ def test_template_resources_match_its_config_and_fit_80gb(template, tmp_path, mo
     cfg = load_config(config)
     parallel, rollout = cfg.actor.parallel, cfg.rollout
     gpus = int(options["nodes"]) * int(options["gpus-per-node"])
-    placement = make_placement(parallel.ranks, cfg.algorithm.adv_estimator == "gae", rollout, gpus)
+    placement = make_placement(parallel.ranks, cfg.algorithm.uses_critic, rollout, gpus)
     assert gpus == placement.gpus_needed == gpus_asked(parallel.ranks, False, rollout), placement.describe()
     assert not placement.colocate and not placement.notes  # the template's layout as written, nothing changed
     assert f"RL360_GPUS_PER_NODE=${{RL360_GPUS_PER_NODE:-{options['gpus-per-node']}}}" in text

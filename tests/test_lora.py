@@ -97,12 +97,13 @@ def test_peft_loads_the_converted_adapter_and_reproduces_the_policy(run, megatro
     from transformers import AutoModelForCausalLM
 
     from rl360.actor.policy import PolicyWorker
+    from rl360.actor.settings import PolicySettings
 
     out, model_dir = run
     adapter_dir = tmp_path / "peft"
     subprocess.run([sys.executable, "-m", "rl360.cli", "convert", "lora-to-peft", "--ckpt", str(out / "ckpt"),
                     "--out", str(adapter_dir)], check=True, timeout=600)
-    policy = PolicyWorker(lora_config(model_dir, 1))
+    policy = PolicyWorker(PolicySettings.of(lora_config(model_dir, 1)))
     policy.load_checkpoint(str(out / "ckpt"))
     input_ids = torch.randint(3, 90, (2, 12), generator=torch.Generator().manual_seed(1))
     ours = policy.logits(input_ids)

@@ -6,6 +6,7 @@ import torch
 
 from rl360.actor.offload import StateOffload
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.config import load_config
 from tests.dp_worker import fixed_batch
 from tests.helpers import make_tiny_qwen2
@@ -39,8 +40,8 @@ def _weights(worker: PolicyWorker) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_offloaded_training_is_bitwise_the_resident_one(megatron_single_rank, model_dir, dtype):
-    resident = PolicyWorker(_config(model_dir, f"model.dtype={dtype}"))
-    offloaded = PolicyWorker(_config(model_dir, f"model.dtype={dtype}", "actor.offload=true"))
+    resident = PolicyWorker(PolicySettings.of(_config(model_dir, f"model.dtype={dtype}")))
+    offloaded = PolicyWorker(PolicySettings.of(_config(model_dir, f"model.dtype={dtype}", "actor.offload=true")))
     assert _train(offloaded) == _train(resident)  # losses, grad norms, KL: every metric of every step
     expected, got = _weights(resident), _weights(offloaded)
     assert expected.keys() == got.keys()
@@ -60,7 +61,7 @@ def test_offloaded_training_is_bitwise_the_resident_one(megatron_single_rank, mo
 def test_the_optimizer_state_is_on_the_device_only_for_its_steps(megatron_single_rank, model_dir):
     """An update's forward and backward passes (its largest memory: activations) run without the optimizer state;
     each optimizer step has it, and the gradients with it."""
-    worker = PolicyWorker(_config(model_dir, "model.dtype=bfloat16", "actor.offload=true"))
+    worker = PolicyWorker(PolicySettings.of(_config(model_dir, "model.dtype=bfloat16", "actor.offload=true")))
     seen = {"passes": [], "steps": []}
     schedule, step = worker._schedule, worker.optimizer.step
 
@@ -81,7 +82,8 @@ def test_the_optimizer_state_is_on_the_device_only_for_its_steps(megatron_single
 
 
 def test_colocated_engines_get_the_weights_memory_too(megatron_single_rank, model_dir):
-    worker = PolicyWorker(_config(model_dir, "actor.offload=true", "rollout.engine=server"), colocated=True)
+    worker = PolicyWorker(PolicySettings.of(_config(model_dir, "actor.offload=true", "rollout.engine=server")),
+                          colocated=True)
     before = _weights(worker)
     assert worker.offload.resident_bytes() == {"weights": 0, "grads": 0, "optimizer": 0, "reference": 0}
     _train(worker, steps=1)
@@ -93,10 +95,10 @@ def test_colocated_engines_get_the_weights_memory_too(megatron_single_rank, mode
 
 def test_checkpoint_of_an_offloaded_policy_restores_its_optimizer(megatron_single_rank, model_dir, tmp_path):
     """Save while offloaded, load into a fresh offloading worker: the next update matches the uninterrupted one."""
-    first = PolicyWorker(_config(model_dir, "actor.offload=true"))
+    first = PolicyWorker(PolicySettings.of(_config(model_dir, "actor.offload=true")))
     _train(first, steps=2)
     first.save_checkpoint(str(tmp_path / "ckpt"))
-    second = PolicyWorker(_config(model_dir, "actor.offload=true"))
+    second = PolicyWorker(PolicySettings.of(_config(model_dir, "actor.offload=true")))
     second.load_checkpoint(str(tmp_path / "ckpt"))
     assert _train(second, steps=1) == _train(first, steps=1)
     expected, got = _weights(first), _weights(second)

@@ -36,7 +36,7 @@ def test_packing_gives_host_ints_and_int32_bounds():
 def test_step_inputs_compute_everything_before_the_device(pack):
     """The device is `meta` (tensors with no values): anything computed from the device copies instead of the
     host's would fail to read them."""
-    worker = types.SimpleNamespace(cfg=types.SimpleNamespace(actor=types.SimpleNamespace(pack_sequences=pack)),
+    worker = types.SimpleNamespace(settings=types.SimpleNamespace(actor=types.SimpleNamespace(pack_sequences=pack)),
                                    device=torch.device("meta"), sequence_multiple=2, multimodal=None)
     host = _batch()
     mb, input_ids, positions, packing, lengths, vision = PolicyWorker._step_inputs(worker, host)

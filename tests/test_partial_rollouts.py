@@ -29,11 +29,12 @@ from rl360.agents.group import agent_group
 from rl360.agents.loop import tool_tokens
 from rl360.agents.parsers import ParseResult, ToolCall
 from rl360.agents.tools import ToolReply
+from rl360.cluster.placement import make_placement
 from rl360.config import load_config
 from rl360.data import PromptRenderer, PromptStream
 from rl360.quickstart.assets import build_quickstart_model
 from rl360.rewards.pool import open_reward_pool
-from rl360.rollout.sampler import RolloutSampler
+from rl360.rollout.sampler import RolloutSampler, SamplerSettings
 from rl360.serve.loadgen import metric_total
 from rl360.weight_sync.sender import WeightSender
 
@@ -80,6 +81,12 @@ def _sampler_inputs(cfg, model_dir):
     return tokenizer, renderer, stream, old, new, rewards
 
 
+def _sampler(cfg, tokenizer, stream, renderer, rewards, policy, **kwargs) -> RolloutSampler:
+    """A RolloutSampler of the run's settings, its engines on CPU."""
+    placement = make_placement(cfg.actor.parallel.ranks, cfg.algorithm.uses_critic, cfg.rollout, gpus=0)
+    return RolloutSampler(SamplerSettings.of(cfg), tokenizer, stream, renderer, rewards, policy, placement, **kwargs)
+
+
 def _decoding(fleet) -> bool:
     """Whether an engine server of the fleet is decoding responses now (its `requests_running` gauge)."""
     return any(metric_total(engine.url, "rl360_rollout_requests_running",
@@ -96,7 +103,7 @@ def _update_during_generation(assets, name: str, partial: bool):
         "rollout.mode=async", f"rollout.partial={str(partial).lower()}", "rollout.weight_sync=tensor",
         "trainer.num_threads=1", "reward.num_workers=1"])
     tokenizer, renderer, stream, old, new, rewards = _sampler_inputs(cfg, model_dir)
-    sampler = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, HFPolicy(new))
+    sampler = _sampler(cfg, tokenizer, stream, renderer, rewards, HFPolicy(new))
     try:
         future = sampler.generate(1)
         deadline = time.monotonic() + 60
@@ -185,7 +192,7 @@ def test_steps_take_turns_at_the_prompt_stream(assets):
     expected_states.append(expected.state_dict())  # after the fourth step's prompts
     stream = PromptStream(cfg.data.train_files, 4, seed=0, filter_fn=renderer.fits)
     rewards = open_reward_pool(cfg.reward, announce=lambda line: None)
-    sampler = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy=None)
+    sampler = _sampler(cfg, tokenizer, stream, renderer, rewards, None)
     try:
         states = {}
         futures = [sampler.generate(step) for step in range(1, 5)]  # four steps at once
@@ -256,8 +263,8 @@ def agent_run(assets):
         "agent.max_turns=4", "agent.batch_turns=true"])
     agent = agent_from_config(cfg)
     tokenizer, renderer, stream, old, new, rewards = _sampler_inputs(cfg, model_dir)
-    sampler = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, HFPolicy(new),
-                             generate_group=agent_group(agent, tokenizer))
+    sampler = _sampler(cfg, tokenizer, stream, renderer, rewards, HFPolicy(new),
+                       generate_group=agent_group(agent, tokenizer))
     note = agent.tools["note"]
     try:
         started = time.monotonic()

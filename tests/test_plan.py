@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.cli import main
 from rl360.config import load_config
 from rl360.model_shapes import released_config, released_name
@@ -74,7 +75,7 @@ def test_weights_gradients_and_optimizer_terms_are_what_megatron_allocates(megat
                                                                             arch, tied):
     model_dir = make_tiny_model(str(tmp_path / arch), arch, tie_word_embeddings=tied)
     cfg = _config(model_dir, "model.dtype=bfloat16")
-    worker = PolicyWorker(cfg)
+    worker = PolicyWorker(PolicySettings.of(cfg))
     params = list(worker.models[0].parameters())
     count = sum(p.numel() for p in params)
     hf = json.loads((tmp_path / arch / "config.json").read_text())

@@ -7,6 +7,7 @@ from transformers import AutoModelForCausalLM
 from megatron_bridge.layer_spec import to_local_name, transformer_engine_missing
 from rl360.actor.batch import build_batch
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.config import load_config
 from rl360.core import SamplingParams
 from rl360.engine.hf_engine import HFEngine
@@ -37,7 +38,7 @@ def model_dir(tmp_path_factory):
 
 
 def test_trainer_logprobs_equal_engine_logprobs(megatron_single_rank, model_dir):
-    worker = PolicyWorker(_config(model_dir))
+    worker = PolicyWorker(PolicySettings.of(_config(model_dir)))
     batch = _rollouts(HFEngine(model_dir))
     logprobs = worker.compute_logprobs(batch)
     assert logprobs.shape == batch.rollout_logprobs.shape
@@ -53,8 +54,9 @@ def test_gradient_does_not_depend_on_micro_batch_split(megatron_single_rank, mod
     grads = []
     batch = None
     for micro in (16, 8, 2):
-        worker = PolicyWorker(_config(model_dir, f"actor.micro_batch_size={micro}", f"actor.loss_agg_mode={mode}",
-                                      f"actor.loss_mode={loss}", "actor.entropy_coeff=0.01", "actor.clip_ratio_c=3"))
+        worker = PolicyWorker(PolicySettings.of(_config(
+            model_dir, f"actor.micro_batch_size={micro}", f"actor.loss_agg_mode={mode}", f"actor.loss_mode={loss}",
+            "actor.entropy_coeff=0.01", "actor.clip_ratio_c=3")))
         if batch is None:
             batch = _rollouts(HFEngine(model_dir), seed=1)
             batch.old_logprobs = worker.compute_logprobs(batch) - 0.05  # ratios != 1: clipping is exercised
@@ -68,7 +70,7 @@ def test_gradient_does_not_depend_on_micro_batch_split(megatron_single_rank, mod
 def test_update_then_sync_keeps_engine_and_trainer_identical_and_saves_hf(megatron_single_rank, model_dir,
                                                                           tmp_path):
     cfg = _config(model_dir, "algorithm.kl_coef=0.01")
-    worker = PolicyWorker(cfg)
+    worker = PolicyWorker(PolicySettings.of(cfg))
     engine = HFEngine(model_dir)
     for step in range(1, 3):
         batch = _rollouts(engine, seed=step)
@@ -102,7 +104,7 @@ def test_two_data_parallel_ranks_give_the_single_rank_gradient(megatron_single_r
     from rl360.network import free_port
     from tests.dp_worker import config, fixed_batch, gradient
 
-    expected = gradient(PolicyWorker(config(model_dir, mode, loss, 1)), fixed_batch())
+    expected = gradient(PolicyWorker(PolicySettings.of(config(model_dir, mode, loss, 1))), fixed_batch())
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     ranks = [subprocess.Popen([sys.executable, "-m", "tests.dp_worker", model_dir, mode, loss, str(rank), str(port),
@@ -119,12 +121,13 @@ def test_truncated_importance_sampling_scales_each_tokens_gradient(megatron_sing
     from tests.dp_worker import fixed_batch
 
     batch = fixed_batch()
-    plain = PolicyWorker(_config(model_dir, "actor.micro_batch_size=4"))
+    plain = PolicyWorker(PolicySettings.of(_config(model_dir, "actor.micro_batch_size=4")))
     batch.old_logprobs = plain.compute_logprobs(batch)
     batch.rollout_logprobs = batch.old_logprobs.clone()
     batch.rollout_logprobs[:4] -= torch.log(torch.tensor(5.0))  # the engine under-estimated rows 0-3
-    corrected = PolicyWorker(_config(model_dir, "actor.micro_batch_size=4", "actor.rollout_correction=tis",
-                                     "actor.rollout_is_threshold=2.0"))
+    corrected = PolicyWorker(PolicySettings.of(_config(model_dir, "actor.micro_batch_size=4",
+                                                       "actor.rollout_correction=tis",
+                                                       "actor.rollout_is_threshold=2.0")))
     corrected.accumulate_gradients(batch)
     expected_batch = batch.select(slice(None))
     expected_batch.advantages = batch.advantages.clone()
@@ -142,12 +145,14 @@ def test_sequence_level_masked_importance_sampling_drops_whole_responses(megatro
     from tests.dp_worker import fixed_batch
 
     batch = fixed_batch()
-    plain = PolicyWorker(_config(model_dir, "actor.micro_batch_size=4"))
+    plain = PolicyWorker(PolicySettings.of(_config(model_dir, "actor.micro_batch_size=4")))
     batch.old_logprobs = plain.compute_logprobs(batch)
     batch.rollout_logprobs = batch.old_logprobs.clone()
     batch.rollout_logprobs[:4] -= 0.4  # per token 1.49, within [1/C, C]; over 2 or 6 tokens, outside it
-    corrected = PolicyWorker(_config(model_dir, "actor.micro_batch_size=4", "actor.rollout_correction=mask",
-                                     "actor.rollout_is_level=sequence", "actor.rollout_is_threshold=2.0"))
+    corrected = PolicyWorker(PolicySettings.of(_config(model_dir, "actor.micro_batch_size=4",
+                                                       "actor.rollout_correction=mask",
+                                                       "actor.rollout_is_level=sequence",
+                                                       "actor.rollout_is_threshold=2.0")))
     reports = corrected.accumulate_gradients(batch)
     expected_batch = batch.select(slice(None))
     expected_batch.advantages = batch.advantages.clone()
@@ -167,7 +172,7 @@ def test_bf16_policy_keeps_fp32_main_weights_and_tracks_fp32_training(megatron_s
     (mean) of an fp32 policy's, and the weights move as the fp32 ones do (measured mean differences after 3
     updates: 0.024 nats, 0.031 with oneDNN capped at AVX2, against a bound of 0.067)."""
     batch = _rollouts(HFEngine(model_dir), seed=3)
-    workers = {dtype: PolicyWorker(_config(model_dir, f"model.dtype={dtype}", "actor.lr=1e-3"))
+    workers = {dtype: PolicyWorker(PolicySettings.of(_config(model_dir, f"model.dtype={dtype}", "actor.lr=1e-3")))
                for dtype in ("float32", "bfloat16")}
     bf16 = workers["bfloat16"]
     assert {p.dtype for p in bf16.models[0].parameters()} == {torch.bfloat16}
@@ -205,7 +210,8 @@ def test_token_budget_micro_batches_give_the_same_logprobs_and_gradients(megatro
     batch = None
     results = []
     for overrides in (["actor.micro_batch_size=16"], [f"actor.max_tokens_per_micro_batch={max_tokens}"]):
-        worker = PolicyWorker(_config(model_dir, *overrides, "actor.loss_agg_mode=seq-mean-token-mean"))
+        worker = PolicyWorker(PolicySettings.of(_config(model_dir, *overrides,
+                                                        "actor.loss_agg_mode=seq-mean-token-mean")))
         if batch is None:
             batch = _rollouts(HFEngine(model_dir), seed=2)
             batch.old_logprobs = worker.compute_logprobs(batch) - 0.05
@@ -228,7 +234,8 @@ def test_activation_recomputation_gives_the_same_gradients(megatron_single_rank,
     batch = _rollouts(HFEngine(model_dir), seed=5)
     grads = []
     for mode in ("none", recompute):
-        worker = PolicyWorker(_config(model_dir, f"actor.recompute={mode}", "actor.micro_batch_size=4"))
+        worker = PolicyWorker(PolicySettings.of(_config(model_dir, f"actor.recompute={mode}",
+                                                        "actor.micro_batch_size=4")))
         assert worker.models[0].config.recompute_granularity == (None if mode == "none" else mode)
         batch.old_logprobs = worker.compute_logprobs(batch) - 0.05
         worker.accumulate_gradients(batch)
@@ -246,7 +253,7 @@ def test_torch_attention_and_packed_sequences_match_megatrons_local_attention(me
                             "packed_budget": ["model.attention=torch", "actor.pack_sequences=true",
                                               "actor.max_tokens_per_micro_batch=20"]
                             }.items():
-        worker = PolicyWorker(_config(model_dir, *overrides, "actor.micro_batch_size=5"))
+        worker = PolicyWorker(PolicySettings.of(_config(model_dir, *overrides, "actor.micro_batch_size=5")))
         logprobs = worker.compute_logprobs(batch)
         batch.old_logprobs = logprobs - 0.05
         worker.accumulate_gradients(batch)
@@ -273,7 +280,7 @@ def test_te_spec_policy_matches_the_torch_spec_at_bf16_tolerance(megatron_single
     for name, overrides in {"fp32": ["model.attention=torch"],
                             "torch_bf16": ["model.attention=torch", "model.dtype=bfloat16"],
                             "te_bf16": ["model.attention=te", "model.dtype=bfloat16"]}.items():
-        worker = PolicyWorker(_config(model_dir, *overrides, "actor.pack_sequences=true"))
+        worker = PolicyWorker(PolicySettings.of(_config(model_dir, *overrides, "actor.pack_sequences=true")))
         logprobs = worker.compute_logprobs(batch)
         batch.old_logprobs = logprobs.float() - 0.05
         worker.accumulate_gradients(batch)

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from rl360.actor.batch import at_least, micro_batch_rows
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.cluster.launch import run_ranks
 from rl360.engine.hf_engine import HFEngine
 from tests.dp_worker import fixed_batch
@@ -30,7 +31,7 @@ def moe_dirs(tmp_path_factory):
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe"])
 def test_trainer_logprobs_equal_engine_logprobs(megatron_single_rank, moe_dirs, arch):
-    worker = PolicyWorker(_config(moe_dirs[arch]))
+    worker = PolicyWorker(PolicySettings.of(_config(moe_dirs[arch])))
     batch = _rollouts(HFEngine(moe_dirs[arch]))
     logprobs = worker.compute_logprobs(batch)
     diff = (logprobs - batch.rollout_logprobs).abs() * batch.response_mask
@@ -77,7 +78,7 @@ def test_expert_parallel_policy_matches_one_rank(megatron_single_rank, moe_dirs,
                                                  ep):
     model_dir = moe_dirs[arch]
     expected_logprobs, expected_gradient = logprobs_and_gradient(
-        PolicyWorker(config(model_dir, mode, 1, 1, MICRO, *filter(None, [extra]))))
+        PolicyWorker(PolicySettings.of(config(model_dir, mode, 1, 1, MICRO, *filter(None, [extra])))))
     tmp_path = output(launched, (arch, mode, extra, dp, ep))
     share = len(expected_logprobs) // dp
     for rank in range(dp):  # each data-parallel rank's share of the batch
@@ -126,7 +127,7 @@ def test_expert_parallel_checkpoint_round_trip_and_conversion(moe_dirs, tmp_path
 def test_update_then_sync_keeps_engine_and_trainer_identical(megatron_single_rank, moe_dirs):
     """Per-expert HF weights from the trainer land in the HF engine's fused experts (transformers 5)."""
     model_dir = moe_dirs["qwen3_moe"]
-    worker = PolicyWorker(_config(model_dir))
+    worker = PolicyWorker(PolicySettings.of(_config(model_dir)))
     engine = HFEngine(model_dir)
     batch = _rollouts(engine, seed=1)
     batch.old_logprobs = worker.compute_logprobs(batch)
@@ -148,7 +149,7 @@ def test_router_load_balancing_loss_reaches_the_router_only_when_configured(mega
     batch = fixed_batch()
     grads = {}
     for coef in (0.0, 0.1):
-        worker = PolicyWorker(_config(model_dir, f"actor.moe_aux_loss_coef={coef}"))
+        worker = PolicyWorker(PolicySettings.of(_config(model_dir, f"actor.moe_aux_loss_coef={coef}")))
         batch.old_logprobs = worker.compute_logprobs(batch) - 0.05
         worker.accumulate_gradients(batch)
         grads[coef] = {name: p.main_grad.clone() for name, p in worker.models[0].module.named_parameters()}

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from tests.helpers import make_tiny_qwen2
 from tests.policy_parallel_worker import config, logprobs_and_gradient
 from tests.rank_cases import launch_by_world, output
@@ -76,6 +77,11 @@ def launched(model_dir, four_layer_model_dir, tmp_path_factory):
                            tmp_path_factory.mktemp("policy_parallel_cases"))
 
 
+def _one_rank(model_dir: str, mode: str, micro: int):
+    """The one-rank policy's log-probs and gradient: what every layout must match."""
+    return logprobs_and_gradient(PolicyWorker(PolicySettings.of(config(model_dir, mode, 1, 1, micro))))
+
+
 def _assert_matches(out: Path, world: int, last_stage: list[int], expected_logprobs, expected_gradient,
                     atol: float) -> None:
     """The last stage's ranks hold the one-rank policy's log-probs, every rank its gradient (HF names)."""
@@ -93,7 +99,7 @@ def _assert_matches(out: Path, world: int, last_stage: list[int], expected_logpr
 @pytest.mark.parametrize("tp, pp, mode, extra", MODEL_PARALLEL)
 def test_model_parallel_policy_matches_one_rank(megatron_single_rank, model_dir, launched, tp, pp, mode, extra):
     micro = 3  # 16 samples in micro-batches of 3: the last one is smaller, and widths differ
-    expected_logprobs, expected_gradient = logprobs_and_gradient(PolicyWorker(config(model_dir, mode, 1, 1, micro)))
+    expected_logprobs, expected_gradient = _one_rank(model_dir, mode, micro)
     out = output(launched, ("tp", tp, pp, mode, extra))
     _assert_matches(out, tp * pp, list(range(tp * pp - tp, tp * pp)), expected_logprobs, expected_gradient, 1e-6)
 
@@ -104,7 +110,7 @@ def test_context_and_sequence_parallel_policy_matches_one_rank(megatron_single_r
     """Context and sequence parallelism (with TP and PP, padded or packed) against the padded one-rank policy."""
     # sequence parallelism sums the tied embedding's gradient in another order (measured: 1.5e-6 apart)
     atol = 2e-6 if "sequence=true" in extra else 1e-6
-    expected_logprobs, expected_gradient = logprobs_and_gradient(PolicyWorker(config(model_dir, mode, 1, 1, 3)))
+    expected_logprobs, expected_gradient = _one_rank(model_dir, mode, 3)
     world = tp * pp * cp
     out = output(launched, ("cp", tp, pp, cp, mode, extra))
     # megatron orders ranks TP fastest, then CP, ..., PP last
@@ -117,7 +123,6 @@ def test_virtual_pipeline_policy_matches_one_rank(megatron_single_rank, four_lay
     """Virtual pipeline stages (megatron's interleaved schedule: each rank holds two non-adjacent layer chunks)
     against the padded one-rank policy: the same log-probs and gradients."""
     atol = 2e-6 if "sequence=true" in extra else 1e-6
-    expected_logprobs, expected_gradient = logprobs_and_gradient(
-        PolicyWorker(config(four_layer_model_dir, mode, 1, 1, 3)))
+    expected_logprobs, expected_gradient = _one_rank(four_layer_model_dir, mode, 3)
     out = output(launched, ("vpp", tp, pp, vpp, mode, micro, extra))
     _assert_matches(out, tp * pp, list(range(tp * pp - tp, tp * pp)), expected_logprobs, expected_gradient, atol)

@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 
 from rl360.actor.batch import build_batch
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.config import load_config
 from rl360.core import ImagePrompt, SamplingParams
 from rl360.data.images import VisionProcessor
@@ -56,7 +57,8 @@ def _gradients(worker, batch) -> dict[str, torch.Tensor]:
 def test_trainer_logprobs_equal_engine_logprobs_padded_and_packed(megatron_single_rank, vl_dir, rollouts):
     assert rollouts.has_images and not all(rollouts.images)  # image rows and text rows together
     for packed in ("false", "true"):
-        logprobs = PolicyWorker(_config(vl_dir, f"actor.pack_sequences={packed}")).compute_logprobs(rollouts)
+        worker = PolicyWorker(PolicySettings.of(_config(vl_dir, f"actor.pack_sequences={packed}")))
+        logprobs = worker.compute_logprobs(rollouts)
         diff = (logprobs - rollouts.rollout_logprobs).abs() * rollouts.response_mask
         assert diff.sum() / rollouts.response_mask.sum() <= 1e-6, packed
         assert diff.max().item() <= 1e-5, packed
@@ -64,8 +66,8 @@ def test_trainer_logprobs_equal_engine_logprobs_padded_and_packed(megatron_singl
 
 def test_packing_and_micro_batch_splits_give_the_same_gradients(megatron_single_rank, vl_dir, rollouts):
     runs = [("false", 9), ("false", 2), ("true", 4)]
-    grads = [_gradients(PolicyWorker(_config(vl_dir, f"actor.pack_sequences={packed}",
-                                             f"actor.micro_batch_size={micro}")), rollouts) for packed, micro in runs]
+    grads = [_gradients(PolicyWorker(PolicySettings.of(_config(vl_dir, f"actor.pack_sequences={packed}",
+                                             f"actor.micro_batch_size={micro}"))), rollouts) for packed, micro in runs]
     assert any(".vision." in name and grad.abs().sum() > 0 for name, grad in grads[0].items())
     for other in grads[1:]:
         for name, grad in grads[0].items():
@@ -98,7 +100,7 @@ def _text_response_logprobs(model_dir, batch, temperature=0.9) -> torch.Tensor:
 
 def test_an_image_token_sampled_in_a_response_is_text(megatron_single_rank, vl_dir, rollouts):
     """The engines embed a sampled image-token id as a token; the trainer must not take it for an image."""
-    worker = PolicyWorker(_config(vl_dir))
+    worker = PolicyWorker(PolicySettings.of(_config(vl_dir)))
     image_token = worker.bridge.image_token_id
     row = next(i for i, images in enumerate(rollouts.images) if images and rollouts.response_mask[i].sum() >= 3)
     batch = rollouts.select(torch.tensor([row]))
@@ -113,7 +115,7 @@ def test_an_image_token_sampled_in_a_response_is_text(megatron_single_rank, vl_d
 
 @pytest.mark.parametrize("freeze", [True, False])
 def test_freeze_vision_tower_keeps_the_tower_as_loaded(megatron_single_rank, vl_dir, rollouts, tmp_path, freeze):
-    worker = PolicyWorker(_config(vl_dir, f"actor.freeze_vision_tower={str(freeze).lower()}"))
+    worker = PolicyWorker(PolicySettings.of(_config(vl_dir, f"actor.freeze_vision_tower={str(freeze).lower()}")))
     worker.update(rollouts)
     worker.save_hf(str(tmp_path / "hf"))
     before, after = load_file(f"{vl_dir}/model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")

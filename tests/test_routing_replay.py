@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 from rl360.actor.batch import build_batch
 from rl360.actor.policy import PolicyWorker
 from rl360.actor.routing_replay import megatron_order
+from rl360.actor.settings import PolicySettings
 from rl360.config import ConfigError, load_config
 from rl360.core import SamplingParams
 from rl360.core.client import EngineClient
@@ -103,9 +104,9 @@ def _engine_batch(model_dir, dtype):
                          ids=["bf16", "fp32", "fp32-packed"])
 def test_replayed_routes_bring_the_trainer_to_the_engine(megatron_single_rank, moe_dir, dtype, packed):
     batch = _engine_batch(moe_dir, getattr(torch, dtype))
-    logprobs = {replay: PolicyWorker(_config(moe_dir, f"model.dtype={dtype}", "actor.micro_batch_size=16",
-                                             f"actor.pack_sequences={str(packed).lower()}",
-                                             f"actor.moe_routing_replay={str(replay).lower()}")).compute_logprobs(batch)
+    logprobs = {replay: PolicyWorker(PolicySettings.of(_config(
+        moe_dir, f"model.dtype={dtype}", "actor.micro_batch_size=16", f"actor.pack_sequences={str(packed).lower()}",
+        f"actor.moe_routing_replay={str(replay).lower()}"))).compute_logprobs(batch)
                 for replay in (False, True)}
     mask = batch.response_mask
     mean = {replay: ((lp - batch.rollout_logprobs).abs() * mask).sum().item() / mask.sum().item()
@@ -123,7 +124,7 @@ def test_replay_refuses_what_it_does_not_cover_and_dense_models(megatron_single_
                            "actor.recompute=full"])
     dense = make_tiny_model(str(tmp_path / "dense"), "qwen3", tie_word_embeddings=False)
     with pytest.raises(ConfigError, match="is not a mixture of experts"):
-        PolicyWorker(_config(dense, "actor.moe_routing_replay=true"))
+        PolicyWorker(PolicySettings.of(_config(dense, "actor.moe_routing_replay=true")))
 
 
 @pytest.mark.slow

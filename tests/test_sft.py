@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rl360.actor.settings import PolicySettings
 from rl360.actor.sft import SFTWorker
 from rl360.config import ConfigError, load_config
 from rl360.data.conversations import ConversationTokens, SftKeys
@@ -200,7 +201,7 @@ def test_the_labels_of_tool_and_user_tokens_do_not_change_the_loss_or_the_gradie
     conversations = Conversations(cfg, AutoTokenizer.from_pretrained(assets / "model"), cfg.data.train_files,
                                   shuffle=False)
     batch = conversations.next_batch()
-    worker = SFTWorker(cfg)
+    worker = SFTWorker(PolicySettings.of(cfg))
 
     def loss_and_gradient(labels):
         changed = batch.select(slice(0, len(batch)))

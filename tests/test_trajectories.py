@@ -6,6 +6,7 @@ import torch
 
 from rl360.actor.batch import build_batch
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.algos.advantages import token_rewards
 from rl360.core import Sample, SamplingParams, Turn
 from rl360.engine.hf_engine import HFEngine
@@ -100,7 +101,7 @@ def test_tool_tokens_add_nothing_to_the_policy_gradient(megatron_single_rank, mo
 
     overrides = ("actor.entropy_coeff=0.01", "algorithm.kl_coef=0.1", "actor.rollout_correction=tis",
                  "actor.rollout_is_threshold=2.0", "actor.clip_ratio_c=3")
-    worker = PolicyWorker(_config(model_dir, *overrides))
+    worker = PolicyWorker(PolicySettings.of(_config(model_dir, *overrides)))
     logprobs = worker.compute_logprobs(batch)
     assert ((logprobs - batch.rollout_logprobs).abs() * batch.response_mask).max().item() <= 1e-5
     batch.old_logprobs = logprobs - 0.05
@@ -115,7 +116,7 @@ def test_tool_tokens_add_nothing_to_the_policy_gradient(megatron_single_rank, mo
         changed.old_logprobs = batch.old_logprobs + noise
         changed.rollout_logprobs = batch.rollout_logprobs - noise
         changed.ref_logprobs = batch.ref_logprobs + noise
-        fresh = PolicyWorker(_config(model_dir, *overrides))
+        fresh = PolicyWorker(PolicySettings.of(_config(model_dir, *overrides)))
         fresh.accumulate_gradients(changed)
         return torch.cat([p.main_grad.flatten().cpu() for p in fresh.models[0].parameters()])
 

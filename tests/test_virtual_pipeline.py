@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from rl360.actor.batch import at_least, interleaved_micro_batches, interleaving_group
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.cluster.launch import run_ranks
 from rl360.config import ConfigError, load_config
 from tests.helpers import make_tiny_qwen2
@@ -38,7 +39,7 @@ def _assert_close(got: dict, want: dict, atol: float) -> None:
 
 
 def test_interleaved_training_lands_where_one_rank_does(megatron_single_rank, model_dir, interleaved):
-    worker = PolicyWorker(config(model_dir, 1, "actor.micro_batch_size=3"))
+    worker = PolicyWorker(PolicySettings.of(config(model_dir, 1, "actor.micro_batch_size=3")))
     start = weights_as_hf(worker)
     reports = train(worker)
     # gradients agree to ~1e-7 (tests/test_policy_parallel.py); Adam at lr 1e-2 scales a parameter's tiny
@@ -53,7 +54,7 @@ def test_interleaved_training_lands_where_one_rank_does(megatron_single_rank, mo
 def test_an_interleaved_checkpoint_resumes_on_one_rank(megatron_single_rank, model_dir, interleaved):
     """The checkpoint holds "model0" / "model1" chunks keyed by global layer: one rank loads it whole, and its
     4th update lands where the interleaved run's did."""
-    worker = PolicyWorker(config(model_dir, 1, "actor.micro_batch_size=3"))
+    worker = PolicyWorker(PolicySettings.of(config(model_dir, 1, "actor.micro_batch_size=3")))
     worker.load_checkpoint(interleaved["ckpt"])
     _assert_close(weights_as_hf(worker), interleaved["weights"], 0.0)
     train(worker, steps=1, first=3)

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from rl360.actor.policy import PolicyWorker
+from rl360.actor.settings import PolicySettings
 from rl360.config import load_config
 from tests.dp_worker import fixed_batch
 
@@ -42,8 +43,8 @@ def flat_weights(worker: PolicyWorker) -> torch.Tensor:
 
 def main(model_dir: str, out_dir: str, extra: str = "") -> None:
     rank = int(os.environ["RANK"])
-    worker = PolicyWorker(config(model_dir, 2, *filter(None, extra.split(" "))), rank=rank, world_size=2,
-                          master_port=int(os.environ["MASTER_PORT"]))
+    worker = PolicyWorker(PolicySettings.of(config(model_dir, 2, *filter(None, extra.split(" ")))), rank=rank,
+                          world_size=2, master_port=int(os.environ["MASTER_PORT"]))
     half = len(fixed_batch()) // 2
     reports = train(worker, slice(rank * half, (rank + 1) * half))
     torch.save(flat_weights(worker), f"{out_dir}/weights_rank{rank}.pt")

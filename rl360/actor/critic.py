@@ -41,13 +41,13 @@ class CriticWorker(PolicyWorker):
     metric_prefix = "critic"
 
     def _optimizer_settings(self):
-        return self.cfg.critic
+        return self.settings.critic
 
     @property
     def micro_batch_size(self) -> int:
         """`critic.micro_batch_size`, else the actor's (a value head needs no vocabulary logits, so the
         critic often fits larger micro-batches)."""
-        return self.cfg.critic.micro_batch_size or self.cfg.actor.micro_batch_size
+        return self.settings.critic.micro_batch_size or self.settings.actor.micro_batch_size
 
     def _needs_reference(self) -> bool:
         return False
@@ -85,9 +85,9 @@ class CriticWorker(PolicyWorker):
         """Clipped value loss of one micro-batch, scaled like the policy's (see `PolicyWorker._loss`)."""
         mask = mb.response_mask
         predicted = values[self._response_index(values, mb)]
-        per_token, clipped = value_loss(predicted, mb.values, mb.returns, self.cfg.critic.cliprange_value)
-        loss = agg_loss(per_token, mask, self.cfg.actor.loss_agg_mode, normalizer,
-                        self.cfg.rollout.max_response_length)
+        per_token, clipped = value_loss(predicted, mb.values, mb.returns, self.settings.critic.cliprange_value)
+        loss = agg_loss(per_token, mask, self.settings.actor.loss_agg_mode, normalizer,
+                        self.settings.max_response_length)
         share = self._tokens_in_mini
         report = {"critic/vf_loss": loss.detach(),  # 0-dim device tensors, read once a mini-batch
                   "critic/vf_clipfrac": (clipped * mask).sum() / share,

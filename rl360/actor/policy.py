@@ -44,26 +44,26 @@ from rl360.actor.policy_model import (
 )
 from rl360.actor.policy_update import PolicyUpdate
 from rl360.actor.routing_replay import megatron_order
+from rl360.actor.settings import PolicySettings
 from rl360.actor.vocab_parallel import logprobs_and_entropy, without_padding
-from rl360.config import RunConfig
 from rl360.data.images import VisionProcessor
 
 
 class PolicyWorker(PolicyModel, PolicyUpdate, PolicyExport, PolicyCheckpoints):
     metric_prefix = "actor"
 
-    def __init__(self, cfg: RunConfig, rank: int = 0, world_size: int = 1,
+    def __init__(self, settings: PolicySettings, rank: int = 0, world_size: int = 1,
                  master_addr: str = "127.0.0.1", master_port: int = 0, colocated: bool = False):
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-        if cfg.trainer.num_threads:
-            torch.set_num_threads(cfg.trainer.num_threads)
-        self.cfg = cfg
+        if settings.num_threads:
+            torch.set_num_threads(settings.num_threads)
+        self.settings = settings
         self.colocated = colocated  # the placement's: engines share this rank's GPU and take its memory between calls
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
             torch.device("cpu")
-        parallel = cfg.actor.parallel
-        init_parallel(parallel.tensor, parallel.pipeline, seed=cfg.seed, context_parallel=parallel.context,
+        parallel = settings.actor.parallel
+        init_parallel(parallel.tensor, parallel.pipeline, seed=settings.seed, context_parallel=parallel.context,
                       virtual_pipeline=parallel.virtual_pipeline, expert_parallel=parallel.expert)
         from megatron.core import parallel_state
 
@@ -76,23 +76,23 @@ class PolicyWorker(PolicyModel, PolicyUpdate, PolicyExport, PolicyCheckpoints):
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.last_stage = parallel_state.is_pipeline_last_stage()
-        self.bridge = Bridge.from_hf_pretrained(cfg.model.path)
-        self.replay = routing_replay(cfg)  # actor.moe_routing_replay: the engine's experts replayed (None: off)
-        self.attention = resolve_attention(cfg.model.attention)  # the layer spec that runs here (auto decided)
+        self.bridge = Bridge.from_hf_pretrained(settings.model.path)
+        self.replay = routing_replay(settings)  # actor.moe_routing_replay: the engine's experts replayed (None: off)
+        self.attention = resolve_attention(settings.model.attention)  # the layer spec that runs here (auto decided)
         self.multimodal = self._multimodal_inputs(parallel_state.is_pipeline_first_stage())
-        dtype = DTYPES[cfg.model.dtype]
+        dtype = DTYPES[settings.model.dtype]
         self.lora = self._lora_spec()
-        self.models = wrap_ddp(self._build_model(dtype, adapters=True), cfg.actor.distributed_optimizer)
+        self.models = wrap_ddp(self._build_model(dtype, adapters=True), settings.actor.distributed_optimizer)
         # vocabulary id of this rank's first logit column (the output layer is split over TP, padding last)
         padded_vocab = unwrap(self.models[-1]).vocab_size
         self.vocab_start = parallel_state.get_tensor_model_parallel_rank() * padded_vocab // parallel.tensor
-        self.optimizer = build_optimizer(cfg, self._optimizer_settings(), self.models)
+        self.optimizer = build_optimizer(settings, self._optimizer_settings(), self.models)
         self.ref_models = None
         if self._needs_reference():
             self.ref_models = self._build_model(dtype)
             for chunk in self.ref_models:
                 chunk.eval().requires_grad_(False)
-        self.offload = self._state_offload() if cfg.actor.offload else None
+        self.offload = self._state_offload() if settings.actor.offload else None
         if self.offload is not None:
             self.offload.park()
 
@@ -100,8 +100,9 @@ class PolicyWorker(PolicyModel, PolicyUpdate, PolicyExport, PolicyCheckpoints):
         """Positions and pixels for a vision-language model's micro-batches (None for a text-only model)."""
         if not self.bridge.arch.vision:
             return None
-        processor = VisionProcessor.from_pretrained(self.cfg.model.path, min_pixels=self.cfg.model.min_pixels or None,
-                                                    max_pixels=self.cfg.model.max_pixels or None)
+        model = self.settings.model
+        processor = VisionProcessor.from_pretrained(model.path, min_pixels=model.min_pixels or None,
+                                                    max_pixels=model.max_pixels or None)
         return MultimodalInputs(processor, self.bridge.image_token_id, first_stage)
 
     def _state_offload(self) -> StateOffload:
@@ -127,14 +128,14 @@ class PolicyWorker(PolicyModel, PolicyUpdate, PolicyExport, PolicyCheckpoints):
 
     def _optimizer_settings(self):
         """lr, weight_decay, betas and grad_clip of this model's optimizer."""
-        return self.cfg.actor
+        return self.settings.actor
 
     def _lora_spec(self) -> LoraSpec | None:
         """The adapters this model trains (actor.lora; None: the whole model trains)."""
-        return lora_spec(self.cfg)
+        return lora_spec(self.settings)
 
     def _needs_reference(self) -> bool:
-        return self.cfg.algorithm.kl_coef > 0 or self.cfg.algorithm.kl_in_reward_coef > 0
+        return self.settings.algorithm.kl_coef > 0 or self.settings.algorithm.kl_in_reward_coef > 0
 
     def attention_backend(self) -> str:
         """The layer spec this rank runs: te, torch or local (`model.attention=auto` resolved)."""
@@ -152,7 +153,7 @@ class PolicyWorker(PolicyModel, PolicyUpdate, PolicyExport, PolicyCheckpoints):
         from megatron.core import parallel_state
 
         dp_rank = parallel_state.get_data_parallel_rank()
-        exports = parallel_state.get_expert_data_parallel_rank() == 0 if self.cfg.actor.parallel.expert > 1 \
+        exports = parallel_state.get_expert_data_parallel_rank() == 0 if self.settings.actor.parallel.expert > 1 \
             else dp_rank == 0
         return {"dp_rank": dp_rank, "dp_size": self.dp_size, "exports": exports,
                 "returns": self.last_stage and parallel_state.get_tensor_model_parallel_rank() == 0
@@ -179,7 +180,7 @@ class PolicyWorker(PolicyModel, PolicyUpdate, PolicyExport, PolicyCheckpoints):
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits of the current policy for right-padded `input_ids` (tests and eval at
         TP = PP = 1)."""
-        parallel = self.cfg.actor.parallel
+        parallel = self.settings.actor.parallel
         if parallel.tensor * parallel.pipeline * parallel.expert != 1:
             raise NotImplementedError("PolicyWorker.logits runs at TP = PP = EP = 1 only")
         input_ids = input_ids.to(self.device)
@@ -195,22 +196,22 @@ class PolicyWorker(PolicyModel, PolicyUpdate, PolicyExport, PolicyCheckpoints):
     @property
     def temperature(self) -> float:
         """The sampling temperature the log-probs are of (the engines': rollout.temperature)."""
-        return self.cfg.rollout.temperature
+        return self.settings.temperature
 
     @property
     def micro_batch_size(self) -> int:
         """Responses per forward/backward pass of this model."""
-        return self.cfg.actor.micro_batch_size
+        return self.settings.actor.micro_batch_size
 
     def _micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
         """`batch` in micro-batches (by count, or by `actor.max_tokens_per_micro_batch`), each cut to its
         longest row; `_in_batch_order` puts their per-row results back in `batch`'s order."""
         rows = micro_batch_rows(batch.sequence_lengths(), self.micro_batch_size,
-                                self.cfg.actor.max_tokens_per_micro_batch, self.cfg.actor.pack_sequences)
-        if self.cfg.actor.parallel.expert > 1:  # every layer's all-to-all needs each EP rank's micro-batch
+                                self.settings.actor.max_tokens_per_micro_batch, self.settings.actor.pack_sequences)
+        if self.settings.actor.parallel.expert > 1:  # every layer's all-to-all needs each EP rank's micro-batch
             rows = at_least(rows, self._expert_parallel_max(len(rows)))
         if len(self.models) > 1:  # virtual pipeline stages: enough micro-batches for the interleaved schedule
-            rows = at_least(rows, interleaved_micro_batches(len(rows), self.cfg.actor.parallel.pipeline,
+            rows = at_least(rows, interleaved_micro_batches(len(rows), self.settings.actor.parallel.pipeline,
                                                             len(self.models)))
         self._micro_rows = torch.cat(rows)
         return [batch.select(group).cropped() for group in rows]
@@ -261,7 +262,7 @@ class PolicyWorker(PolicyModel, PolicyUpdate, PolicyExport, PolicyCheckpoints):
         if len(models) > 1:  # virtual pipeline: each chunk reads every micro-batch through its own iterator
             data = [iter(micro) for _ in models]
             models[0].config.microbatch_group_size_per_vp_stage = interleaving_group(
-                len(micro), self.cfg.actor.parallel.pipeline)
+                len(micro), self.settings.actor.parallel.pipeline)
         try:
             return get_forward_backward_func()(
                 forward_step_func=forward_step,
@@ -288,7 +289,7 @@ class PolicyWorker(PolicyModel, PolicyUpdate, PolicyExport, PolicyCheckpoints):
         host = host.to("cpu")  # a no-op for the controller's batches
         mb = host.to(self.device, non_blocking=True)
         packing = None
-        if self.cfg.actor.pack_sequences:  # one row, sequences back to back, attention within each
+        if self.settings.actor.pack_sequences:  # one row, sequences back to back, attention within each
             row = host.packing(multiple=self.sequence_multiple)
             input_ids, positions, lengths = row.input_ids, row.positions, row.lengths
             starts = device(row.cu_seqlens)
@@ -304,7 +305,7 @@ class PolicyWorker(PolicyModel, PolicyUpdate, PolicyExport, PolicyCheckpoints):
             mb.logit_index = (torch.arange(len(mb), device=self.device)[:, None], device(host.response_positions()))
         vision_inputs = {}
         if self.multimodal is not None:
-            packed_lengths = lengths if self.cfg.actor.pack_sequences else None
+            packed_lengths = lengths if self.settings.actor.pack_sequences else None
             positions = self.multimodal.positions(host, input_ids, packed_lengths)
             vision_inputs = {name: device(value) for name, value in
                              self.multimodal.model_inputs(host, input_ids, packed_lengths, "cpu").items()}
@@ -328,7 +329,7 @@ class PolicyWorker(PolicyModel, PolicyUpdate, PolicyExport, PolicyCheckpoints):
         index = getattr(mb, "logit_index", None)
         if index is not None:
             return index
-        if self.cfg.actor.pack_sequences:
+        if self.settings.actor.pack_sequences:
             positions = mb.packed_response_positions(multiple=self.sequence_multiple)
             return torch.zeros(len(mb), 1, dtype=torch.long, device=output.device), positions
         return torch.arange(output.shape[0], device=output.device)[:, None], mb.response_positions()

@@ -2,7 +2,7 @@
 loadable at any TP x PP x DP layout) and, for a LoRA policy, its adapters (in the checkpoint and as a PEFT
 directory).
 
-`PolicyCheckpoints` is a part of `rl360.actor.policy.PolicyWorker`; it reads the worker's `cfg`, `models`,
+`PolicyCheckpoints` is a part of `rl360.actor.policy.PolicyWorker`; it reads the worker's `settings`, `models`,
 `optimizer`, `lora`, `bridge` and `_resident` (the offload context).
 """
 
@@ -32,7 +32,7 @@ class PolicyCheckpoints:
             dist_checkpointing.save(self._checkpoint_state(), ckpt_dir)
         if torch.distributed.get_rank() == 0:  # the optimizer's kind: the two keep their state in different forms
             with open(os.path.join(ckpt_dir, OPTIMIZER_KIND_FILE), "w") as f:
-                json.dump({"distributed_optimizer": self.cfg.actor.distributed_optimizer}, f)
+                json.dump({"distributed_optimizer": self.settings.actor.distributed_optimizer}, f)
             if self.lora is not None:
                 with open(os.path.join(ckpt_dir, LORA_FILE), "w") as f:
                     json.dump(self._lora_record(), f, indent=2)
@@ -44,7 +44,7 @@ class PolicyCheckpoints:
 
         kind_file = os.path.join(ckpt_dir, OPTIMIZER_KIND_FILE)
         saved = json.load(open(kind_file))["distributed_optimizer"] if os.path.exists(kind_file) else False
-        wanted = self.cfg.actor.distributed_optimizer
+        wanted = self.settings.actor.distributed_optimizer
         if saved != wanted:
             raise ValueError(f"{ckpt_dir} holds the state of a {'distributed' if saved else 'non-distributed'} "
                              f"optimizer; this run has actor.distributed_optimizer={str(wanted).lower()} (resume with "
@@ -66,8 +66,9 @@ class PolicyCheckpoints:
         if self.lora is not None:  # the adapters alone: the base is model.path's
             model_state = {key: {name: value for name, value in state.items() if is_adapter_name(name)}
                            for key, state in model_state.items()}
-        if loading and self.cfg.actor.distributed_optimizer:  # its state dict needs Adam's step: one zero step makes
-            for part in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):  # it (overwritten by the load)
+        # the distributed optimizer's state dict needs Adam's step: one zero step makes it (overwritten by the load)
+        if loading and self.settings.actor.distributed_optimizer:
+            for part in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
                 if not part.optimizer.state:
                     part._init_optimizer_states_with_dummy_values()
         # the distributed optimizer's state in the canonical per-parameter layout, loadable at any TP x PP x DP
@@ -78,7 +79,7 @@ class PolicyCheckpoints:
     def _lora_record(self) -> dict:
         spec = self.lora
         return {"rank": spec.rank, "alpha": spec.alpha, "dropout": spec.dropout, "targets": list(spec.targets),
-                "base_model": os.path.abspath(self.cfg.model.path), "dtype": self.cfg.model.dtype,
+                "base_model": os.path.abspath(self.settings.model.path), "dtype": self.settings.model.dtype,
                 "model_keys": self._model_keys()}
 
     def _check_lora_checkpoint(self, ckpt_dir: str) -> None:
@@ -111,7 +112,7 @@ class PolicyCheckpoints:
         """Write a PEFT adapter directory (adapter_config.json, adapter_model.safetensors); global rank 0 writes."""
         tensors = self.lora_state()
         if torch.distributed.get_rank() == 0:
-            write_peft_dir(out_dir, tensors, self.lora, os.path.abspath(self.cfg.model.path))
+            write_peft_dir(out_dir, tensors, self.lora, os.path.abspath(self.settings.model.path))
         return out_dir
 
     def _model_keys(self) -> list[str]:

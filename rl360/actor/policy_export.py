@@ -1,7 +1,7 @@
 """The policy's weights out: to the engines after each update (in Hugging Face names, in bounded buckets, by the
 run's weight-sync strategy) and as a Hugging Face checkpoint.
 
-`PolicyExport` is a part of `rl360.actor.policy.PolicyWorker`; it reads the worker's `cfg`, `models`, `bridge`,
+`PolicyExport` is a part of `rl360.actor.policy.PolicyWorker`; it reads the worker's `settings`, `models`, `bridge`,
 `device` and `_resident` (the offload context).
 """
 
@@ -18,7 +18,7 @@ class PolicyExport:
     def export_weights(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Buckets of `(hf_name, tensor)` of the current policy (a Ray streaming generator). Every rank of
         data-parallel replica 0 must export at the same time (the gathers are collectives)."""
-        bucket_bytes = int(self.cfg.trainer.weight_bucket_mb * (1 << 20))
+        bucket_bytes = int(self.settings.weight_bucket_mb * (1 << 20))
         with self._resident("weights"):
             yield from self.bridge.export_hf_weights([unwrap(m) for m in self.models], bucket_bytes=bucket_bytes)
 
@@ -40,7 +40,7 @@ class PolicyExport:
             import ray
 
             sender = self._sender = WeightSender(
-                urls, strategy, api_key=api_key, scratch_dir=scratch_dir, timeout_s=self.cfg.rollout.request_timeout_s,
+                urls, strategy, api_key=api_key, scratch_dir=scratch_dir, timeout_s=self.settings.request_timeout_s,
                 backend="nccl" if self.device.type == "cuda" else "gloo", master_address=ray.util.get_node_ip_address())
         elif sender.urls != [url.rstrip("/") for url in urls]:
             sender.set_engines(list(urls))

@@ -3,7 +3,7 @@ parallelism, MoE settings and routing replay, LoRA adapters, a frozen vision tow
 DistributedDataParallel, and the optimizer over them.
 
 `PolicyModel._build_model` is a part of `rl360.actor.policy.PolicyWorker` (the critic builds its own); it reads the
-worker's `cfg`, `bridge`, `attention`, `replay`, `device` and `lora`.
+worker's `settings`, `bridge`, `attention`, `replay`, `device` and `lora`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from transformers import AutoConfig
 
 from megatron_bridge.lora import LoraSpec, attach_adapters, expand_targets
 from rl360.actor.routing_replay import RoutingReplay
-from rl360.config import ConfigError, RunConfig
+from rl360.actor.settings import PolicySettings
+from rl360.config import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # actor.recompute -> megatron's activation recomputation: none keeps every activation for the backward pass;
@@ -31,25 +32,25 @@ class PolicyModel:
         """This rank's model chunks from model.path; with `adapters` and actor.lora.rank > 0 the base frozen and
         LoRA adapters added (the reference model stays the base)."""
         chunks = self.bridge.to_megatron_model(load_weights=True, params_dtype=dtype,
-                                               training={**RECOMPUTE[self.cfg.actor.recompute],
-                                                         "sequence_parallel": self.cfg.actor.parallel.sequence,
-                                                         "cp_comm_type": self.cfg.actor.parallel.cp_comm_type,
-                                                         "moe_aux_loss_coeff": self.cfg.actor.moe_aux_loss_coef,
+                                               training={**RECOMPUTE[self.settings.actor.recompute],
+                                                         "sequence_parallel": self.settings.actor.parallel.sequence,
+                                                         "cp_comm_type": self.settings.actor.parallel.cp_comm_type,
+                                                         "moe_aux_loss_coeff": self.settings.actor.moe_aux_loss_coef,
                                                          **({"moe_enable_routing_replay": True} if self.replay
                                                             else {})},
                                                attention=self.attention)
-        if self.cfg.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
+        if self.settings.actor.parallel.pipeline > 1:  # micro-batches differ in size and length: stages send
             for chunk in chunks:                   # each activation's shape before the activation
                 chunk.config.variable_seq_lengths = True
                 # gloo: a tag per direction between stages (see rl360/actor/cpu_compat.py, ring_exchange)
                 chunk.config.use_ring_exchange_p2p = self.device.type == "cpu"
-        if self.cfg.actor.freeze_vision_tower:  # before DDP: frozen parameters get no gradient buffer
+        if self.settings.actor.freeze_vision_tower:  # before DDP: frozen parameters get no gradient buffer
             for chunk in chunks:
                 if hasattr(chunk, "vision"):
                     chunk.vision.requires_grad_(False)
         if adapters and self.lora is not None:  # before DDP: only the adapters get gradient buffers
             for chunk in chunks:
-                attach_adapters(chunk, self.lora, self.cfg.seed)
+                attach_adapters(chunk, self.lora, self.settings.seed)
         return chunks
 
 
@@ -66,14 +67,14 @@ def wrap_ddp(chunks: list, distributed_optimizer: bool) -> list:
     return wrapped
 
 
-def build_optimizer(cfg: RunConfig, settings, models: list):
-    """Megatron's Adam over `models` with `settings`' lr, weight_decay, betas and grad_clip."""
+def build_optimizer(settings: PolicySettings, optimizer, models: list):
+    """Megatron's Adam over `models` with `optimizer`'s lr, weight_decay, betas and grad_clip (actor.* or critic.*)."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     config = OptimizerConfig(
-        optimizer="adam", lr=settings.lr, weight_decay=settings.weight_decay, adam_beta1=settings.betas[0],
-        adam_beta2=settings.betas[1], clip_grad=settings.grad_clip, bf16=cfg.model.dtype == "bfloat16",
-        params_dtype=DTYPES[cfg.model.dtype], use_distributed_optimizer=cfg.actor.distributed_optimizer,
+        optimizer="adam", lr=optimizer.lr, weight_decay=optimizer.weight_decay, adam_beta1=optimizer.betas[0],
+        adam_beta2=optimizer.betas[1], clip_grad=optimizer.grad_clip, bf16=settings.model.dtype == "bfloat16",
+        params_dtype=DTYPES[settings.model.dtype], use_distributed_optimizer=settings.actor.distributed_optimizer,
     )
     return get_megatron_optimizer(config, models)
 
@@ -92,23 +93,23 @@ def optimizer_tensors(optimizer) -> list[torch.Tensor]:
     return tensors
 
 
-def lora_spec(cfg: RunConfig) -> LoraSpec | None:
+def lora_spec(settings: PolicySettings) -> LoraSpec | None:
     """actor.lora as the adapters' spec (None when rank is 0)."""
-    lora = cfg.actor.lora
+    lora = settings.actor.lora
     if not lora.rank:
         return None
     return LoraSpec(lora.rank, float(lora.alpha), float(lora.dropout), expand_targets(list(lora.targets)))
 
 
-def routing_replay(cfg: RunConfig) -> RoutingReplay | None:
+def routing_replay(settings: PolicySettings) -> RoutingReplay | None:
     """The routers' replay of the engine's experts when actor.moe_routing_replay is on (ConfigError for a model
     without experts)."""
-    if not cfg.actor.moe_routing_replay:
+    if not settings.actor.moe_routing_replay:
         return None
-    config = AutoConfig.from_pretrained(cfg.model.path)
+    config = AutoConfig.from_pretrained(settings.model.path)
     config = getattr(config, "text_config", config)
     top_k = int(getattr(config, "num_experts_per_tok", 0) or 0)
     if not top_k:
-        raise ConfigError(f"actor.moe_routing_replay=true: {cfg.model.path} is not a mixture of experts "
+        raise ConfigError(f"actor.moe_routing_replay=true: {settings.model.path} is not a mixture of experts "
                           f"({config.model_type}, no num_experts_per_tok)")
     return RoutingReplay(int(config.num_hidden_layers), top_k)

@@ -2,7 +2,7 @@
 correction, the KL to the reference, the entropy bonus) through megatron's schedule, and the optimizer step.
 
 `PolicyUpdate` is a part of `rl360.actor.policy.PolicyWorker` (the critic and SFT workers replace `_loss`); it reads
-the worker's `cfg`, `models`, `optimizer`, `offload`, `dp_size`, `dp_group`, `context`, `device`, `metric_prefix`,
+the worker's `settings`, `models`, `optimizer`, `offload`, `dp_size`, `dp_group`, `context`, `device`, `metric_prefix`,
 and its forward parts `_micro_batches`, `_schedule`, `_logprobs_and_entropy` and `_resident`.
 """
 
@@ -20,9 +20,9 @@ from rl360.algos.losses import agg_loss, agg_normalizer, get_policy_loss, kl_pen
 class PolicyUpdate:
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """PPO epochs over mini-batches of `batch`; returns averaged metrics."""
-        cfg = self.cfg.actor
-        mini_size = cfg.ppo_mini_batch_size * self.cfg.rollout.n // self.dp_size  # this rank's share
-        generator = torch.Generator().manual_seed(self.cfg.seed)
+        cfg = self.settings.actor
+        mini_size = cfg.ppo_mini_batch_size * self.settings.group_size // self.dp_size  # this rank's share
+        generator = torch.Generator().manual_seed(self.settings.seed)
         totals: dict[str, float] = {}
         steps = 0
         with self._resident("weights", "grads"):  # the optimizer state comes for each step (`_optimizer_step`)
@@ -53,7 +53,8 @@ class PolicyUpdate:
         Gradients end in megatron's `main_grad` buffers, equal to those of the unsplit mini-batch."""
         # denominators of the whole mini-batch, over every data-parallel rank's share of it (summed on the host
         # at one rank: the step does not wait for the device)
-        counts = [agg_normalizer(mini.response_mask, self.cfg.actor.loss_agg_mode), float(mini.response_mask.sum())]
+        mode = self.settings.actor.loss_agg_mode
+        counts = [agg_normalizer(mini.response_mask, mode), float(mini.response_mask.sum())]
         if self.dp_size > 1:
             reduced = torch.tensor(counts, dtype=torch.float64, device=self.device)
             torch.distributed.all_reduce(reduced, group=self.dp_group)
@@ -71,12 +72,12 @@ class PolicyUpdate:
     def _loss(self, logits: torch.Tensor, mb: RolloutBatch, normalizer: float, num_micro: int):
         """Loss of one micro-batch, scaled so megatron's division by the micro-batch count cancels and
         the summed gradient is that of the whole mini-batch under the configured aggregation."""
-        cfg, algo = self.cfg.actor, self.cfg.algorithm
+        cfg, algo = self.settings.actor, self.settings.algorithm
         mask = mb.response_mask
         logprob, entropy = self._logprobs_and_entropy(logits, mb)
 
         def aggregate(per_token: torch.Tensor) -> torch.Tensor:
-            return agg_loss(per_token, mask, cfg.loss_agg_mode, normalizer, self.cfg.rollout.max_response_length)
+            return agg_loss(per_token, mask, cfg.loss_agg_mode, normalizer, self.settings.max_response_length)
 
         def token_mean(per_token: torch.Tensor) -> torch.Tensor:
             """This micro-batch's part of the mini-batch's token mean (parts add up over micro-batches)."""

@@ -39,6 +39,6 @@ class SFTWorker(PolicyWorker):
         per token of the whole step), scaled as the policy's loss is (`PolicyWorker._loss`)."""
         mask = mb.response_mask
         logprob, _ = self._logprobs_and_entropy(logits, mb, with_entropy=False)
-        loss = agg_loss(-logprob, mask, self.cfg.actor.loss_agg_mode, normalizer, self.cfg.sft.max_length)
+        loss = agg_loss(-logprob, mask, self.settings.actor.loss_agg_mode, normalizer, self.settings.sft_max_length)
         report = {"sft/loss": loss.detach(), "sft/token_nll": (-logprob.detach() * mask).sum() / self._tokens_in_mini}
         return self._undo_megatron_scaling(loss, num_micro), report

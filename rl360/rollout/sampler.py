@@ -1,6 +1,6 @@
 """The training sampler: a step's scored prompt groups from the prompt stream, the engine fleet and the reward pool.
 
-    sampler = RolloutSampler(cfg, tokenizer, stream, renderer, rewards, policy)   # starts the engine fleet
+    sampler = RolloutSampler(SamplerSettings.of(cfg), tokenizer, stream, renderer, rewards, policy, placement)
     future = sampler.generate(step)      # a concurrent.futures.Future of StepRollouts, computed meanwhile
     sampler.sync_weights(step)           # the policy's weights into every engine, version `step`
     sampler.data_state(next_step)        # the stream position before `next_step`'s prompts (for checkpoints)
@@ -40,8 +40,8 @@ import torch
 
 from rl360.actor.batch import RolloutBatch, build_batch
 from rl360.algos.dynamic_sampling import group_std, most_varied, overlong_penalty, partial_keep, varied_groups
-from rl360.cluster.placement import Placement, make_placement
-from rl360.config import ConfigError
+from rl360.cluster.placement import Placement
+from rl360.config import AlgorithmConfig, ConfigError, DistillConfig, ModelConfig, RolloutConfig, RunConfig
 from rl360.core import Prompt, Sample, SamplingParams, TrajectorySummary
 from rl360.rewards import RewardItem, RewardPool, RewardResult
 from rl360.rollout.fleet import EngineFleet
@@ -59,6 +59,31 @@ async def dispatch(fleet: EngineFleet, prompts: list[Prompt], params: SamplingPa
     """The default `generate_group`: one turn per sample, on the fleet's least-loaded engines (the prompts'
     `rows` are not needed)."""
     return await fleet.generate(prompts, params, seed, metrics)
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """What the sampler reads of a run's config: the rollout, model, algorithm and distill sections whole, and the
+    few other settings it needs."""
+
+    rollout: RolloutConfig
+    model: ModelConfig
+    algorithm: AlgorithmConfig  # the advantage estimator (ReMax's greedy baselines) and dynamic sampling
+    distill: DistillConfig
+    batch_size: int  # data.batch_size: prompt groups a step
+    seed: int
+    moe_routing_replay: bool  # actor.moe_routing_replay: the engines return each token's routed experts
+    overlong_buffer_len: int  # reward.overlong_buffer_len (0: no overlong penalty)
+    overlong_penalty_factor: float  # reward.overlong_penalty_factor
+    num_threads: int  # trainer.num_threads: an in-process engine's torch threads
+    placement_timeout_s: float  # cluster.placement_timeout_s
+    engine_dir: Path  # the engines' and the teacher's logs: output_dir/rollout
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> SamplerSettings:
+        return cls(cfg.rollout, cfg.model, cfg.algorithm, cfg.distill, cfg.data.batch_size, cfg.seed,
+                   cfg.actor.moe_routing_replay, cfg.reward.overlong_buffer_len, cfg.reward.overlong_penalty_factor,
+                   cfg.trainer.num_threads, cfg.cluster.placement_timeout_s, Path(cfg.output_dir) / "rollout")
 
 
 @dataclass
@@ -144,18 +169,15 @@ class StepRollouts:
 
 
 class RolloutSampler:
-    def __init__(self, cfg: Any, tokenizer: Any, stream: Any, renderer: Any, rewards: RewardPool, policy: Any,
-                 placement: Placement | None = None, generate_group: GenerateGroup = dispatch):
-        self.cfg, self.tokenizer, self.stream, self.renderer, self.rewards = cfg, tokenizer, stream, renderer, rewards
-        self.generate_group = generate_group
-        self.stop_ids = stop_token_ids(tokenizer, cfg.rollout.stop_tokens)
-        # where the engines run (on CPU when none is given)
-        placement = placement or make_placement(cfg.actor.parallel.ranks, cfg.algorithm.uses_critic, cfg.rollout,
-                                                gpus=0)
-        # policy: the PolicyGroup, whose export ranks send the weights
-        self.fleet = EngineFleet(cfg.rollout, cfg.model, placement, policy, Path(cfg.output_dir) / "rollout",
-                                 cfg.trainer.num_threads, cfg.cluster.placement_timeout_s,
-                                 routed_experts=cfg.actor.moe_routing_replay)
+    def __init__(self, settings: SamplerSettings, tokenizer: Any, stream: Any, renderer: Any, rewards: RewardPool,
+                 policy: Any, placement: Placement, generate_group: GenerateGroup = dispatch):
+        self.settings, self.tokenizer, self.stream, self.renderer = settings, tokenizer, stream, renderer
+        self.rewards, self.generate_group = rewards, generate_group
+        self.stop_ids = stop_token_ids(tokenizer, settings.rollout.stop_tokens)
+        # where the engines run: the placement's; policy: the PolicyGroup, whose export ranks send the weights
+        self.fleet = EngineFleet(settings.rollout, settings.model, placement, policy, settings.engine_dir,
+                                 settings.num_threads, settings.placement_timeout_s,
+                                 routed_experts=settings.moe_routing_replay)
         self.teacher: Teacher | None = None  # on-policy distillation's (distill.*), opened with the engines
         self._batches = iter(stream)
         self._turns: dict[int, _Turn] = {}
@@ -167,8 +189,8 @@ class RolloutSampler:
         self._thread.start()
         try:
             self._call(self.fleet.start())
-            if cfg.distill.enabled:
-                self.teacher = self._call(Teacher.open(cfg.distill, cfg.model, Path(cfg.output_dir) / "rollout"))
+            if settings.distill.enabled:
+                self.teacher = self._call(Teacher.open(settings.distill, settings.model, settings.engine_dir))
         except BaseException:
             self.close()
             raise
@@ -179,7 +201,7 @@ class RolloutSampler:
         of the steps generate was called for before."""
         turn = _Turn(previous=self._last_turn_done)
         self._last_turn_done = turn.done
-        self._turns = {s: t for s, t in self._turns.items() if s >= step - self.cfg.rollout.max_staleness - 2}
+        self._turns = {s: t for s, t in self._turns.items() if s >= step - self.settings.rollout.max_staleness - 2}
         self._turns[step] = turn
         return asyncio.run_coroutine_threadsafe(self._generate_step(step, turn), self._loop)
 
@@ -234,7 +256,7 @@ class RolloutSampler:
         metrics: dict[str, float] = self.fleet.step_metrics()
         scored = await self._collect_groups(step, turn, timing, metrics)
         baselines = None
-        if self.cfg.algorithm.adv_estimator == "remax":  # ReMax: a greedy response's score per prompt
+        if self.settings.algorithm.adv_estimator == "remax":  # ReMax: a greedy response's score per prompt
             baselines = await self._greedy_baselines(scored, timing, metrics)
         samples = scored.samples
         oldest = torch.tensor([sample.weight_version for sample in samples], dtype=torch.float32)
@@ -248,7 +270,7 @@ class RolloutSampler:
             "rollout/mixed_version_frac": sum(sample.token_versions is not None for sample in samples) / len(samples),
             # actor.moe_routing_replay: samples whose engine returned no routes (the step's batch then replays none)
             **({"rollout/routes_missing": sum(sample.routed_experts is None for sample in samples)}
-               if self.cfg.actor.moe_routing_replay else {}),
+               if self.settings.moe_routing_replay else {}),
             **self.fleet.restart_metrics(),
             # the share of the rollout's time the engines had requests in flight (an agent's tool calls that
             # stalled decoding leave engines idle: the share falls); a timing, so not the same in a rerun
@@ -266,7 +288,7 @@ class RolloutSampler:
         Without dynamic sampling: one prompt batch. With it (DAPO): groups whose scores are all equal are set
         aside and more prompt batches are sampled; after `max_num_gen_batches` the step fills up with set-aside
         groups (no signal under group-centred advantages) and counts them."""
-        cfg, algo = self.cfg, self.cfg.algorithm
+        settings, algo = self.settings, self.settings.algorithm
         if algo.filter_groups and algo.partial_filter:
             return await self._collect_partial(step, turn, timing, metrics)
         kept: list[Scored] = []
@@ -278,23 +300,23 @@ class RolloutSampler:
         skipped_before = self.stream.skipped()
         turn.start_state.set_result(self.stream.state_dict())
         try:
-            while sum(g.num_groups for g in kept) < cfg.data.batch_size:
+            while sum(g.num_groups for g in kept) < settings.batch_size:
                 if gen_batches and algo.max_num_gen_batches and gen_batches >= algo.max_num_gen_batches:
-                    filled = cfg.data.batch_size - sum(g.num_groups for g in kept)
+                    filled = settings.batch_size - sum(g.num_groups for g in kept)
                     kept += uniform
                     break
                 gen_batches += 1
                 rows = next(self._batches)
                 if not algo.filter_groups:  # one batch a step: the next step may draw now
                     self._end_turn(turn, skipped_before, metrics)
-                scored = await self._rollout_and_score(rows, cfg.rollout,
-                                                       cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
+                scored = await self._rollout_and_score(rows, settings.rollout,
+                                                       settings.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
                                                        timing, metrics)
                 sampled.append(scored.scores)
                 sampled_accuracy.append(scored.accuracy)
                 if algo.filter_groups:
                     metric = scored.accuracy if algo.filter_groups_metric == "acc" else scored.scores
-                    varied = varied_groups(metric, cfg.rollout.n)
+                    varied = varied_groups(metric, settings.rollout.n)
                     kept.append(scored.select_groups(varied))
                     uniform.append(scored.select_groups(~varied))
                 else:
@@ -305,7 +327,7 @@ class RolloutSampler:
                         # the reward functions' accuracy (`acc`, else the score) before any overlong penalty
                         "reward/accuracy_sampled": torch.cat(sampled_accuracy).mean().item(),
                         "dynamic_sampling/gen_batches": gen_batches, "dynamic_sampling/filled_groups": filled})
-        return Scored.concat(kept).first_groups(cfg.data.batch_size)
+        return Scored.concat(kept).first_groups(settings.batch_size)
 
     async def _collect_partial(self, step: int, turn: _Turn, timing: dict[str, float],
                                metrics: dict[str, float]) -> Scored:
@@ -316,8 +338,8 @@ class RolloutSampler:
         the target, the kept trajectories of the most varied groups are trained on (PyVision's std ranking);
         after `max_num_gen_batches` batches, set-aside trajectories fill the step, in the order sampled, and are
         counted (`dynamic_sampling/filled_trajectories`)."""
-        cfg, algo = self.cfg, self.cfg.algorithm
-        target, n = cfg.data.batch_size * cfg.rollout.n, cfg.rollout.n
+        settings, algo = self.settings, self.settings.algorithm
+        target, n = settings.batch_size * settings.rollout.n, settings.rollout.n
         endings = set(algo.partial_filter_keep)
         parts: list[Scored] = []
         gen_batches = filled = 0
@@ -329,8 +351,8 @@ class RolloutSampler:
                 if gen_batches and algo.max_num_gen_batches and gen_batches >= algo.max_num_gen_batches:
                     break
                 gen_batches += 1
-                scored = await self._rollout_and_score(next(self._batches), cfg.rollout,
-                                                       cfg.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
+                scored = await self._rollout_and_score(next(self._batches), settings.rollout,
+                                                       settings.seed * 1_000_003 + step + 7_919 * (gen_batches - 1),
                                                        timing, metrics)
                 metric = scored.accuracy if algo.filter_groups_metric == "acc" else scored.scores
                 ending_kept = torch.tensor([sample.ended_by in endings for sample in scored.samples])
@@ -371,10 +393,10 @@ class RolloutSampler:
         samples, results, counts = sampled.samples, sampled.results, sampled.counts
         scores = torch.tensor([r.score for r in results], dtype=torch.float32)
         accuracy = torch.tensor([float(r.extras.get("acc", r.score)) for r in results], dtype=torch.float32)
-        if self.cfg.reward.overlong_buffer_len:
+        if self.settings.overlong_buffer_len:
             lengths = torch.tensor([len(s.response_ids) for s in samples])
-            penalty = overlong_penalty(lengths, rollout.max_response_length, self.cfg.reward.overlong_buffer_len,
-                                       self.cfg.reward.overlong_penalty_factor)
+            penalty = overlong_penalty(lengths, rollout.max_response_length, self.settings.overlong_buffer_len,
+                                       self.settings.overlong_penalty_factor)
             scores = scores + penalty
             counts["reward/overlong_penalized"] = int((penalty < 0).sum())
         for key, value in counts.items():
@@ -394,7 +416,7 @@ class RolloutSampler:
         params = SamplingParams(n=n, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                                 max_new_tokens=rollout.max_response_length,
                                 stop_token_ids=self.stop_ids, stop=list(rollout.stop),
-                                routed_experts=self.cfg.actor.moe_routing_replay)
+                                routed_experts=self.settings.moe_routing_replay)
         busy = self.fleet.busy_seconds()
         groups = await self.generate_group(self.fleet, [self.renderer.prompt(row) for row in rows], params, seed,
                                            metrics, rows)
@@ -426,8 +448,9 @@ class RolloutSampler:
         """[num samples] ReMax baselines: each prompt's greedy (temperature 0) response, scored like the samples
         and repeated for the prompt's `n` samples. The greedy responses are not trained on; their reward calls,
         timeouts and errors count in `metrics` with the samples'."""
-        greedy = await self._rollout_and_score(scored.rows[::scored.n], replace(self.cfg.rollout, n=1, temperature=0.0),
-                                               0, timing, metrics, with_teacher=False)
+        greedy_rollout = replace(self.settings.rollout, n=1, temperature=0.0)
+        greedy = await self._rollout_and_score(scored.rows[::scored.n], greedy_rollout, 0, timing, metrics,
+                                               with_teacher=False)
         metrics["reward/greedy_baseline_mean"] = greedy.scores.mean().item()
         return greedy.scores.repeat_interleave(scored.n)
 
