@@ -25,7 +25,7 @@ from rl360.config import ConfigError
 from rl360.eval.config import PRESETS, load_eval_config, sampling_values
 from rl360.eval.inputs import EvalPrompt
 from rl360.eval.metrics import pass_at_k
-from rl360.eval.targets import OpenAIEndpoint
+from rl360.eval.targets import OpenAIEndpoint, fleet_settings
 from rl360.quickstart.assets import build_quickstart_model
 from rl360.rewards.judge import answer_for_judge
 from rl360.serve.loadgen import start_service, stop_service
@@ -294,6 +294,27 @@ def test_an_engine_killed_mid_run_is_restarted_and_the_results_are_an_unbroken_r
     assert len(mine) == 48
     assert {key: (r["response"], r["tokens"]) for key, r in mine.items()} == {
         key: (r["response"], r["tokens"]) for key, r in whole.items()}
+
+
+def test_the_fleet_on_a_model_dir_takes_the_eval_keys_and_its_gpus_in_runs(monkeypatch):
+    base = ["data.files=[x.parquet]", "eval.model=m", "eval.num_engines=2", "eval.engine_tensor_parallel=2",
+            "eval.request_timeout_s=30", "eval.startup_timeout_s=40", "eval.max_engine_restarts=3",
+            "eval.engine_args=[--x]"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    rollout, model, placement = fleet_settings(load_eval_config(None, base).eval)
+    assert (rollout.engine, rollout.num_engines, rollout.engine_tensor_parallel, rollout.request_timeout_s,
+            rollout.startup_timeout_s, rollout.max_engine_restarts, rollout.engine_args) == (
+        "server", 2, 2, 30, 40, 3, ["--x"])
+    assert (model.path, model.dtype) == ("m", "bfloat16")
+    assert [placement.engine_devices(i, ["4", "5", "6", "7"]) for i in range(2)] == [["4", "5"], ["6", "7"]]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    with pytest.raises(ConfigError, match=r"eval\.num_engines x eval\.engine_tensor_parallel = 4 GPUs, more than "
+                                          r"the 3 visible"):
+        fleet_settings(load_eval_config(None, base).eval)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert not fleet_settings(load_eval_config(None, base).eval)[2].use_gpu  # no GPU: engines on the CPU
+    with pytest.raises(ConfigError, match=r"eval\.max_engine_restarts=-1 must be >= 0"):
+        load_eval_config(None, [*base, "eval.max_engine_restarts=-1"])
 
 
 def test_pass_at_k_is_the_unbiased_estimator():

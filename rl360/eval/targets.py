@@ -162,9 +162,9 @@ class TokenTarget(Endpoint):
 
     def params(self) -> SamplingParams:
         v = self.values
+        stops = sorted({self.tokenizer.eos_token_id} - {None})
         return SamplingParams(n=1, temperature=v["temperature"], top_p=v["top_p"], top_k=v["top_k"],
-                              max_new_tokens=v["max_tokens"], stop_token_ids=sorted({self.tokenizer.eos_token_id}
-                                                                                    - {None}),
+                              max_new_tokens=v["max_tokens"], stop_token_ids=stops,
                               presence_penalty=v["presence_penalty"], repetition_penalty=v["repetition_penalty"],
                               stop=list(v.get("stop", [])))
 
@@ -261,11 +261,9 @@ def fleet_settings(t: EvalTargetConfig) -> tuple[RolloutConfig, ModelConfig, Pla
 
 async def start_fleet(cfg: EvalConfig) -> Any:
     """The engine fleet on `eval.model`, serving (its engines' logs in `<output_dir>/engines`)."""
-    from rl360.model_dir import check_model_dir
     from rl360.rollout.fleet import EngineFleet
 
     t = cfg.eval
-    check_model_dir(t.model, "eval.model")
     rollout, model, placement = fleet_settings(t)
     fleet = EngineFleet(rollout, model, placement, None, Path(cfg.output_dir) / "engines", config_section="eval")
     started = time.perf_counter()
@@ -284,8 +282,11 @@ async def open_endpoints(cfg: EvalConfig) -> list[Endpoint]:
     endpoints named."""
     t, values = cfg.eval, sampling_values(cfg.sampling)
     if t.model:
-        fleet = await start_fleet(cfg)
-        return [FleetTarget(fleet, _tokenizer(t.tokenizer or t.model), values, t.request_timeout_s,
+        from rl360.model_dir import check_model_dir
+
+        check_model_dir(t.model, "eval.model")
+        tokenizer = _tokenizer(t.tokenizer or t.model)  # before the engines start: a bad one starts none
+        return [FleetTarget(await start_fleet(cfg), tokenizer, values, t.request_timeout_s,
                             t.concurrency * t.num_engines)]
     api_key = os.environ.get(t.api_key_env, "") if t.api_key_env else ""
     if t.protocol == "sglang":
