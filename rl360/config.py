@@ -59,7 +59,7 @@ class DataConfig:
     shuffle_buffer: int = 1024  # rows held in the shuffle buffer
     on_bad_row: str = "error"  # error | skip: what a malformed row does
     mix_weights: dict[str, float] = field(default_factory=dict)  # data_source prefix -> sampling weight
-    # held-out parquet files (rows as in train_files) evaluated during training: trainer.eval_every, docs/eval.md
+    # held-out parquet files (rows as in train_files) evaluated during training: validation.every, docs/eval.md
     val_files: list[str] = field(default_factory=list)
 
 
@@ -343,17 +343,18 @@ class TrainerConfig:
     # write every this many steps' rollouts (prompt, response, score, engine vs trainer log-prob difference) to
     # <output_dir>/rollouts/step_XXXXXX.jsonl (0: never)
     dump_rollouts_every: int = 0
-    # evaluate data.val_files every this many steps, after the step's weight update (0: never); logged as
-    # eval/<data_source>/<metric> and eval/all/<metric> in the step's record
-    eval_every: int = 0
-    eval_before_train: bool = False  # also evaluate before step 1 (logged as step 0; not repeated on resume)
-    eval_at_end: bool = False  # also evaluate after the last step when it is no multiple of eval_every
 
 
 @dataclass
-class TrainEvalConfig:
-    """Sampling of the held-out prompts during training (data.val_files); scored as in training."""
+class ValidationConfig:
+    """The held-out prompts of data.val_files during training: when they are evaluated, and how they are sampled
+    (verl's val_kwargs); scored as in training. `rl360 eval`'s settings are another config's (rl360/eval/config.py)."""
 
+    # evaluate data.val_files every this many steps, after the step's weight update (0: never); logged as
+    # eval/<data_source>/<metric> and eval/all/<metric> in the step's record (rl360 sft: the held-out loss)
+    every: int = 0
+    before_train: bool = False  # also evaluate before step 1 (logged as step 0; not repeated on resume)
+    at_end: bool = False  # also evaluate after the last step when it is no multiple of every
     n: int = 1  # samples per held-out prompt
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0  # nucleus sampling
@@ -376,7 +377,7 @@ class ClusterConfig:
 @dataclass
 class SftConfig:
     """`rl360 sft` (docs/sft.md): conversations from data.train_files (parquet or jsonl), data.batch_size of them per
-    optimizer step for trainer.total_steps steps, the held-out loss of data.val_files every trainer.eval_every
+    optimizer step for trainer.total_steps steps, the held-out loss of data.val_files every validation.every
     steps; the model, optimizer and layout are the actor's (actor.lr, actor.micro_batch_size, actor.parallel.*)."""
 
     max_length: int = 1024  # conversations longer than this many tokens (prompt included) are skipped and counted
@@ -422,7 +423,7 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    eval: TrainEvalConfig = field(default_factory=TrainEvalConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     sft: SftConfig = field(default_factory=SftConfig)
@@ -475,7 +476,7 @@ POSITIVE = (
     "rollout.engine_tensor_parallel", "rollout.mem_fraction", "rollout.max_staleness",
     "reward.judge.timeout_s", "reward.judge.deadline_s", "cluster.placement_timeout_s",
     "agent.max_turns", "agent.tool_timeout_s", "agent.tool_memory_mb", "agent.max_tool_output_chars",
-    "agent.min_pixels", "agent.max_pixels", "eval.n", "eval.top_p", "sft.max_length",
+    "agent.min_pixels", "agent.max_pixels", "validation.n", "validation.top_p", "sft.max_length",
     "distill.sequences_per_request", "distill.max_concurrency", "distill.timeout_s",
 )
 NON_NEGATIVE = (
@@ -490,8 +491,8 @@ NON_NEGATIVE = (
     "algorithm.gamma", "algorithm.lam", "distill.coef", "distill.reward_weight",
     "reward.judge.max_retries", "reward.judge.backoff_s", "trainer.save_every", "rollout.max_engine_restarts",
     "actor.max_tokens_per_micro_batch", "actor.moe_aux_loss_coef", "cluster.gpu_memory_gb",
-    "agent.max_image_tokens", "agent.tool_workers", "agent.tool_pool", "trainer.eval_every", "eval.temperature",
-    "eval.max_response_length",
+    "agent.max_image_tokens", "agent.tool_workers", "agent.tool_pool", "validation.every",
+    "validation.temperature", "validation.max_response_length",
 )
 
 
@@ -645,8 +646,9 @@ def _layer(layer: Any, where: str, keys: dict[str, str] = SCHEMA_KEYS, verl_rewa
                 verl_reward[name] = (node.pop(name), where)
                 continue
             if kind is None:
-                if isinstance(node[name], dict) and any(known.startswith(f"{key}.") for known in VERL_KEYS):
-                    walk(node[name], f"{key}.")  # a verl section: its keys one by one
+                if isinstance(node[name], dict) and any(known.startswith(f"{key}.") for known in
+                                                        [*VERL_KEYS, *_renamed_in(keys)]):
+                    walk(node[name], f"{key}.")  # a verl or renamed section: its keys one by one
                     if not node[name]:
                         del node[name]
                     continue
@@ -673,6 +675,11 @@ def _layer(layer: Any, where: str, keys: dict[str, str] = SCHEMA_KEYS, verl_rewa
             node[leaf] = [value] if keys.get(target) == "list" and isinstance(value, str) else value
             print(f"rl360: {where}: verl's {verl_key} read as {target}", file=sys.stderr, flush=True)
     return OmegaConf.create(plain)
+
+
+def _renamed_in(keys: dict[str, str]) -> list[str]:
+    """The renamed keys whose new key is one of `keys` (the schema read)."""
+    return [old for old, new in RENAMED_KEYS.items() if new in keys]
 
 
 VERL_REWARD_KEYS = ("custom_reward_function.path", "custom_reward_function.name")
@@ -769,20 +776,34 @@ VERL_KEYS: dict[str, str] = {
     "trainer.experiment_name": "tracking.run_name",
     "trainer.logger": "tracking.wandb (true to log to Weights & Biases too)",
     "trainer.n_gpus_per_node": "cluster.num_gpus",
-    "trainer.test_freq": "trainer.eval_every",
-    "trainer.val_before_train": "trainer.eval_before_train",
-    "actor_rollout_ref.rollout.val_kwargs.n": "eval.n",
-    "actor_rollout_ref.rollout.val_kwargs.temperature": "eval.temperature",
-    "actor_rollout_ref.rollout.val_kwargs.top_p": "eval.top_p",
-    "actor_rollout_ref.rollout.val_kwargs.top_k": "eval.top_k",
-    "actor_rollout_ref.rollout.val_kwargs.do_sample": "eval.temperature (0: greedy)",
+    "trainer.test_freq": "validation.every",
+    "trainer.val_before_train": "validation.before_train",
+    "actor_rollout_ref.rollout.val_kwargs.n": "validation.n",
+    "actor_rollout_ref.rollout.val_kwargs.temperature": "validation.temperature",
+    "actor_rollout_ref.rollout.val_kwargs.top_p": "validation.top_p",
+    "actor_rollout_ref.rollout.val_kwargs.top_k": "validation.top_k",
+    "actor_rollout_ref.rollout.val_kwargs.do_sample": "validation.temperature (0: greedy)",
+}
+
+# rl360 keys renamed: old key -> the key to use; the old one is refused with a message naming the new one
+RENAMED_KEYS: dict[str, str] = {
+    "trainer.eval_every": "validation.every",
+    "trainer.eval_before_train": "validation.before_train",
+    "trainer.eval_at_end": "validation.at_end",
+    **{f"eval.{name}": f"validation.{name}"
+       for name in ("n", "temperature", "top_p", "top_k", "max_response_length", "pass_k")},
 }
 
 
 def unknown_key_message(key: str, value: Any = None, keys: dict[str, str] = SCHEMA_KEYS) -> str:
     """What to say about a key the schema lacks: verl's name for an rl360 key (`VERL_KEYS`), else the closest
     known keys (of `keys`: another schema's, `schema_keys(EvalConfig)`). `value` (the key's value in a YAML layer)
-    lets a verl section given whole (`actor_rollout_ref: {...}`) be looked up by its first leaf."""
+    lets a verl section given whole (`actor_rollout_ref: {...}`) be looked up by its first leaf. A renamed key
+    (`RENAMED_KEYS`) is refused naming the key to use."""
+    renamed = RENAMED_KEYS.get(key)
+    if renamed is not None and renamed in keys:
+        return (f"config key {key!r} was renamed to {renamed}: set {renamed} (the training run's held-out "
+                "evaluation is the validation section; eval.* configures `rl360 eval`)")
     if isinstance(value, dict) and value and not any(known.startswith(f"{key}.") for known in VERL_KEYS):
         value = None
     while isinstance(value, dict) and value and key not in VERL_KEYS:  # descend to a key the table knows
@@ -862,14 +883,14 @@ def _check_inputs(cfg: RunConfig) -> None:
                           "that sets no model is a preset, to follow a base config: rl360 train BASE.yaml PRESET.yaml")
     if not cfg.data.train_files:
         raise ConfigError("data.train_files is empty: give at least one parquet file, directory or glob")
-    evaluates = [f"trainer.{key}" for key in ("eval_every", "eval_before_train", "eval_at_end")
-                 if getattr(cfg.trainer, key)]
+    evaluates = [f"validation.{key}" for key in ("every", "before_train", "at_end")
+                 if getattr(cfg.validation, key)]
     if evaluates and not cfg.data.val_files:
         raise ConfigError(f"{evaluates[0]} evaluates held-out prompts: give them in data.val_files (parquet files, "
                           "directories or globs, rows as in data.train_files)")
-    for k in cfg.eval.pass_k:
-        if not 1 <= k <= cfg.eval.n:
-            raise ConfigError(f"eval.pass_k has {k}: each k must be in [1, eval.n={cfg.eval.n}]")
+    for k in cfg.validation.pass_k:
+        if not 1 <= k <= cfg.validation.n:
+            raise ConfigError(f"validation.pass_k has {k}: each k must be in [1, validation.n={cfg.validation.n}]")
     if (cfg.model.min_pixels or cfg.model.max_pixels) and not engine_kind(cfg.rollout.engine).pixel_flags:
         raise ConfigError(f"model.min_pixels / model.max_pixels: {engine_kind(cfg.rollout.engine).title} take an "
                           "image's pixel bounds from the model's preprocessor_config.json (min_pixels, max_pixels); "

@@ -85,8 +85,8 @@ def check_sft(cfg: RunConfig) -> Path | None:
     out = Path(cfg.output_dir)
     check_output_paths(cfg, out)
     check_model_dir(cfg.model.path)
-    if cfg.trainer.eval_every and not cfg.data.val_files:
-        raise ConfigError("trainer.eval_every measures the held-out loss: give data.val_files (conversations)")
+    if cfg.validation.every and not cfg.data.val_files:
+        raise ConfigError("validation.every measures the held-out loss: give data.val_files (conversations)")
     latest = latest_checkpoint(out / "checkpoints") if cfg.trainer.resume else None
     for line in check_resume(out, cfg, latest) if latest is not None else []:
         print(line, flush=True)
@@ -164,7 +164,7 @@ def _run(cfg: RunConfig, out: Path, stop: StopSignals, started: float) -> Path:
             metrics.update({"sft/tokens": tokens, "sft/trained_tokens": int(batch.response_mask.sum()),
                             "sft/tokens_per_s": tokens / seconds, **_skipped(train.stream)})
             # 3. the held-out loss when due, then log
-            every = cfg.trainer.eval_every
+            every = cfg.validation.every
             if held_out and every and (step % every == 0 or step == cfg.trainer.total_steps):
                 metrics["val/loss"] = held_out_loss(policy, held_out)
             metrics["timing/step_s"] = time.perf_counter() - began

@@ -114,7 +114,7 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float, stop: StopSig
                 total_steps=cfg.trainer.total_steps, started=started, use_swanlab=cfg.tracking.swanlab,
                 use_tensorboard=cfg.tracking.tensorboard)
             closing.callback(steps.tracker.close)
-            if cfg.trainer.eval_before_train and resumed is None:  # the starting weights, logged as step 0
+            if cfg.validation.before_train and resumed is None:  # the starting weights, logged as step 0
                 steps.tracker.log(0, evaluation.run(0))
             steps.run()
         except Exception as err:  # stopping, its workers signalled too (Slurm signals every process of a job)
@@ -277,7 +277,7 @@ class _Steps:
         #    first, or with rollout.partial are aborted and continued under the new weights)
         with _timer(timing, "weight_sync"):
             sync_metrics = self.rollouts.sync_weights(version=step)
-        # 7. held-out evaluation when due (trainer.eval_every, eval_at_end) of the weights just synced, and log
+        # 7. held-out evaluation when due (validation.every, validation.at_end) of the weights just synced, and log
         return {
             **self.evaluation.at(step),
             **_rollout_metrics(batch, scores),

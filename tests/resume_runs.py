@@ -85,7 +85,7 @@ def run_overrides(assets: Path, out: Path, algorithm: str, *overrides: str) -> l
             "rollout.max_response_length=6",  # decoding long enough (~0.05 s) for a kill to land in it
             "algorithm.kl_in_reward_coef=0.01", "algorithm.kl_in_reward_target=0.05",  # adaptive KL: restored too
             f"trainer.total_steps={TOTAL_STEPS}", f"data.val_files=[{assets / 'val.parquet'}]",
-            f"trainer.eval_every={EVAL_EVERY}", "trainer.eval_at_end=true", *overrides]
+            f"validation.every={EVAL_EVERY}", "validation.at_end=true", *overrides]
 
 
 def _finish(runs: dict[str, TrainingProcess]) -> None:

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from rl360.config import ConfigError, load_config
@@ -17,7 +19,8 @@ def test_unknown_key_names_the_key_and_its_close_matches():
     with pytest.raises(ConfigError) as err:
         load_config(None, BASE + ["actor.lrr=1"])
     assert str(err.value) == "override 'actor.lrr=1': unknown config key 'actor.lrr'; close matches: actor.lr"
-    with pytest.raises(ConfigError, match=r"'data\.n'; close matches: rollout\.n, eval\.n$"):  # same name elsewhere
+    # the same name in other sections
+    with pytest.raises(ConfigError, match=r"'data\.n'; close matches: rollout\.n, validation\.n$"):
         load_config(None, BASE + ["data.n=4"])
     with pytest.raises(ConfigError, match=r"'actor\.zzzzzz'; no close match"):
         load_config(None, BASE + ["actor.zzzzzz=1"])
@@ -143,8 +146,8 @@ def test_expert_parallel_size_must_divide_data_times_context():
     ("actor_rollout_ref.model.path=m2", "model.path", "m2"),
     ("+trainer.total_training_steps=5", "trainer.total_steps", 5),
     ("data.max_response_length=64", "rollout.max_response_length", 64),
-    ("trainer.test_freq=5", "trainer.eval_every", 5),
-    ("actor_rollout_ref.rollout.val_kwargs.n=4", "eval.n", 4),
+    ("trainer.test_freq=5", "validation.every", 5),
+    ("actor_rollout_ref.rollout.val_kwargs.n=4", "validation.n", 4),
 ])
 def test_verl_keys_are_read_as_the_rl360_key_and_said(override, key, value, capsys):
     cfg = load_config(None, BASE + ["data.val_files=[v.parquet]", override])
@@ -233,17 +236,37 @@ def test_missing_environment_variable_names_key_and_variable(monkeypatch):
 
 
 def test_evaluation_during_training_needs_held_out_files_and_ks_within_n():
-    with pytest.raises(ConfigError, match=r"^trainer\.eval_every evaluates held-out prompts: give them in "
+    with pytest.raises(ConfigError, match=r"^validation\.every evaluates held-out prompts: give them in "
                                           r"data\.val_files "):
-        load_config(None, BASE + ["trainer.eval_every=5"])
-    with pytest.raises(ConfigError, match=r"^trainer\.eval_before_train evaluates held-out prompts"):
-        load_config(None, BASE + ["trainer.eval_before_train=true"])
-    with pytest.raises(ConfigError, match=r"^eval\.pass_k has 4: each k must be in \[1, eval\.n=2\]$"):
-        load_config(None, BASE + ["data.val_files=[v.parquet]", "eval.n=2", "eval.pass_k=[1,4]"])
-    with pytest.raises(ConfigError, match=r"^trainer\.eval_every=-1 must be >= 0$"):
-        load_config(None, BASE + ["data.val_files=[v.parquet]", "trainer.eval_every=-1"])
-    cfg = load_config(None, BASE + ["data.val_files=v.parquet", "trainer.eval_every=5"])
-    assert cfg.data.val_files == ["v.parquet"] and cfg.eval.n == 1 and cfg.eval.temperature == 0.0
+        load_config(None, BASE + ["validation.every=5"])
+    with pytest.raises(ConfigError, match=r"^validation\.before_train evaluates held-out prompts"):
+        load_config(None, BASE + ["validation.before_train=true"])
+    with pytest.raises(ConfigError, match=r"^validation\.pass_k has 4: each k must be in \[1, validation\.n=2\]$"):
+        load_config(None, BASE + ["data.val_files=[v.parquet]", "validation.n=2", "validation.pass_k=[1,4]"])
+    with pytest.raises(ConfigError, match=r"^validation\.every=-1 must be >= 0$"):
+        load_config(None, BASE + ["data.val_files=[v.parquet]", "validation.every=-1"])
+    cfg = load_config(None, BASE + ["data.val_files=v.parquet", "validation.every=5"])
+    assert cfg.data.val_files == ["v.parquet"] and cfg.validation.n == 1 and cfg.validation.temperature == 0.0
+
+
+@pytest.mark.parametrize("old, new", [("trainer.eval_every=5", "validation.every"),
+                                      ("trainer.eval_before_train=true", "validation.before_train"),
+                                      ("trainer.eval_at_end=true", "validation.at_end"),
+                                      ("eval.n=2", "validation.n"), ("eval.temperature=0.5", "validation.temperature"),
+                                      ("eval.top_p=0.9", "validation.top_p"), ("eval.top_k=5", "validation.top_k"),
+                                      ("eval.max_response_length=8", "validation.max_response_length"),
+                                      ("eval.pass_k=[1]", "validation.pass_k")])
+def test_renamed_held_out_keys_are_refused_naming_the_new_key(old, new, tmp_path):
+    key = old.split("=")[0]
+    message = rf"config key '{re.escape(key)}' was renamed to {re.escape(new)}: set {re.escape(new)} "
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, BASE + ["data.val_files=[v.parquet]", old])
+    section, leaf = key.split(".")
+    value = old.split("=")[1]
+    path = tmp_path / "old.yaml"
+    path.write_text(f"{section}:\n  {leaf}: {value}\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: {message}"):
+        load_config(path, BASE + ["data.val_files=[v.parquet]"])
 
 
 def _endings_given(path) -> set[str]:

@@ -25,7 +25,7 @@ from rl360.config import ConfigError
 from rl360.eval.config import PRESETS, load_eval_config, sampling_values
 from rl360.eval.inputs import EvalPrompt
 from rl360.eval.metrics import pass_at_k
-from rl360.eval.targets import OpenAIEndpoint
+from rl360.eval.targets import OpenAIEndpoint, fleet_settings
 from rl360.quickstart.assets import build_quickstart_model
 from rl360.rewards.judge import answer_for_judge
 from rl360.serve.loadgen import start_service, stop_service
@@ -250,20 +250,71 @@ def test_the_qwen_ins_preset_is_served(setup, tmp_path):
     assert len(records) == 16 and not any(r["error"] for r in records)
 
 
-def test_model_dir_starts_engine_servers_and_stops_them(setup, tmp_path):
+def _engines_argv(root, model, out, *extra):
+    return [sys.executable, "-m", "rl360.cli", "eval", f"data.files=[{root / 'data.parquet'}]", "--model", str(model),
+            "eval.num_engines=2", "eval.engine_dtype=float32", "sampling.n=2", "sampling.max_tokens=8",
+            "data.max_prompts=24", f"output_dir={out}", "reward.num_workers=0", *extra]
+
+
+@pytest.fixture(scope="module")
+def engines_run(setup):
     root, model, _ = setup
-    out = tmp_path / "engines"
-    done = subprocess.run([sys.executable, "-m", "rl360.cli", "eval", f"data.files=[{root / 'data.parquet'}]",
-                           "--model", str(model), "eval.num_engines=2", "eval.engine_dtype=float32",
-                           "sampling.n=2", "sampling.max_tokens=2", "data.max_prompts=12", f"output_dir={out}",
-                           "reward.num_workers=0"], capture_output=True, text=True, env=_env(), timeout=900)
+    out = root / "engines"
+    done = subprocess.run(_engines_argv(root, model, out), capture_output=True, text=True, env=_env(), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done, out
+
+
+def test_model_dir_starts_engine_servers_and_stops_them(setup, engines_run):
+    _, model, _ = setup
+    done, out = engines_run
     assert "2 server engine(s) serving" in done.stdout
-    assert len(_results(out)) == 24
+    assert len(_results(out)) == 48
     logs = sorted((out / "engines").glob("engine-*.log"))
     assert len(logs) == 2
     ps = subprocess.run(["pgrep", "-f", f"rl360.engine.server --model {model}"], capture_output=True, text=True)
     assert ps.stdout.strip() == "", "engine servers left running"
+
+
+def test_an_engine_killed_mid_run_is_restarted_and_the_results_are_an_unbroken_runs(setup, engines_run, tmp_path):
+    root, model, _ = setup
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(_engines_argv(root, model, out, "eval.concurrency=2"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=_env())
+    results, listing = out / "results.jsonl", out / "engines" / "engines.json"
+    while not results.exists() or results.read_bytes().count(b"\n") < 4:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
+    os.kill(json.loads(listing.read_text())[0]["pid"], signal.SIGKILL)
+    output = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, output[-3000:]
+    assert re.search(r"rollout engine 0 failed .*; restarting it", output)
+    assert json.loads(listing.read_text())[0]["restarts"] == 1
+    mine, whole = _results(out), _results(engines_run[1])
+    assert len(mine) == 48
+    assert {key: (r["response"], r["tokens"]) for key, r in mine.items()} == {
+        key: (r["response"], r["tokens"]) for key, r in whole.items()}
+
+
+def test_the_fleet_on_a_model_dir_takes_the_eval_keys_and_its_gpus_in_runs(monkeypatch):
+    base = ["data.files=[x.parquet]", "eval.model=m", "eval.num_engines=2", "eval.engine_tensor_parallel=2",
+            "eval.request_timeout_s=30", "eval.startup_timeout_s=40", "eval.max_engine_restarts=3",
+            "eval.engine_args=[--x]"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    rollout, model, placement = fleet_settings(load_eval_config(None, base).eval)
+    assert (rollout.engine, rollout.num_engines, rollout.engine_tensor_parallel, rollout.request_timeout_s,
+            rollout.startup_timeout_s, rollout.max_engine_restarts, rollout.engine_args) == (
+        "server", 2, 2, 30, 40, 3, ["--x"])
+    assert (model.path, model.dtype) == ("m", "bfloat16")
+    assert [placement.engine_devices(i, ["4", "5", "6", "7"]) for i in range(2)] == [["4", "5"], ["6", "7"]]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    with pytest.raises(ConfigError, match=r"eval\.num_engines x eval\.engine_tensor_parallel = 4 GPUs, more than "
+                                          r"the 3 visible"):
+        fleet_settings(load_eval_config(None, base).eval)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert not fleet_settings(load_eval_config(None, base).eval)[2].use_gpu  # no GPU: engines on the CPU
+    with pytest.raises(ConfigError, match=r"eval\.max_engine_restarts=-1 must be >= 0"):
+        load_eval_config(None, [*base, "eval.max_engine_restarts=-1"])
 
 
 def test_pass_at_k_is_the_unbiased_estimator():

@@ -137,7 +137,7 @@ def test_resuming_with_another_lr_prints_the_change_and_appends_to_train_log(unb
     assert changes == ["resume: actor.lr 0.0005 -> 0.0001"]  # total_steps, save_every: not reported
     assert f"resumed from {out / 'checkpoints' / 'step_000012'} at step 13" in done.stdout
     assert [r["step"] for r in _records(out)] == list(range(1, TOTAL_STEPS + 2))
-    assert sorted(_evaluations(out)) == [*EVAL_STEPS, TOTAL_STEPS + 1]  # the new last step (eval_at_end) only
+    assert sorted(_evaluations(out)) == [*EVAL_STEPS, TOTAL_STEPS + 1]  # the new last step (validation.at_end) only
     log = (out / "train.log").read_text()
     assert log.startswith(before) and "resume: actor.lr 0.0005 -> 0.0001" in log[len(before):]
     assert "step 13/13" in log[len(before):]
@@ -172,7 +172,7 @@ def _evaluations(out: Path) -> dict[int, dict[str, float]]:
 
 
 def test_held_out_evaluations_are_logged_at_their_steps_to_metrics_jsonl_and_swanlab(unbroken):
-    """trainer.eval_every=5 with eval_at_end over 12 steps: steps 5, 10 and 12 carry eval/<data_source>/<metric>
+    """validation.every=5 with validation.at_end over 12 steps: steps 5, 10 and 12 carry eval/<data_source>/<metric>
     and eval/all/<metric> in metrics.jsonl, and swanlab's offline run file holds the same values."""
     from tests.test_trackers import _swanlab
 

@@ -243,7 +243,7 @@ def _command(assets: Path, out: Path, *overrides: str) -> list[str]:
             f"model.path={assets / 'model'}", f"data.train_files=[{assets / 'train.parquet'}]",
             f"data.val_files=[{assets / 'val.parquet'}]", "data.batch_size=8", "data.shuffle_buffer=6",
             "actor.micro_batch_size=3", f"trainer.total_steps={STEPS}", f"trainer.save_every={SAVE_EVERY}",
-            f"trainer.eval_every={EVAL_EVERY}", "trainer.keep_checkpoints=5", "cluster.num_cpus=2", *overrides]
+            f"validation.every={EVAL_EVERY}", "trainer.keep_checkpoints=5", "cluster.num_cpus=2", *overrides]
 
 
 def _run(command: list[str]) -> subprocess.CompletedProcess:

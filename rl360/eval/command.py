@@ -40,14 +40,12 @@ def check_routes(prompts: list[EvalPrompt], cfg: EvalConfig) -> dict[str, Route]
 
 
 async def _send(cfg: EvalConfig, prompts: list[EvalPrompt], out: Path, done: dict) -> DispatchStats:
-    endpoints, engines = await open_endpoints(cfg)
+    endpoints = await open_endpoints(cfg)
     try:
         return await Dispatcher(cfg, endpoints, prompts, out).run(done)
     finally:
         for endpoint in endpoints:
             await endpoint.close()
-        for engine in engines:
-            engine.stop()
 
 
 def run_eval(cfg: EvalConfig) -> dict[str, Any]:

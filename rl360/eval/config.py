@@ -68,7 +68,7 @@ class EvalTargetConfig:
     model: str = ""
     tokenizer: str = ""  # tokenizer directory for sglang-protocol endpoints ("": eval.model)
     engine: str = "server"  # engines eval.model starts: server (`rl360 serve rollout`) or sglang (real SGLang)
-    num_engines: int = 1  # engine servers started on eval.model
+    num_engines: int = 1  # engines started on eval.model (the rollout layer's fleet: least-loaded dispatch)
     engine_dtype: str = "bfloat16"  # their weights' dtype
     engine_tensor_parallel: int = 1  # GPUs per engine (engine i gets GPUs [i * tp, (i + 1) * tp) of those visible)
     engine_mem_fraction: float = 0.8  # SGLang's --mem-fraction-static
@@ -76,7 +76,12 @@ class EvalTargetConfig:
     startup_timeout_s: float = 600.0  # an engine not serving in this long fails the run (its log's tail shown)
     concurrency: int = 16  # requests in flight per endpoint at most
     request_timeout_s: float = 600.0  # limit on one request; past it the request is retried
-    max_retries: int = 3  # retries of one request within a round (connection errors, time-outs, 429, 5xx)
+    # retries of one request within a round (connection errors, time-outs, 429, 5xx; eval.model: refusals only,
+    # the fleet sends a failed request again itself)
+    max_retries: int = 3
+    # eval.model: restarts of failed engines (gone, no reply in request_timeout_s, a 5xx) before the evaluation
+    # ends; a failed request goes to another engine, or to the restarted one
+    max_engine_restarts: int = 8
     retry_rounds: int = 5  # rounds over the requests still failing, each after a backoff
     backoff_s: float = 1.0  # first wait after a failure, doubling per failure (an endpoint that fails rests)
 
@@ -173,6 +178,7 @@ def validate_eval(cfg: EvalConfig) -> None:
         if not value > 0:
             raise ConfigError(f"{key}={value} must be > 0")
     non_negative = {"sampling.temperature": values["temperature"], "eval.max_retries": t.max_retries,
+                    "eval.max_engine_restarts": t.max_engine_restarts,
                     "eval.retry_rounds": t.retry_rounds, "eval.backoff_s": t.backoff_s,
                     "data.max_prompts": cfg.data.max_prompts, "reward.num_workers": cfg.reward.num_workers}
     for key, value in non_negative.items():

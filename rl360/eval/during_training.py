@@ -5,12 +5,12 @@ pool, summarised per data_source and overall with `rl360.eval.metrics.summarize`
     evaluation = TrainingEval(cfg, renderer, sampler)  # reads and checks data.val_files once
     metrics = evaluation.at(step)  # {} unless `step` is due; else eval/<data_source>/<metric>, eval/all/<metric>
 
-A step is due when it is a multiple of `trainer.eval_every`, or the last step with `trainer.eval_at_end`; step 0
-(the starting weights) is evaluated with `trainer.eval_before_train`, by a run that starts, not one that resumes.
+A step is due when it is a multiple of `validation.every`, or the last step with `validation.at_end`; step 0
+(the starting weights) is evaluated with `validation.before_train`, by a run that starts, not one that resumes.
 Due steps are a function of the step alone, so a resumed run evaluates at the steps an unbroken run does. Every
 evaluation draws with the same seeds (sample j of held-out prompt i seeded `seed + 104729 + i * n + j`), so two
-steps' numbers differ by the policy, not by the draw. The `eval` section sets the sampling (n, temperature 0:
-greedy, top_p, top_k, max_response_length) and the k of pass@k.
+steps' numbers differ by the policy, not by the draw. The `validation` section sets the schedule, the sampling
+(n, temperature 0: greedy, top_p, top_k, max_response_length) and the k of pass@k.
 
 Metrics per data_source and `all`: prompts, samples, accuracy (the mean score), pass@k, maj@n, response_tokens_mean
 / _max / _median, truncated_rate, reward_timeouts, errors; and timing/eval_s.
@@ -36,23 +36,23 @@ SEED_OFFSET = 104_729  # held-out seeds apart from the training steps' (cfg.seed
 
 def evaluates(cfg: Any) -> bool:
     """Whether the run evaluates held-out prompts at all."""
-    t = cfg.trainer
-    return bool(t.eval_every or t.eval_before_train or t.eval_at_end)
+    v = cfg.validation
+    return bool(v.every or v.before_train or v.at_end)
 
 
 class TrainingEval:
     def __init__(self, cfg: Any, renderer: Any, sampler: RolloutSampler):
         self.cfg, self.sampler = cfg, sampler
         self.rows = held_out_rows(cfg.data.val_files, renderer, cfg.data.on_bad_row) if evaluates(cfg) else []
-        e = cfg.eval
+        e = cfg.validation
         self.rollout = replace(cfg.rollout, n=e.n, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k,
                                max_response_length=e.max_response_length or cfg.rollout.max_response_length)
         self.ks = ks_for(e.n, e.pass_k)
 
     def due(self, step: int) -> bool:
-        t = self.cfg.trainer
-        return evaluates(self.cfg) and (bool(t.eval_every) and step % t.eval_every == 0
-                                        or t.eval_at_end and step == t.total_steps)
+        v = self.cfg.validation
+        return evaluates(self.cfg) and (bool(v.every) and step % v.every == 0
+                                        or v.at_end and step == self.cfg.trainer.total_steps)
 
     def at(self, step: int) -> dict[str, float]:
         """The held-out metrics at `step` when it is due (the engines hold its weights), else {}."""

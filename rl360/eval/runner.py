@@ -5,11 +5,12 @@ endpoints, appended to it as each finishes.
   last whole line); only missing pairs are sent. Sample j of prompt i is seeded `seed + i * n + j`, so a resumed
   run's samples are those an unbroken run draws. `<out>/eval_run.json` holds what the results depend on (files,
   sampling, seed, n, model or endpoints' protocol); a rerun with other values in the same directory is refused.
-- Dispatch: at most `eval.concurrency` requests in flight per endpoint; each request goes to the usable
-  endpoint with the fewest in flight. A retryable failure (connection, time-out, 429, 5xx) marks the endpoint
-  down for `backoff_s * 2**failures` (engine servers rl360 started are restarted) and sends the pair again, up
-  to `eval.max_retries` times in a round; pairs still failing wait for the next of `eval.retry_rounds` rounds.
-  A request the endpoint refuses (another 4xx) is recorded as that sample's error.
+- Dispatch: at most `eval.concurrency` requests in flight per endpoint (per engine of the fleet started on
+  `eval.model`, which is one target dispatching over its engines and restarting those that fail); each request
+  goes to the usable endpoint with the fewest in flight. A retryable failure (connection, time-out, 429, 5xx)
+  marks the endpoint down for `backoff_s * 2**failures` and sends the pair again, up to `eval.max_retries` times
+  in a round; pairs still failing wait for the next of `eval.retry_rounds` rounds. A request the endpoint refuses
+  (another 4xx) is recorded as that sample's error.
 - Progress: a line every `progress_every_s`: done / total, requests and tokens per second, ETA, retries.
 """
 
@@ -110,9 +111,7 @@ class Dispatcher:
     def __init__(self, cfg: EvalConfig, endpoints: list[Endpoint], prompts: list[EvalPrompt], out: Path):
         self.cfg, self.endpoints, self.prompts, self.out = cfg, endpoints, prompts, out
         self.n = cfg.sampling.n
-        self.limit = cfg.eval.concurrency
         self._changed = asyncio.Condition()
-        self._restarting: dict[int, asyncio.Task] = {}
         self.stats = DispatchStats()
         self._finished = 0
 
@@ -122,8 +121,7 @@ class Dispatcher:
         async with self._changed:
             while True:
                 now = time.monotonic()
-                free = [e for e in self.endpoints if e.usable(now) and e.in_flight < self.limit
-                        and e.index not in self._restarting]
+                free = [e for e in self.endpoints if e.usable(now) and e.in_flight < e.capacity]
                 if free:
                     endpoint = min(free, key=lambda e: (e.in_flight, e.sent, e.index))
                     endpoint.in_flight += 1
@@ -141,21 +139,9 @@ class Dispatcher:
             if failed:
                 endpoint.failures += 1
                 endpoint.down_until = time.monotonic() + self.cfg.eval.backoff_s * 2 ** min(endpoint.failures - 1, 6)
-                if endpoint.index not in self._restarting and getattr(endpoint, "engine", None) is not None:
-                    self._restarting[endpoint.index] = asyncio.get_running_loop().create_task(self._restart(endpoint))
             else:
                 endpoint.failures = 0
             self._changed.notify_all()
-
-    async def _restart(self, endpoint: Endpoint) -> None:
-        try:
-            if not await endpoint.engine.alive() or endpoint.failures >= 2:
-                await endpoint.restart()
-                endpoint.failures, endpoint.down_until = 0, 0.0
-        finally:
-            async with self._changed:
-                self._restarting.pop(endpoint.index, None)
-                self._changed.notify_all()
 
     # ---- one pair ----
     async def _pair(self, i: int, j: int, sink) -> str | None:
@@ -212,8 +198,6 @@ class Dispatcher:
                 self.stats.failed = [(i, j, errors[(i, j)]) for i, j in pending]
         finally:
             progress.cancel()
-            for task in list(self._restarting.values()):
-                task.cancel()
         self.stats.seconds = time.monotonic() - started
         self._print_progress(started, len(pending) + self._finished, final=True)
         return self.stats
@@ -238,7 +222,7 @@ class Dispatcher:
             endpoint.failures, endpoint.down_until = 1, time.monotonic() + self.cfg.eval.backoff_s
 
     async def _round(self, pairs: list[tuple[int, int]], sink) -> tuple[list[tuple[int, int]], dict]:
-        slots = asyncio.Semaphore(self.limit * len(self.endpoints))
+        slots = asyncio.Semaphore(sum(endpoint.capacity for endpoint in self.endpoints))
         errors: dict[tuple[int, int], str] = {}
 
         async def one(pair: tuple[int, int]) -> None:

@@ -27,7 +27,9 @@ REPORT, ERRORS = "report.json", "errors.jsonl"
 
 
 @dataclass
-class Scored:
+class ScoredSample:
+    """One sample of `rl360 eval` with its reward (and the judge's verdict, when re-judged)."""
+
     prompt: EvalPrompt
     sample: int
     record: dict | None  # None: never answered (every retry failed)
@@ -50,18 +52,18 @@ class Scored:
 
 
 def score_samples(prompts: list[EvalPrompt], results: dict[tuple[int, int], dict], n: int,
-                  pool: RewardPool) -> list[list[Scored]]:
+                  pool: RewardPool) -> list[list[ScoredSample]]:
     """Every (prompt, sample) scored by its data_source's reward; a missing one scores 0."""
     pairs = [(p, j, results.get((p.index, j))) for p in prompts for j in range(n)]
     items = [RewardItem(p.data_source, (rec or {}).get("response", ""), p.ground_truth, p.extra_info)
              for p, _, rec in pairs]
     rewards = pool.score(items)
-    scored = [Scored(p, j, rec, reward) for (p, j, rec), reward in zip(pairs, rewards)]
+    scored = [ScoredSample(p, j, rec, reward) for (p, j, rec), reward in zip(pairs, rewards)]
     return [scored[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
-def rejudge(groups: list[list[Scored]], client: JudgeClient) -> None:
-    """The judge's verdict on each answered sample the rules scored below 1 (set on `Scored.judge`)."""
+def rejudge(groups: list[list[ScoredSample]], client: JudgeClient) -> None:
+    """The judge's verdict on each answered sample the rules scored below 1 (set on `ScoredSample.judge`)."""
     misses = [s for group in groups for s in group if s.reward.score < 1.0 and s.request_error is None]
     items = [JudgeItem("correctness", question=s.prompt.question(), reference=s.prompt.ground_truth,
                        response=answer_for_judge(s.record["response"])) for s in misses]
@@ -69,9 +71,9 @@ def rejudge(groups: list[list[Scored]], client: JudgeClient) -> None:
         s.judge = result
 
 
-def build_report(cfg: EvalConfig, groups: list[list[Scored]], judged: bool) -> dict[str, Any]:
+def build_report(cfg: EvalConfig, groups: list[list[ScoredSample]], judged: bool) -> dict[str, Any]:
     ks = pass_ks(cfg)
-    by_source: dict[str, list[list[Scored]]] = defaultdict(list)
+    by_source: dict[str, list[list[ScoredSample]]] = defaultdict(list)
     for group in groups:
         by_source[group[0].prompt.data_source].append(group)
 
@@ -96,7 +98,7 @@ def build_report(cfg: EvalConfig, groups: list[list[Scored]], judged: bool) -> d
     return report
 
 
-def write_errors(path: Path, groups: list[list[Scored]]) -> int:
+def write_errors(path: Path, groups: list[list[ScoredSample]]) -> int:
     """Every sample the rules scored below 1 (with the judge's verdict when there is one); how many."""
     count = 0
     with open(path, "w", encoding="utf-8") as out:

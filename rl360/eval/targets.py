@@ -1,7 +1,13 @@
 """Where `rl360 eval` sends its requests: OpenAI-compatible endpoints (`POST {url}/chat/completions`, the
 server renders the chat), SGLang-protocol endpoints (`POST {url}/generate` with token ids rendered here, through
-`rl360.core.client.EngineClient`), or engine servers started on a model directory (the rollout layer's
-`ProcessEngine`: `rl360 serve rollout`, or real SGLang) and stopped at the end.
+`rl360.core.client.EngineClient`), or engines started on a model directory (`eval.model`) as the rollout
+layer's `EngineFleet` (`rl360 serve rollout`, or real SGLang; no policy, no weight sync) and stopped at the end.
+
+The fleet is one target (`FleetTarget`): it sends each request to its least-loaded usable engine, with its GPU
+assignment (engine i on GPUs [i * tp, (i + 1) * tp) of those visible) and its restart policy: an engine that fails
+a request (gone, no reply within `eval.request_timeout_s`, a 5xx, aborted samples) is restarted and the request
+sent to another or, with none left, to it once it serves again; more than `eval.max_engine_restarts` restarts end
+the evaluation. Endpoints rl360 did not start are never restarted: one that fails rests (the runner's backoff).
 
 Every request is one sample (n=1) of one prompt with its own seed, so a sample's text depends only on the
 prompt, the seed and the endpoint's weights, never on which endpoint drew it or when. A failure is a
@@ -16,14 +22,18 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from rl360.core import SamplingParams
+from rl360.config import ConfigError, ModelConfig, RolloutConfig
+from rl360.core import Sample, SamplingParams
 from rl360.core.client import EngineClient, EngineError, EngineTimeout, reply_sample, sampling_options
-from rl360.eval.config import EvalConfig, sampling_values
+from rl360.eval.config import EvalConfig, EvalTargetConfig, sampling_values
 from rl360.eval.inputs import EvalPrompt
+
+if TYPE_CHECKING:
+    from rl360.cluster.placement import Placement
 
 
 @dataclass
@@ -47,8 +57,9 @@ class RequestFailed(Exception):
 class Endpoint:
     """One endpoint: its URL, requests in flight, and when it may be used again after a failure."""
 
-    def __init__(self, index: int, url: str, timeout_s: float):
+    def __init__(self, index: int, url: str, timeout_s: float, capacity: int = 1):
         self.index, self.url, self.timeout_s = index, url.rstrip("/"), timeout_s
+        self.capacity = capacity  # requests in flight at most
         self.in_flight = 0
         self.sent = 0
         self.failures = 0  # consecutive
@@ -63,9 +74,6 @@ class Endpoint:
     async def sample(self, prompt: EvalPrompt, seed: int) -> Reply:
         raise NotImplementedError
 
-    async def restart(self) -> None:
-        """Bring a failed endpoint back where rl360 runs it (engine servers it started); others: nothing."""
-
     async def close(self) -> None:
         """Release the endpoint's connections."""
 
@@ -73,7 +81,7 @@ class Endpoint:
 class OpenAIEndpoint(Endpoint):
     def __init__(self, index: int, url: str, api_key: str, served_model: str, values: dict, timeout_s: float,
                  concurrency: int):
-        super().__init__(index, url, timeout_s)
+        super().__init__(index, url, timeout_s, concurrency)
         self.served_model, self.values = served_model, values
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=None,
@@ -134,31 +142,50 @@ class OpenAIEndpoint(Endpoint):
         await self._http.aclose()
 
 
-class SGLangEndpoint(Endpoint):
-    """SGLang's `/generate` through `EngineClient`: the prompt rendered with the chat template here, the reply's
-    tokens decoded here."""
+class TokenTarget(Endpoint):
+    """A target fed token ids: the prompt rendered with the chat template here (once per prompt), the reply's
+    tokens decoded here and cut before the stop string that ended it, as OpenAI's text is."""
 
-    def __init__(self, index: int, url: str, api_key: str, tokenizer: Any, values: dict, timeout_s: float,
-                 engine: Any = None):
-        super().__init__(index, url, timeout_s)
+    def __init__(self, index: int, url: str, tokenizer: Any, values: dict, timeout_s: float, capacity: int = 1):
+        super().__init__(index, url, timeout_s, capacity)
         from rl360.data import PromptRenderer
 
-        self.api_key, self.tokenizer, self.values, self.engine = api_key, tokenizer, values, engine
+        self.tokenizer, self.values = tokenizer, values
         self.renderer = PromptRenderer(tokenizer, max_prompt_length=1 << 30)
-        self.client = EngineClient(self.url, api_key=api_key or None, timeout_s=timeout_s)
         self._ids: dict[int, list[int]] = {}
 
-    async def sample(self, prompt: EvalPrompt, seed: int) -> Reply:
+    def prompt_ids(self, prompt: EvalPrompt) -> list[int]:
         ids = self._ids.get(prompt.index)
         if ids is None:
             ids = self._ids[prompt.index] = self.renderer.render(prompt.messages)
+        return ids
+
+    def params(self) -> SamplingParams:
         v = self.values
         stops = sorted({self.tokenizer.eos_token_id} - {None})
-        options = sampling_options(SamplingParams(n=1, temperature=v["temperature"], top_p=v["top_p"],
-                                                  top_k=v["top_k"], max_new_tokens=v["max_tokens"],
-                                                  stop_token_ids=stops, presence_penalty=v["presence_penalty"],
-                                                  repetition_penalty=v["repetition_penalty"],
-                                                  stop=list(v.get("stop", []))))
+        return SamplingParams(n=1, temperature=v["temperature"], top_p=v["top_p"], top_k=v["top_k"],
+                              max_new_tokens=v["max_tokens"], stop_token_ids=stops,
+                              presence_penalty=v["presence_penalty"], repetition_penalty=v["repetition_penalty"],
+                              stop=list(v.get("stop", [])))
+
+    def reply(self, sample: Sample) -> Reply:
+        text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+        if sample.stop_matched and sample.stop_matched in text:  # the text before the stop string, as OpenAI's
+            text = text[:text.index(sample.stop_matched)]
+        return Reply(text, sample.finish_reason, len(sample.response_ids))
+
+
+class SGLangEndpoint(TokenTarget):
+    """SGLang's `/generate` at a running server, through `EngineClient`."""
+
+    def __init__(self, index: int, url: str, api_key: str, tokenizer: Any, values: dict, timeout_s: float,
+                 concurrency: int = 1):
+        super().__init__(index, url, tokenizer, values, timeout_s, concurrency)
+        self.client = EngineClient(self.url, api_key=api_key or None, timeout_s=timeout_s)
+
+    async def sample(self, prompt: EvalPrompt, seed: int) -> Reply:
+        ids = self.prompt_ids(prompt)
+        options = sampling_options(self.params())
         options["sampling_seed"] = seed
         try:
             replies = await self.client.generate([ids], [options], True)
@@ -172,42 +199,30 @@ class SGLangEndpoint(Endpoint):
             raise RequestFailed(f"{self.url}/generate: {type(err).__name__}: {err}", True) from None
         if sample.finish_reason not in ("stop", "length"):
             raise RequestFailed(f"{self.url}/generate: sample ended with {sample.finish_reason!r}", True)
-        text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
-        if sample.stop_matched and sample.stop_matched in text:  # the text before the stop string, as OpenAI's
-            text = text[:text.index(sample.stop_matched)]
-        return Reply(text, sample.finish_reason, len(sample.response_ids))
-
-    async def restart(self) -> None:
-        if self.engine is None:
-            return
-        print(f"eval: engine {self.engine.index} failed; restarting it", flush=True)
-        await self.client.close()
-        await self.engine.restart()
-        self.url = self.engine.url
-        self.client = EngineClient(self.url, api_key=self.api_key, timeout_s=self.timeout_s)
+        return self.reply(sample)
 
     async def close(self) -> None:
         await self.client.close()
 
 
-def _engine_gpus(index: int, tensor_parallel: int) -> dict[str, str]:
-    """Engine `index`'s GPUs: its `tensor_parallel` of those visible (CUDA_VISIBLE_DEVICES, else all); none
-    on a machine without GPUs."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        import torch
+class FleetTarget(TokenTarget):
+    """The engines started on `eval.model`, as one target: every request is `fleet.generate([prompt], n=1, seed)`,
+    which picks the engine, restarts one that fails and sends the request again. A request an engine refuses
+    (a 4xx) is that sample's error."""
 
-        visible = ",".join(str(d) for d in range(torch.cuda.device_count()))
-    devices = [d for d in visible.split(",") if d.strip()]
-    if not devices:
-        return {}
-    mine = devices[index * tensor_parallel:(index + 1) * tensor_parallel]
-    if len(mine) < tensor_parallel:
-        from rl360.config import ConfigError
+    def __init__(self, fleet: Any, tokenizer: Any, values: dict, timeout_s: float, capacity: int):
+        super().__init__(0, "fleet", tokenizer, values, timeout_s, capacity)
+        self.fleet = fleet
 
-        raise ConfigError(f"eval.num_engines x eval.engine_tensor_parallel needs more GPUs than the {len(devices)} "
-                          f"visible ({visible}); lower eval.num_engines")
-    return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
+    async def sample(self, prompt: EvalPrompt, seed: int) -> Reply:
+        try:
+            [[sample]] = await self.fleet.generate([self.prompt_ids(prompt)], self.params(), seed)
+        except EngineError as err:
+            raise RequestFailed(str(err), False, err.status) from None
+        return self.reply(sample)
+
+    async def close(self) -> None:
+        self.fleet.close()
 
 
 def _tokenizer(path: str) -> Any:
@@ -216,36 +231,67 @@ def _tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-async def open_endpoints(cfg: EvalConfig) -> tuple[list[Endpoint], list[Any]]:
-    """The endpoints to send to, and the engine servers started for them (to stop at the end)."""
+def _visible_gpus() -> int:
+    """GPUs this process may use: those CUDA_VISIBLE_DEVICES lists, else all that CUDA sees."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def fleet_settings(t: EvalTargetConfig) -> tuple[RolloutConfig, ModelConfig, Placement]:
+    """The rollout and model settings and the placement of the engines `eval.model` starts: `eval.num_engines`
+    engines of `eval.engine_tensor_parallel` GPUs each, engine i on the i-th run of them (none on a machine
+    without GPUs)."""
+    from rl360.cluster.placement import make_placement
+
+    rollout = RolloutConfig(engine=t.engine, num_engines=t.num_engines, colocate=False,
+                            engine_tensor_parallel=t.engine_tensor_parallel, mem_fraction=t.engine_mem_fraction,
+                            engine_args=list(t.engine_args), request_timeout_s=t.request_timeout_s,
+                            startup_timeout_s=t.startup_timeout_s, max_engine_restarts=t.max_engine_restarts)
+    gpus = _visible_gpus()
+    if gpus and t.num_engines * t.engine_tensor_parallel > gpus:
+        raise ConfigError(f"eval.num_engines x eval.engine_tensor_parallel = "
+                          f"{t.num_engines * t.engine_tensor_parallel} GPUs, more than the {gpus} visible; lower "
+                          "eval.num_engines")
+    return rollout, ModelConfig(path=t.model, dtype=t.engine_dtype), make_placement(0, False, rollout, gpus)
+
+
+async def start_fleet(cfg: EvalConfig) -> Any:
+    """The engine fleet on `eval.model`, serving (its engines' logs in `<output_dir>/engines`)."""
+    from rl360.rollout.fleet import EngineFleet
+
+    t = cfg.eval
+    rollout, model, placement = fleet_settings(t)
+    fleet = EngineFleet(rollout, model, placement, None, Path(cfg.output_dir) / "engines", config_section="eval")
+    started = time.perf_counter()
+    try:
+        await fleet.start()
+    except BaseException:
+        fleet.close()
+        raise
+    print(f"eval: {len(fleet.engines)} {t.engine} engine(s) serving {t.model} after "
+          f"{time.perf_counter() - started:.1f} s: {', '.join(e.url for e in fleet.engines)}", flush=True)
+    return fleet
+
+
+async def open_endpoints(cfg: EvalConfig) -> list[Endpoint]:
+    """The targets to send to: the fleet started on `eval.model` (closing it stops its engines), or the
+    endpoints named."""
     t, values = cfg.eval, sampling_values(cfg.sampling)
-    api_key = os.environ.get(t.api_key_env, "") if t.api_key_env else ""
     if t.model:
         from rl360.model_dir import check_model_dir
-        from rl360.rollout.engines import ProcessEngine, engine_command, new_api_key
 
         check_model_dir(t.model, "eval.model")
-        key = new_api_key()
-        engines = [ProcessEngine(i, engine_command(t.engine, t.model, t.engine_dtype, t.engine_tensor_parallel,
-                                                   t.engine_mem_fraction, list(t.engine_args)),
-                                 Path(cfg.output_dir) / "engines", key, t.startup_timeout_s, t.request_timeout_s,
-                                 env=_engine_gpus(i, t.engine_tensor_parallel), kind=t.engine)
-                   for i in range(t.num_engines)]
-        started = time.perf_counter()
-        try:
-            await asyncio.gather(*(engine.start() for engine in engines))
-        except BaseException:
-            for engine in engines:
-                engine.stop()
-            raise
-        print(f"eval: {len(engines)} {t.engine} engine(s) serving {t.model} after "
-              f"{time.perf_counter() - started:.1f} s: {', '.join(e.url for e in engines)}", flush=True)
-        tokenizer = _tokenizer(t.tokenizer or t.model)
-        return [SGLangEndpoint(i, e.url, key, tokenizer, values, t.request_timeout_s, engine=e)
-                for i, e in enumerate(engines)], engines
+        tokenizer = _tokenizer(t.tokenizer or t.model)  # before the engines start: a bad one starts none
+        return [FleetTarget(await start_fleet(cfg), tokenizer, values, t.request_timeout_s,
+                            t.concurrency * t.num_engines)]
+    api_key = os.environ.get(t.api_key_env, "") if t.api_key_env else ""
     if t.protocol == "sglang":
         tokenizer = _tokenizer(t.tokenizer)
-        return [SGLangEndpoint(i, url, api_key, tokenizer, values, t.request_timeout_s)
-                for i, url in enumerate(t.endpoints)], []
+        return [SGLangEndpoint(i, url, api_key, tokenizer, values, t.request_timeout_s, t.concurrency)
+                for i, url in enumerate(t.endpoints)]
     return [OpenAIEndpoint(i, url, api_key, t.served_model, values, t.request_timeout_s, t.concurrency)
-            for i, url in enumerate(t.endpoints)], []
+            for i, url in enumerate(t.endpoints)]

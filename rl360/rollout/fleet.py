@@ -58,9 +58,11 @@ from rl360.rollout.router import SGLangRouter
 class EngineFleet:
     def __init__(self, rollout: Any, model: Any, placement: Placement, policy: Any, log_dir: Path,
                  num_threads: int = 0, placement_timeout_s: float = 600.0, engines: list[Engine] | None = None,
-                 routed_experts: bool = False):
+                 routed_experts: bool = False, config_section: str = "rollout"):
         """`engines`: ones built elsewhere (any `Engine`), started by `start` instead of those `rollout` names.
-        `routed_experts`: SGLang engines are started able to return a mixture of experts' routes."""
+        `routed_experts`: SGLang engines are started able to return a mixture of experts' routes.
+        `config_section`: the config section `rollout`'s values come from, named in errors (`rl360 eval`: eval)."""
+        self.config_section = config_section
         self.rollout, self.model, self.placement, self.policy = rollout, model, placement, policy
         self.routed_experts = routed_experts
         self.log_dir = Path(log_dir)
@@ -187,8 +189,8 @@ class EngineFleet:
               f"({self.restarts_total} restart(s) in this run)", flush=True)
         if self.restarts_total > self.rollout.max_engine_restarts:
             raise RuntimeError(f"rollout engines were restarted {self.restarts_total} times, more than "
-                               f"rollout.max_engine_restarts={self.rollout.max_engine_restarts}; last failure: "
-                               f"{error}; see {engine.log_path}") from error
+                               f"{self.config_section}.max_engine_restarts={self.rollout.max_engine_restarts}; "
+                               f"last failure: {error}; see {engine.log_path}") from error
         self._restarting[engine.index] = asyncio.get_running_loop().create_task(self._restart(engine))
 
     async def _restart(self, engine: Engine) -> None:

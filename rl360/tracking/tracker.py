@@ -3,7 +3,7 @@ for (wandb, swanlab, TensorBoard: rl360/tracking/backends.py).
 
 A console line: `step 12/100  elapsed 1:05  eta 7:10  reward=...`: elapsed since the run started, the estimate
 from this process's steps after its first (whose time includes start-up), or from the first's own time alone.
-Step 0 (held-out metrics before training, `trainer.eval_before_train`) is logged like a step, without an ETA."""
+Step 0 (held-out metrics before training, `validation.before_train`) is logged like a step, without an ETA."""
 
 from __future__ import annotations
 
