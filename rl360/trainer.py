@@ -102,7 +102,9 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float, stop: StopSig
             attention = policy.call("attention_backend")[0]  # what model.attention (auto: te or torch) resolved to
             why = f" ({policy.call('attention_reason')[0]})" if cfg.model.attention == "auto" else ""
             print(f"policy layer spec: model.attention={cfg.model.attention} -> {attention}{why}", flush=True)
-            evaluation = TrainingEval(cfg, renderer, rollouts)  # data.val_files, sampled between steps by the engines
+            # data.val_files, sampled between steps by the engines
+            evaluation = TrainingEval(cfg.validation, cfg.data, cfg.rollout, cfg.seed, cfg.trainer.total_steps,
+                                      renderer, rollouts)
             steps = _Steps(cfg, out, tokenizer, policy, critic, rollouts, evaluation, stop)
             resumed = steps.resume()
             run_config = {**to_dict(cfg), "resolved": {

@@ -2,12 +2,16 @@
 
 import io
 import json
+import re
 
 from rl360.tracking.tracker import Tracker
 
 
 def _run_ids(out):
-    return sorted(path.name.rsplit("-", 1)[1] for path in (out / "wandb").glob("offline-run-*"))
+    """The run id of each offline run directory: `offline-run-<date>_<time>-<id>`, with `-<n>` added by wandb when
+    a directory of that name exists (a resume within the same second)."""
+    return sorted(re.fullmatch(r"offline-run-\d{8}_\d{6}-([a-z0-9]+)(?:-\d+)?", path.name).group(1)
+                  for path in (out / "wandb").glob("offline-run-*"))
 
 
 def test_resume_continues_the_wandb_run_and_a_fresh_run_starts_a_new_one(tmp_path, monkeypatch):

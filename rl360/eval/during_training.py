@@ -2,7 +2,8 @@
 between steps (`RolloutSampler.evaluate`: the agent loop too, where one is set) and scored by the run's reward
 pool, summarised per data_source and overall with `rl360.eval.metrics.summarize`.
 
-    evaluation = TrainingEval(cfg, renderer, sampler)  # reads and checks data.val_files once
+    evaluation = TrainingEval(cfg.validation, cfg.data, cfg.rollout, cfg.seed, cfg.trainer.total_steps,
+                              renderer, sampler)  # reads and checks data.val_files once
     metrics = evaluation.at(step)  # {} unless `step` is due; else eval/<data_source>/<metric>, eval/all/<metric>
 
 A step is due when it is a multiple of `validation.every`, or the last step with `validation.at_end`; step 0
@@ -34,25 +35,26 @@ from rl360.rollout.sampler import RolloutSampler, SampledScores
 SEED_OFFSET = 104_729  # held-out seeds apart from the training steps' (cfg.seed * 1_000_003 + step + ...)
 
 
-def evaluates(cfg: Any) -> bool:
-    """Whether the run evaluates held-out prompts at all."""
-    v = cfg.validation
-    return bool(v.every or v.before_train or v.at_end)
+def evaluates(validation: Any) -> bool:
+    """Whether the run evaluates held-out prompts at all (its `validation` section)."""
+    return bool(validation.every or validation.before_train or validation.at_end)
 
 
 class TrainingEval:
-    def __init__(self, cfg: Any, renderer: Any, sampler: RolloutSampler):
-        self.cfg, self.sampler = cfg, sampler
-        self.rows = held_out_rows(cfg.data.val_files, renderer, cfg.data.on_bad_row) if evaluates(cfg) else []
-        e = cfg.validation
-        self.rollout = replace(cfg.rollout, n=e.n, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k,
-                               max_response_length=e.max_response_length or cfg.rollout.max_response_length)
-        self.ks = ks_for(e.n, e.pass_k)
+    def __init__(self, validation: Any, data: Any, rollout: Any, seed: int, total_steps: int, renderer: Any,
+                 sampler: RolloutSampler):
+        """From the run's `validation`, `data` (val_files, on_bad_row) and `rollout` sections, its seed and its
+        number of steps."""
+        self.validation, self.seed, self.total_steps, self.sampler = validation, seed, total_steps, sampler
+        self.rows = held_out_rows(data.val_files, renderer, data.on_bad_row) if evaluates(validation) else []
+        v = validation
+        self.rollout = replace(rollout, n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k,
+                               max_response_length=v.max_response_length or rollout.max_response_length)
+        self.ks = ks_for(v.n, v.pass_k)
 
     def due(self, step: int) -> bool:
-        v = self.cfg.validation
-        return evaluates(self.cfg) and (bool(v.every) and step % v.every == 0
-                                        or v.at_end and step == self.cfg.trainer.total_steps)
+        v = self.validation
+        return evaluates(v) and (bool(v.every) and step % v.every == 0 or v.at_end and step == self.total_steps)
 
     def at(self, step: int) -> dict[str, float]:
         """The held-out metrics at `step` when it is due (the engines hold its weights), else {}."""
@@ -60,7 +62,7 @@ class TrainingEval:
 
     def run(self, step: int) -> dict[str, float]:
         started = time.perf_counter()
-        sampled = self.sampler.evaluate(self.rows, self.rollout, self.cfg.seed + SEED_OFFSET)
+        sampled = self.sampler.evaluate(self.rows, self.rollout, self.seed + SEED_OFFSET)
         metrics = eval_metrics(sampled, self.rollout.n, self.ks)
         metrics["timing/eval_s"] = time.perf_counter() - started
         shown = "  ".join(f"{key}={metrics[f'eval/all/{key}']:.4g}" for key in ("accuracy", f"pass@{self.ks[-1]}",
