@@ -39,7 +39,7 @@ LATEST = "latest"
 PARTIAL = ".partial"
 _STEP_DIR = re.compile(r"step_(\d{6,})")
 # what a run leaves in its output directory beside checkpoints/: a run that starts over moves them aside
-RUN_FILES = ("metrics.jsonl", "config.yaml", "train.log", "hf", "wandb_run_id", "tensorboard", "rollouts")
+RUN_FILES = ("metrics.jsonl", "config.yaml", "train.log", "hf", "wandb_run_id", "tensorboard", "rollouts", "eval")
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ def _run(cfg: RunConfig, out: Path, agent, routes, started: float, stop: StopSig
             print(f"policy layer spec: model.attention={cfg.model.attention} -> {attention}{why}", flush=True)
             # data.val_files, sampled between steps by the engines
             evaluation = TrainingEval(cfg.validation, cfg.data, cfg.rollout, cfg.seed, cfg.trainer.total_steps,
-                                      renderer, rollouts)
+                                      renderer, rollouts, out)
             steps = _Steps(cfg, out, tokenizer, policy, critic, rollouts, evaluation, stop)
             resumed = steps.resume()
             run_config = {**to_dict(cfg), "resolved": {

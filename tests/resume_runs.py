@@ -99,13 +99,15 @@ def _finish(runs: dict[str, TrainingProcess]) -> None:
 
 def _another_runs_checkpoints(root: Path) -> dict[str, bytes | None]:
     """Another run's step_000009, step_000010 and `latest` (file contents), and beside them its metrics, saved
-    config, log and exported model."""
+    config, log, exported model and held-out samples."""
     out = root.parent
     out.mkdir(parents=True)
     for name in PREVIOUS_RUN_FILES:
         (out / name).write_text(f"the previous run's {name}\n")
     (out / "hf").mkdir()
     (out / "hf" / "model.safetensors").write_bytes(b"the previous run's weights")
+    (out / "eval" / "step_000010").mkdir(parents=True)
+    (out / "eval" / "step_000010" / "results.jsonl").write_text("the previous run's samples\n")
     for step in (9, 10):
         (root / f"step_{step:06d}" / "policy").mkdir(parents=True)
         (root / f"step_{step:06d}" / "policy" / "weights").write_bytes(bytes([step]) * 64)

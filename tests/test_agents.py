@@ -833,7 +833,9 @@ def test_a_chat_template_that_cannot_carry_the_replies_is_refused_when_the_agent
 @pytest.mark.slow
 def test_a_training_run_with_the_agent_loop_logs_its_metrics(tmp_path):
     """`agent.loop=tools` in `rl360 train`: every sample is an agent trajectory (the random quickstart model calls no
-    tool, so each is one turn) and the step's metrics carry the agent's; two steps train."""
+    tool, so each is one turn) and the step's metrics carry the agent's; two steps train. The held-out evaluation at
+    step 2 samples through the agent loop too: each held-out reward call gets its trajectory's summary, read back
+    from the step's results file."""
     import json
     import subprocess
     import sys
@@ -851,7 +853,8 @@ def test_a_training_run_with_the_agent_loop_logs_its_metrics(tmp_path):
          "rollout.n=4", "actor.ppo_mini_batch_size=4", "trainer.total_steps=2", "trainer.save_hf=false",
          "cluster.num_cpus=2", "agent.loop=tools", "agent.tools=[python]",
              "agent.tool_pool=0",  # the random model calls no tool: no interpreters started ahead
-         "reward.custom={math__synthetic: 'tests.test_rewards_agents:one_turn_trajectory_seen'}"],
+         "reward.custom={math__synthetic: 'tests.test_rewards_agents:one_turn_trajectory_seen'}",
+         f"data.val_files=[{tmp_path / 'data' / 'test.parquet'}]", "validation.every=2"],
         cwd=root, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
@@ -861,6 +864,15 @@ def test_a_training_run_with_the_agent_loop_logs_its_metrics(tmp_path):
         assert record["agent/generated_tokens/mean"] == record["response_length/mean"]
         assert record["rollout/logprob_abs_diff"] <= 1e-6
         assert record["reward/mean"] == 1.0  # every reward call was handed its trajectory's summary
+    assert "eval/all/accuracy" not in records[0]
+    assert records[1]["eval/all/samples"] == 100 and records[1]["eval/all/accuracy"] == 1.0
+    results = [json.loads(line) for line in
+               (tmp_path / "out" / "eval" / "step_000002" / "results.jsonl").read_text().splitlines()]
+    assert len(results) == 100
+    for result in results:
+        assert result["trajectory"]["turns"] == 1 and result["trajectory"]["tool_calls"] == {}
+        assert result["trajectory"]["turn_texts"] == [result["response"]]
+        assert result["trajectory"]["ended_by"] == {"stop": "done", "length": "length"}[result["finish_reason"]]
 
 
 def test_agent_and_tool_settings_default_to_the_agent_section():

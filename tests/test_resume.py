@@ -66,6 +66,9 @@ def test_a_fresh_run_moves_another_runs_checkpoints_aside(unbroken):
         assert f"{name} to {aside.name}" in run.output
     (aside,) = run.out.glob("hf.old-*")
     assert (aside / "model.safetensors").read_bytes() == b"the previous run's weights"
+    (aside,) = run.out.glob("eval.old-*")  # its held-out samples too: this run's step 10 is its own
+    assert (aside / "step_000010" / "results.jsonl").read_text() == "the previous run's samples\n"
+    assert len(_eval_results(run.out, 10)) == 6
     assert "starting over (trainer.resume=false): moved the previous run's metrics.jsonl" in run.output
     assert (run.out / "config.yaml").read_text().startswith(f"output_dir: {run.out}\n")  # this run's own
 
@@ -138,6 +141,7 @@ def test_resuming_with_another_lr_prints_the_change_and_appends_to_train_log(unb
     assert f"resumed from {out / 'checkpoints' / 'step_000012'} at step 13" in done.stdout
     assert [r["step"] for r in _records(out)] == list(range(1, TOTAL_STEPS + 2))
     assert sorted(_evaluations(out)) == [*EVAL_STEPS, TOTAL_STEPS + 1]  # the new last step (validation.at_end) only
+    assert len(_eval_results(out, TOTAL_STEPS + 1)) == 6
     log = (out / "train.log").read_text()
     assert log.startswith(before) and "resume: actor.lr 0.0005 -> 0.0001" in log[len(before):]
     assert "step 13/13" in log[len(before):]
@@ -160,6 +164,7 @@ def test_trainer_checkpoints_convert_to_the_runs_own_hf_export(unbroken, tmp_pat
 
 # ---- held-out evaluation during training -----------------------------------------------------------------
 
+HELD_OUT_QUESTIONS = ["5+1", "6+2", "7+0", "0+7", "1+5", "4+4"]  # val.parquet's prompts, in order
 EVAL_SOURCES = {"all": 6, "math__synthetic_arithmetic": 5, "math__held_out": 1}  # data_source -> held-out prompts
 EVAL_KEYS = ("prompts", "samples", "accuracy", "pass@1", "maj@1", "response_tokens_mean", "response_tokens_max",
              "response_tokens_median", "truncated_rate", "reward_timeouts", "errors")
@@ -171,15 +176,34 @@ def _evaluations(out: Path) -> dict[int, dict[str, float]]:
     return {step: metrics for step, metrics in found.items() if metrics}
 
 
+def _eval_results(out: Path, step: int) -> list[dict]:
+    """The records of a step's held-out evaluation, in the order written."""
+    path = out / "eval" / f"step_{step:06d}" / "results.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def test_held_out_evaluations_are_logged_at_their_steps_to_metrics_jsonl_and_swanlab(unbroken):
     """validation.every=5 with validation.at_end over 12 steps: steps 5, 10 and 12 carry eval/<data_source>/<metric>
-    and eval/all/<metric> in metrics.jsonl, and swanlab's offline run file holds the same values."""
+    and eval/all/<metric> in metrics.jsonl, and swanlab's offline run file holds the same values; each step's
+    directory holds its samples and the report those numbers come from, browsable as an `rl360 eval` output."""
+    from rl360.eval.during_training import report_metrics
+    from rl360.view import open_source
     from tests.test_trackers import _swanlab
 
     for algorithm, run in unbroken.items():
         evaluations = _evaluations(run.out)
         assert sorted(evaluations) == EVAL_STEPS, algorithm
+        assert sorted(p.name for p in (run.out / "eval").glob("step_*")) == [f"step_{s:06d}" for s in EVAL_STEPS]
         for step, metrics in evaluations.items():
+            out = run.out / "eval" / f"step_{step:06d}"
+            assert report_metrics(json.loads((out / "report.json").read_text())) == metrics
+            results = _eval_results(run.out, step)
+            seed = load_config(str(REPO / "configs" / "quickstart.yaml")).seed
+            assert [(r["prompt"], r["sample"], r["seed"]) for r in results] == \
+                [(i, 0, seed + 104_729 + i) for i in range(6)]
+            viewed = open_source(out)
+            assert viewed.info()["summary"]["prompts_note"] == "" and viewed.info()["total"] == 6
+            assert [viewed.row(i)["fields"]["question"] for i in range(6)] == HELD_OUT_QUESTIONS
             assert set(metrics) == {f"eval/{name}/{key}" for name in EVAL_SOURCES for key in EVAL_KEYS}
             for name, prompts in EVAL_SOURCES.items():
                 assert metrics[f"eval/{name}/prompts"] == metrics[f"eval/{name}/samples"] == prompts
@@ -257,6 +281,11 @@ def test_a_killed_run_ends_exactly_as_the_unbroken_run(killed, unbroken, algorit
                f"before {record.latest}"
         assert (kept in record.next_output) == (algorithm == ASYNC), record.next_output[-3000:]
     assert sorted(_evaluations(run.out)) == EVAL_STEPS  # evaluated where the unbroken run did, each step once
+    for step in EVAL_STEPS:  # each step's samples those of the unbroken run (a step evaluated again replaced them)
+        ours, theirs = _eval_results(run.out, step), _eval_results(reference.out, step)
+        if algorithm == ASYNC:  # greedy decoding beside other steps' requests: batching may round a near tie apart
+            ours, theirs = [(r["prompt"], r["sample"]) for r in ours], [(r["prompt"], r["sample"]) for r in theirs]
+        assert ours == theirs, step
     _assert_same_metrics(run.out, reference.out, ENGINE_LOGPROB_METRICS if algorithm == ASYNC else ())
     _assert_same_weights(run.out / "hf", reference.out / "hf")
 

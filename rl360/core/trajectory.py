@@ -64,6 +64,12 @@ class TrajectorySummary:
                 "num_tool_calls": self.num_tool_calls, "tool_errors": self.tool_errors,
                 "tool_timeouts": self.tool_timeouts, "ended_by": self.ended_by}
 
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TrajectorySummary:
+        """The summary `as_dict` gave (as a results file holds it)."""
+        return cls(int(values["turns"]), tuple(values["turn_texts"]), dict(values["tool_calls"]),
+                   int(values["tool_errors"]), int(values["tool_timeouts"]), str(values["ended_by"]))
+
 
 @dataclass
 class Sample:

@@ -4,16 +4,15 @@ scored (and re-judged), `report.json`, `errors.jsonl` and a table written."""
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from rl360.config import ConfigError
-from rl360.eval.config import EvalConfig
+from rl360.eval.config import EvalConfig, pass_ks
 from rl360.eval.inputs import EvalPrompt, read_prompts
-from rl360.eval.runner import RESULTS, Dispatcher, DispatchStats, check_run_identity, read_results
-from rl360.eval.scoring import ERRORS, REPORT, build_report, rejudge, report_table, score_samples, write_errors
+from rl360.eval.runner import RESULTS, Dispatcher, DispatchSettings, DispatchStats, check_run_identity, read_results
+from rl360.eval.scoring import ERRORS, REPORT, build_report, rejudge, report_table, score_samples, write_report
 from rl360.eval.targets import open_endpoints
 from rl360.rewards.check import judge_configured
 from rl360.rewards.judge import JudgeClient
@@ -42,7 +41,7 @@ def check_routes(prompts: list[EvalPrompt], cfg: EvalConfig) -> dict[str, Route]
 async def _send(cfg: EvalConfig, prompts: list[EvalPrompt], out: Path, done: dict) -> DispatchStats:
     endpoints = await open_endpoints(cfg)
     try:
-        return await Dispatcher(cfg, endpoints, prompts, out).run(done)
+        return await Dispatcher(DispatchSettings.of(cfg), endpoints, prompts, out).run(done)
     finally:
         for endpoint in endpoints:
             await endpoint.close()
@@ -68,14 +67,11 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
               flush=True)
         stats = asyncio.run(_send(cfg, prompts, out, done)) if missing else None
         results = read_results(out / RESULTS, len(prompts), n)
-        groups = score_samples(prompts, results, n, pool)
+        groups = score_samples(prompts, results, n, pool.score)
     if client is not None:
         rejudge(groups, client)
-    report = build_report(cfg, groups, client is not None)
-    tmp = out / (REPORT + ".tmp")
-    tmp.write_text(json.dumps(report, indent=1, sort_keys=True))
-    tmp.replace(out / REPORT)
-    errors = write_errors(out / ERRORS, groups)
+    report = build_report(n, pass_ks(cfg), groups, client is not None)
+    errors = write_report(out, report, groups)
     print(report_table(report), flush=True)
     if stats is not None:
         print(f"eval: {stats.sent} requests ({stats.retries} retries), {stats.tokens} tokens in {stats.seconds:.1f} s",

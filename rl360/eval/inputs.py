@@ -26,6 +26,7 @@ class EvalPrompt:
     data_source: str
     ground_truth: str
     extra_info: dict = field(default_factory=dict)
+    row: dict | None = None  # evaluation during training: the held-out parquet row, as its sampler renders it
 
     def question(self) -> str:
         """The last user message's text (what a judge is shown as the question)."""

@@ -12,6 +12,9 @@ endpoints, appended to it as each finishes.
   in a round; pairs still failing wait for the next of `eval.retry_rounds` rounds. A request the endpoint refuses
   (another 4xx) is recorded as that sample's error.
 - Progress: a line every `progress_every_s`: done / total, requests and tokens per second, ETA, retries.
+
+Evaluation during training (`rl360.eval.during_training`) runs this dispatcher on the training run's sampler as its
+one target, into each evaluated step's directory.
 """
 
 from __future__ import annotations
@@ -96,6 +99,27 @@ def read_results(path: Path, prompts: int, n: int) -> dict[tuple[int, int], dict
     return done
 
 
+@dataclass(frozen=True)
+class DispatchSettings:
+    """How the dispatcher sends an evaluation's pairs: `n` samples per prompt, sample j of prompt i seeded
+    `seed + i * n + j`, and its retry, backoff and progress settings."""
+
+    n: int
+    seed: int
+    max_retries: int = 3  # retries of one pair within a round
+    retry_rounds: int = 5  # rounds over the pairs still failing
+    backoff_s: float = 1.0  # first rest after a failure, doubling per failure
+    progress_every_s: float = 5.0  # seconds between progress lines
+    api_key_env: str = ""  # named when an endpoint refuses the key
+    final_line: bool = True  # a last progress line when all are sent (its rates and time)
+
+    @classmethod
+    def of(cls, cfg: EvalConfig) -> DispatchSettings:
+        t = cfg.eval
+        return cls(cfg.sampling.n, cfg.seed, t.max_retries, t.retry_rounds, t.backoff_s, cfg.progress_every_s,
+                   t.api_key_env)
+
+
 @dataclass
 class DispatchStats:
     total: int = 0
@@ -108,9 +132,9 @@ class DispatchStats:
 
 
 class Dispatcher:
-    def __init__(self, cfg: EvalConfig, endpoints: list[Endpoint], prompts: list[EvalPrompt], out: Path):
-        self.cfg, self.endpoints, self.prompts, self.out = cfg, endpoints, prompts, out
-        self.n = cfg.sampling.n
+    def __init__(self, settings: DispatchSettings, endpoints: list[Endpoint], prompts: list[EvalPrompt], out: Path):
+        self.settings, self.endpoints, self.prompts, self.out = settings, endpoints, prompts, out
+        self.n = settings.n
         self._changed = asyncio.Condition()
         self.stats = DispatchStats()
         self._finished = 0
@@ -138,7 +162,7 @@ class Dispatcher:
             endpoint.in_flight -= 1
             if failed:
                 endpoint.failures += 1
-                endpoint.down_until = time.monotonic() + self.cfg.eval.backoff_s * 2 ** min(endpoint.failures - 1, 6)
+                endpoint.down_until = time.monotonic() + self.settings.backoff_s * 2 ** min(endpoint.failures - 1, 6)
             else:
                 endpoint.failures = 0
             self._changed.notify_all()
@@ -146,9 +170,9 @@ class Dispatcher:
     # ---- one pair ----
     async def _pair(self, i: int, j: int, sink) -> str | None:
         """Send pair (i, j) until it is recorded; the last retryable failure's text when the round gives up."""
-        prompt, seed = self.prompts[i], self.cfg.seed + i * self.n + j
+        prompt, seed = self.prompts[i], self.settings.seed + i * self.n + j
         error = None
-        for attempt in range(self.cfg.eval.max_retries + 1):
+        for attempt in range(self.settings.max_retries + 1):
             endpoint = await self._acquire()
             self.stats.sent += 1
             self.stats.retries += int(attempt > 0)
@@ -157,7 +181,7 @@ class Dispatcher:
             except RequestFailed as err:
                 await self._release(endpoint, err.retryable)
                 if err.refused_key:
-                    raise EndpointRefused(key_refused(err, self.cfg.eval.api_key_env)) from None
+                    raise EndpointRefused(key_refused(err, self.settings.api_key_env)) from None
                 if not err.retryable:
                     self._record(sink, {"prompt": i, "sample": j, "seed": seed, "response": "",
                                         "finish_reason": "error", "tokens": 0, "error": str(err)})
@@ -167,7 +191,8 @@ class Dispatcher:
             await self._release(endpoint, False)
             self.stats.tokens += reply.tokens
             self._record(sink, {"prompt": i, "sample": j, "seed": seed, "response": reply.text,
-                                "finish_reason": reply.finish_reason, "tokens": reply.tokens, "error": None})
+                                "finish_reason": reply.finish_reason, "tokens": reply.tokens, "error": None,
+                                **({"trajectory": reply.trajectory} if reply.trajectory is not None else {})})
             return None
         return error
 
@@ -186,12 +211,12 @@ class Dispatcher:
         progress = asyncio.get_running_loop().create_task(self._progress(started, len(pending)))
         try:
             with open(self.out / RESULTS, "a", encoding="utf-8") as sink:
-                for round_ in range(self.cfg.eval.retry_rounds + 1):
+                for round_ in range(self.settings.retry_rounds + 1):
                     if not pending:
                         break
                     if round_:
-                        wait = self.cfg.eval.backoff_s * 2 ** (round_ - 1)
-                        print(f"eval: retry round {round_}/{self.cfg.eval.retry_rounds}: {len(pending)} request(s) "
+                        wait = self.settings.backoff_s * 2 ** (round_ - 1)
+                        print(f"eval: retry round {round_}/{self.settings.retry_rounds}: {len(pending)} request(s) "
                               f"failed; again in {wait:g} s", flush=True)
                         await asyncio.sleep(wait)
                     pending, errors = await self._round(pending, sink)
@@ -199,7 +224,8 @@ class Dispatcher:
         finally:
             progress.cancel()
         self.stats.seconds = time.monotonic() - started
-        self._print_progress(started, len(pending) + self._finished, final=True)
+        if self.settings.final_line:
+            self._print_progress(started, len(pending) + self._finished, final=True)
         return self.stats
 
     async def _prepare(self) -> None:
@@ -208,7 +234,7 @@ class Dispatcher:
         failed = [(e, a) for e, a in zip(self.endpoints, answers) if isinstance(a, BaseException)]
         refused = [a for _, a in failed if isinstance(a, RequestFailed) and a.refused_key]
         if refused:
-            raise EndpointRefused(key_refused(refused[0], self.cfg.eval.api_key_env))
+            raise EndpointRefused(key_refused(refused[0], self.settings.api_key_env))
         if len(failed) == len(self.endpoints):
             error = failed[0][1]
             if isinstance(error, RequestFailed):
@@ -219,7 +245,7 @@ class Dispatcher:
         for endpoint, error in failed:
             print(f"eval: endpoint {endpoint.url} failed at the start ({error}); trying it again later", flush=True)
             endpoint.served_model = getattr(ready, "served_model", "")
-            endpoint.failures, endpoint.down_until = 1, time.monotonic() + self.cfg.eval.backoff_s
+            endpoint.failures, endpoint.down_until = 1, time.monotonic() + self.settings.backoff_s
 
     async def _round(self, pairs: list[tuple[int, int]], sink) -> tuple[list[tuple[int, int]], dict]:
         slots = asyncio.Semaphore(sum(endpoint.capacity for endpoint in self.endpoints))
@@ -236,7 +262,7 @@ class Dispatcher:
 
     async def _progress(self, started: float, todo: int) -> None:
         while True:
-            await asyncio.sleep(self.cfg.progress_every_s)
+            await asyncio.sleep(self.settings.progress_every_s)
             self._print_progress(started, todo)
 
     def _print_progress(self, started: float, todo: int, final: bool = False) -> None:

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl360.eval.config import EvalConfig, pass_ks
+from rl360.core import TrajectorySummary
 from rl360.eval.inputs import EvalPrompt
 from rl360.eval.metrics import SampleOutcome, summarize
 from rl360.rewards.judge import JudgeClient, JudgeItem, JudgeResult, answer_for_judge, stated_answer
-from rl360.rewards.pool import RewardItem, RewardPool, RewardResult
+from rl360.rewards.pool import RewardItem, RewardResult
 
 REPORT, ERRORS = "report.json", "errors.jsonl"
 
@@ -52,14 +53,20 @@ class ScoredSample:
 
 
 def score_samples(prompts: list[EvalPrompt], results: dict[tuple[int, int], dict], n: int,
-                  pool: RewardPool) -> list[list[ScoredSample]]:
-    """Every (prompt, sample) scored by its data_source's reward; a missing one scores 0."""
+                  score: Callable[[list[RewardItem]], list[RewardResult]]) -> list[list[ScoredSample]]:
+    """Every (prompt, sample) scored by its data_source's reward (`score`: a reward pool's), a multi-turn sample
+    with its trajectory's summary; a missing one scores 0."""
     pairs = [(p, j, results.get((p.index, j))) for p in prompts for j in range(n)]
-    items = [RewardItem(p.data_source, (rec or {}).get("response", ""), p.ground_truth, p.extra_info)
-             for p, _, rec in pairs]
-    rewards = pool.score(items)
+    items = [RewardItem(p.data_source, (rec or {}).get("response", ""), p.ground_truth, p.extra_info,
+                        _trajectory(rec)) for p, _, rec in pairs]
+    rewards = score(items)
     scored = [ScoredSample(p, j, rec, reward) for (p, j, rec), reward in zip(pairs, rewards)]
     return [scored[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+
+def _trajectory(record: dict | None) -> TrajectorySummary | None:
+    summary = (record or {}).get("trajectory")
+    return None if summary is None else TrajectorySummary.from_dict(summary)
 
 
 def rejudge(groups: list[list[ScoredSample]], client: JudgeClient) -> None:
@@ -71,8 +78,9 @@ def rejudge(groups: list[list[ScoredSample]], client: JudgeClient) -> None:
         s.judge = result
 
 
-def build_report(cfg: EvalConfig, groups: list[list[ScoredSample]], judged: bool) -> dict[str, Any]:
-    ks = pass_ks(cfg)
+def build_report(n: int, ks: list[int], groups: list[list[ScoredSample]], judged: bool) -> dict[str, Any]:
+    """The report of `groups` (n samples per prompt): the rules' numbers, and with `judged` the judge's counts and
+    the combined numbers."""
     by_source: dict[str, list[list[ScoredSample]]] = defaultdict(list)
     for group in groups:
         by_source[group[0].prompt.data_source].append(group)
@@ -85,7 +93,7 @@ def build_report(cfg: EvalConfig, groups: list[list[ScoredSample]], judged: bool
                 "by_data_source": {src: summarize(outcomes(gs), ks) for src, gs in sorted(by_source.items())}}
 
     unanswered = sum(s.record is None for g in groups for s in g)
-    report: dict[str, Any] = {"n": cfg.sampling.n, "pass_k": ks, "unanswered": unanswered, "rule": block(False)}
+    report: dict[str, Any] = {"n": n, "pass_k": ks, "unanswered": unanswered, "rule": block(False)}
     if judged:
         def counts(gs):
             samples = [s for g in gs for s in g if s.judge is not None]
@@ -96,6 +104,14 @@ def build_report(cfg: EvalConfig, groups: list[list[ScoredSample]], judged: bool
                            "by_data_source": {src: counts(gs) for src, gs in sorted(by_source.items())}}
         report["combined"] = block(True)
     return report
+
+
+def write_report(out: Path, report: dict[str, Any], groups: list[list[ScoredSample]]) -> int:
+    """`report.json` (replaced whole) and `errors.jsonl` in `out`; how many rule failures."""
+    tmp = out / (REPORT + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, sort_keys=True))
+    tmp.replace(out / REPORT)
+    return write_errors(out / ERRORS, groups)
 
 
 def write_errors(path: Path, groups: list[list[ScoredSample]]) -> int:

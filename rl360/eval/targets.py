@@ -1,7 +1,8 @@
 """Where `rl360 eval` sends its requests: OpenAI-compatible endpoints (`POST {url}/chat/completions`, the
 server renders the chat), SGLang-protocol endpoints (`POST {url}/generate` with token ids rendered here, through
 `rl360.core.client.EngineClient`), or engines started on a model directory (`eval.model`) as the rollout
-layer's `EngineFleet` (`rl360 serve rollout`, or real SGLang; no policy, no weight sync) and stopped at the end.
+layer's `EngineFleet` (`rl360 serve rollout`, or real SGLang; no policy, no weight sync) and stopped at the end;
+during training, the run's own sampler (`SamplerTarget`: its engines, agent loop and renderer).
 
 The fleet is one target (`FleetTarget`): it sends each request to its least-loaded usable engine, with its GPU
 assignment (engine i on GPUs [i * tp, (i + 1) * tp) of those visible) and its restart policy: an engine that fails
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ class Reply:
     text: str
     finish_reason: str  # stop | length
     tokens: int  # response tokens
+    trajectory: dict | None = None  # a multi-turn trajectory's summary (`TrajectorySummary.as_dict`) for the reward
 
 
 class RequestFailed(Exception):
@@ -223,6 +225,28 @@ class FleetTarget(TokenTarget):
 
     async def close(self) -> None:
         self.fleet.close()
+
+
+class SamplerTarget(Endpoint):
+    """A training run's sampler as one target (evaluation during training): every request is one sample of the
+    prompt's row (`EvalPrompt.row`, rendered by the run's renderer, images included) through the sampler's
+    `generate_group` (the agent loop with its tools where one is set) on the run's engines, with the run's stop
+    tokens; the reply's text is the whole response decoded, as training scores it, with the trajectory's summary.
+    Its requests run on the sampler's thread (`RolloutSampler.run`)."""
+
+    def __init__(self, sampler: Any, rollout: RolloutConfig, capacity: int):
+        super().__init__(0, "the run's engines", rollout.request_timeout_s, capacity)
+        self.sampler, self.rollout = sampler, replace(rollout, n=1)
+
+    async def sample(self, prompt: EvalPrompt, seed: int) -> Reply:
+        try:
+            [sample] = await self.sampler.sample([prompt.row], self.rollout, seed)
+        except EngineError as err:
+            raise RequestFailed(str(err), False, err.status) from None
+        summary = self.sampler.summary(sample)
+        text = self.sampler.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+        return Reply(text, sample.finish_reason, len(sample.response_ids),
+                     None if summary is None else summary.as_dict())
 
 
 def _tokenizer(path: str) -> Any:

@@ -4,7 +4,8 @@
     future = sampler.generate(step)      # a concurrent.futures.Future of StepRollouts, computed meanwhile
     sampler.sync_weights(step)           # the policy's weights into every engine, version `step`
     sampler.data_state(next_step)        # the stream position before `next_step`'s prompts (for checkpoints)
-    sampler.evaluate(rows, rollout, seed)  # held-out rows sampled and scored between steps (no training)
+    sampler.run(sampler.sample(rows, rollout, seed))  # rows sampled on the sampler's thread (evaluation)
+    sampler.score(items)                 # reward items scored by the run's pool (evaluation)
     sampler.close()
 
 It lives in the trainer's process on an event-loop thread of its own (engine requests are asyncio), so
@@ -137,17 +138,6 @@ class Scored:
 
 
 @dataclass
-class SampledScores:
-    """Samples of prompt rows with their decoded responses and reward results, `n` consecutive per row."""
-
-    rows: list[dict]  # one per sample
-    samples: list[Sample]
-    texts: list[str]  # the responses, decoded without special tokens
-    results: list[RewardResult]
-    counts: dict[str, float]  # the reward pool's counts for these samples (reward/timeouts, ...)
-
-
-@dataclass
 class _Turn:
     """A step's turn at the prompt stream: it draws once the previous step has drawn its last batch."""
 
@@ -188,9 +178,9 @@ class RolloutSampler:
         self._thread = threading.Thread(target=self._loop.run_forever, name="rl360-rollout-sampler", daemon=True)
         self._thread.start()
         try:
-            self._call(self.fleet.start())
+            self.run(self.fleet.start())
             if settings.distill.enabled:
-                self.teacher = self._call(Teacher.open(settings.distill, settings.model, settings.engine_dir))
+                self.teacher = self.run(Teacher.open(settings.distill, settings.model, settings.engine_dir))
         except BaseException:
             self.close()
             raise
@@ -207,7 +197,7 @@ class RolloutSampler:
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """The policy's current weights into every engine as `version` (restarted engines included)."""
-        return self._call(self.fleet.sync_weights(version))
+        return self.run(self.fleet.sync_weights(version))
 
     def data_state(self, next_step: int) -> dict:
         """The stream position before `next_step`'s prompts were drawn (after the last step's, when generate
@@ -215,7 +205,7 @@ class RolloutSampler:
         turn = self._turns.get(next_step)
         if turn is not None:
             return turn.start_state.result()
-        return self._call(self._state_after(self._last_turn_done))
+        return self.run(self._state_after(self._last_turn_done))
 
     async def _state_after(self, done: concurrent.futures.Future) -> dict:
         await asyncio.wrap_future(done)
@@ -228,12 +218,9 @@ class RolloutSampler:
     def describe(self) -> list[dict]:
         return self.fleet.describe()
 
-    def evaluate(self, rows: list[dict], rollout: Any, seed: int) -> SampledScores:
-        """`rollout.n` samples of each prompt row (rollout.temperature, top_p, top_k, max_response_length), sample
-        j of row i seeded `seed + i * n + j`, on the fleet's engines as they are now (through `generate_group`:
-        the agent loop where one is set), scored by the reward pool as a step's samples are, without the overlong
-        penalty. Blocks until done; for evaluations between steps."""
-        return self._call(self._sample_and_score(rows, rollout, seed, {}, {}))
+    def score(self, items: list[RewardItem]) -> list[RewardResult]:
+        """`items` scored by the run's reward pool on the sampler's thread (between steps' scoring calls)."""
+        return self.run(self._score_items(items))[0]
 
     def close(self) -> None:
         if self._loop.is_closed():
@@ -247,8 +234,28 @@ class RolloutSampler:
         self._thread.join(timeout=10)
         self._loop.close()
 
-    def _call(self, coroutine) -> Any:
+    def run(self, coroutine) -> Any:
+        """`coroutine` run on the sampler's thread (beside steps still generating), waited for."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    async def sample(self, rows: list[dict], rollout: Any, seed: int,
+                     metrics: dict[str, float] | None = None) -> list[Sample]:
+        """`rollout.n` samples of each prompt row (its temperature, top_p, top_k, max_response_length and stop),
+        sample j of row i seeded `seed + i * n + j`, `n` consecutive per row: through `generate_group` (the agent
+        loop where one is set) on the fleet's engines as they are now. On the sampler's thread (`run`)."""
+        params = SamplingParams(n=rollout.n, temperature=rollout.temperature, top_p=rollout.top_p,
+                                top_k=rollout.top_k, max_new_tokens=rollout.max_response_length,
+                                stop_token_ids=self.stop_ids, stop=list(rollout.stop),
+                                routed_experts=self.settings.moe_routing_replay)
+        groups = await self.generate_group(self.fleet, [self.renderer.prompt(row) for row in rows], params, seed,
+                                           {} if metrics is None else metrics, rows)
+        return [sample for group in groups for sample in group]
+
+    def summary(self, sample: Sample) -> TrajectorySummary | None:
+        """What the reward reads of a multi-turn trajectory (None for a single response: its text is all)."""
+        if sample.turns is None and not hasattr(sample, "trace"):
+            return None
+        return sample.summary(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
 
     # ---- one step ----
     async def _generate_step(self, step: int, turn: _Turn) -> StepRollouts:
@@ -389,8 +396,18 @@ class RolloutSampler:
                                  metrics: dict[str, float], with_teacher: bool = True) -> Scored:
         """`rollout.n` responses for each prompt row, scored by its data_source's reward under a timeout (and by
         the distillation teacher, when there is one and `with_teacher`); reward counts are added to `metrics`."""
-        sampled = await self._sample_and_score(rows, rollout, seed, timing, metrics)
-        samples, results, counts = sampled.samples, sampled.results, sampled.counts
+        started, busy = time.perf_counter(), self.fleet.busy_seconds()
+        samples = await self.sample(rows, rollout, seed, metrics)
+        _add(timing, "rollout", time.perf_counter() - started)
+        _add(timing, "engines_busy", self.fleet.busy_seconds() - busy)
+        sample_rows = [row for row in rows for _ in range(rollout.n)]
+        started = time.perf_counter()
+        texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
+        items = [RewardItem(row["data_source"], text, row["reward_model"]["ground_truth"], row.get("extra_info"),
+                            self.summary(sample))
+                 for row, text, sample in zip(sample_rows, texts, samples)]
+        results, counts = await self._score_items(items)
+        _add(timing, "reward", time.perf_counter() - started)
         scores = torch.tensor([r.score for r in results], dtype=torch.float32)
         accuracy = torch.tensor([float(r.extras.get("acc", r.score)) for r in results], dtype=torch.float32)
         if self.settings.overlong_buffer_len:
@@ -406,39 +423,12 @@ class RolloutSampler:
             started = time.perf_counter()
             teacher = await self.teacher.logprobs(samples)
             _add(timing, "teacher", time.perf_counter() - started)
-        return Scored(sampled.rows, samples, scores, accuracy, rollout.n, teacher_logprobs=teacher)
+        return Scored(sample_rows, samples, scores, accuracy, rollout.n, teacher_logprobs=teacher)
 
-    async def _sample_and_score(self, rows: list[dict], rollout: Any, seed: int, timing: dict[str, float],
-                                metrics: dict[str, float]) -> SampledScores:
-        """`rollout.n` samples of each prompt row from `generate_group`, and their rewards (no penalty)."""
-        n = rollout.n
-        started = time.perf_counter()
-        params = SamplingParams(n=n, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                                max_new_tokens=rollout.max_response_length,
-                                stop_token_ids=self.stop_ids, stop=list(rollout.stop),
-                                routed_experts=self.settings.moe_routing_replay)
-        busy = self.fleet.busy_seconds()
-        groups = await self.generate_group(self.fleet, [self.renderer.prompt(row) for row in rows], params, seed,
-                                           metrics, rows)
-        _add(timing, "rollout", time.perf_counter() - started)
-        _add(timing, "engines_busy", self.fleet.busy_seconds() - busy)
-        samples = [sample for group in groups for sample in group]
-        sample_rows = [row for row in rows for _ in range(n)]
-        started = time.perf_counter()
-        texts = self.tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
-        items = [RewardItem(row["data_source"], text, row["reward_model"]["ground_truth"], row.get("extra_info"),
-                            self._summary(sample))
-                 for row, text, sample in zip(sample_rows, texts, samples)]
-        async with self._scoring:  # the pool scores one call at a time (steps may overlap)
-            results, counts = await asyncio.to_thread(self._score, items)
-        _add(timing, "reward", time.perf_counter() - started)
-        return SampledScores(sample_rows, samples, texts, results, counts)
-
-    def _summary(self, sample: Sample) -> TrajectorySummary | None:
-        """What the reward reads of a multi-turn trajectory (None for a single response: its text is all)."""
-        if sample.turns is None and not hasattr(sample, "trace"):
-            return None
-        return sample.summary(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+    async def _score_items(self, items: list[RewardItem]) -> tuple[list[RewardResult], dict[str, float]]:
+        """The pool's results and counts; one scoring call at a time (steps and evaluations may overlap)."""
+        async with self._scoring:
+            return await asyncio.to_thread(self._score, items)
 
     def _score(self, items: list[RewardItem]) -> tuple[list, dict[str, float]]:
         return self.rewards.score(items), self.rewards.last_metrics()
