@@ -288,7 +288,7 @@ def test_an_engine_killed_mid_run_is_restarted_and_the_results_are_an_unbroken_r
     os.kill(json.loads(listing.read_text())[0]["pid"], signal.SIGKILL)
     output = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, output[-3000:]
-    assert re.search(r"rollout engine 0 failed .*; restarting it", output)
+    assert re.search(r"eval engine 0 failed .*; restarting it", output)
     assert json.loads(listing.read_text())[0]["restarts"] == 1
     mine, whole = _results(out), _results(engines_run[1])
     assert len(mine) == 48

@@ -160,3 +160,51 @@ def test_the_layout_doc_shows_these_floors():
         if len(cells) == 4 and cells[0].isdigit():
             shown[int(cells[0])] = [name.strip(" `") for name in cells[1].split(",")]
     assert shown == dict(enumerate(FLOORS))
+
+
+# The rooms that take the whole run config, and why; every other component builds from its own sections (or small
+# settings made from them, as `SamplerSettings.of` and `PolicySettings.of` in the rooms below make them).
+WHOLE_CONFIG_ROOMS = {
+    "config": "defines it",
+    "config_docs": "documents every key",
+    "run_config": "saves it with a run and compares a resumed run's",
+    "actor": "PolicySettings.of: the policy's settings from their sections",
+    "rollout": "SamplerSettings.of: the sampler's settings from their sections",
+    "agents": "agent_from_config: the agent loop and its tools from agent, rollout and model",
+    "run_checks": "a run's checks before it starts read every section",
+    "quickstart": "prepares a quickstart's model and data for its config",
+    "trainer": "the RL step: hands each component its sections",
+    "sft": "supervised fine-tuning's step",
+}
+MAX_CONFIG_DESCENT = 8  # floors between the step and the lowest room the whole config reaches
+
+
+def rooms_naming(name: str, root: Path = ROOT) -> set[str]:
+    """The rooms whose code names `name` (imports it, annotates with it or calls it)."""
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        if any(isinstance(node, ast.Name) and node.id == name or isinstance(node, ast.alias) and node.name == name
+               for node in ast.walk(tree)):
+            found.add(_room(_module_name(path, root)))
+    return found - {None}
+
+
+def test_the_whole_run_config_reaches_only_the_rooms_that_need_it():
+    """A component that takes `RunConfig` whole is a deliberate choice named above; the step's config descends at
+    most MAX_CONFIG_DESCENT floors."""
+    rooms = rooms_naming("RunConfig")
+    assert sorted(rooms - WHOLE_CONFIG_ROOMS.keys()) == [], "build these from their own sections, or name them above"
+    assert sorted(WHOLE_CONFIG_ROOMS.keys() - rooms) == [], "these no longer take the whole config: drop them above"
+    assert FLOOR["trainer"] - min(FLOOR[room] for room in rooms) <= MAX_CONFIG_DESCENT
+
+
+def test_a_room_taking_the_whole_config_is_named(tmp_path):
+    """The check itself: a module annotating with `RunConfig` (imported lazily) is found; a docstring naming it
+    is not."""
+    (tmp_path / "rl360" / "eval").mkdir(parents=True)
+    (tmp_path / "rl360" / "data").mkdir()
+    (tmp_path / "rl360" / "eval" / "during.py").write_text(
+        "def at(cfg: 'x') -> None:\n    from rl360.config import RunConfig\n    return RunConfig\n")
+    (tmp_path / "rl360" / "data" / "stream.py").write_text('"""Rows, not the RunConfig."""\n')
+    assert rooms_naming("RunConfig", tmp_path / "rl360") == {"eval"}

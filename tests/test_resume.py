@@ -133,6 +133,10 @@ def test_resuming_with_another_dtype_is_refused_naming_it(unbroken, assets, tmp_
 def test_resuming_with_another_lr_prints_the_change_and_appends_to_train_log(unbroken, assets, tmp_path):
     out = _copy_of(unbroken["grpo"], tmp_path)
     before = (out / "train.log").read_text()
+    stale = out / "eval" / f"step_{TOTAL_STEPS + 1:06d}"  # as a killed attempt at step 13 would have left it
+    stale.mkdir(parents=True)
+    (stale / "results.jsonl").write_text(json.dumps({"prompt": 0, "sample": 0, "seed": 0, "response": "stale",
+                                                     "finish_reason": "stop", "tokens": 1, "error": None}) + "\n")
     done = _cli(_command(assets, out, "grpo", f"trainer.total_steps={TOTAL_STEPS + 1}", "actor.lr=1e-4",
                          "trainer.save_every=0"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -141,7 +145,8 @@ def test_resuming_with_another_lr_prints_the_change_and_appends_to_train_log(unb
     assert f"resumed from {out / 'checkpoints' / 'step_000012'} at step 13" in done.stdout
     assert [r["step"] for r in _records(out)] == list(range(1, TOTAL_STEPS + 2))
     assert sorted(_evaluations(out)) == [*EVAL_STEPS, TOTAL_STEPS + 1]  # the new last step (validation.at_end) only
-    assert len(_eval_results(out, TOTAL_STEPS + 1)) == 6
+    results = _eval_results(out, TOTAL_STEPS + 1)  # the step evaluated again: its directory replaced
+    assert len(results) == 6 and "stale" not in [r["response"] for r in results]
     log = (out / "train.log").read_text()
     assert log.startswith(before) and "resume: actor.lr 0.0005 -> 0.0001" in log[len(before):]
     assert "step 13/13" in log[len(before):]
@@ -177,9 +182,10 @@ def _evaluations(out: Path) -> dict[int, dict[str, float]]:
 
 
 def _eval_results(out: Path, step: int) -> list[dict]:
-    """The records of a step's held-out evaluation, in the order written."""
+    """The records of a step's held-out evaluation by (prompt, sample) (written as each finished)."""
     path = out / "eval" / f"step_{step:06d}" / "results.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return sorted(records, key=lambda r: (r["prompt"], r["sample"]))
 
 
 def test_held_out_evaluations_are_logged_at_their_steps_to_metrics_jsonl_and_swanlab(unbroken):

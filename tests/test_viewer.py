@@ -252,6 +252,22 @@ def test_a_parquet_directory_pages_across_its_files(parquet_file, tmp_path):
     assert [r["index"] for r in source.page(0, 50, {"data_source": "logic__c"})["rows"]] == list(range(2, 55, 3))
 
 
+def test_a_run_directory_without_rollouts_names_its_evaluations(tmp_path):
+    """A training run's directory with held-out evaluations but no dumped rollouts: the error gives the command
+    that opens the newest step's and lists them all; a step's directory opens as an evaluation."""
+    from rl360.errors import UserError
+    from rl360.view import open_source
+
+    for step in (5, 10):
+        (tmp_path / "eval" / f"step_{step:06d}").mkdir(parents=True)
+        (tmp_path / "eval" / f"step_{step:06d}" / "results.jsonl").write_text("")
+    for path in (tmp_path, tmp_path / "eval"):
+        with pytest.raises(UserError, match=r"no \*\.parquet files; its held-out evaluations are rl360 eval outputs: "
+                                            rf"rl360 view {tmp_path}/eval/step_000010 \(of step_000005, step_000010\)"):
+            open_source(path)
+    assert open_source(tmp_path / "eval" / "step_000005").kind == "eval"
+
+
 def test_row_text_is_served_as_data_never_as_markup(servers):
     url = servers["parquet"]
     html = httpx.get(url + "/", timeout=30)

@@ -4,7 +4,8 @@ Prompts from parquet or jsonl (`rl360.eval.inputs`), n samples each from OpenAI-
 endpoints, or from the rollout layer's engine fleet started on a model directory (`rl360.eval.targets`), sent
 with bounded concurrency, least-loaded dispatch, retries and resume (`rl360.eval.runner`), scored through the
 reward pool and optionally an LLM re-judge (`rl360.eval.scoring`), summarised as accuracy, pass@k and maj@k
-(`rl360.eval.metrics`). The config: `rl360.eval.config.EvalConfig`; the guide: docs/eval.md.
+(`rl360.eval.metrics`). The config: `rl360.eval.config.EvalConfig`; the guide: docs/eval.md. A training run's
+held-out evaluation is the same runner and report on the run's own sampler (`rl360.eval.during_training`).
 """
 
 

@@ -46,6 +46,7 @@ from rl360.rollout.sampler import RolloutSampler
 SEED_OFFSET = 104_729  # held-out seeds apart from the training steps' (cfg.seed * 1_000_003 + step + ...)
 PROMPTS = "prompts.jsonl"
 PROGRESS_EVERY_S = 60.0  # a progress line of a long evaluation
+IN_FLIGHT_PER_ENGINE = 256  # samples requested at once per engine (its client's connections); the rest wait their turn
 
 
 def evaluates(validation: Any) -> bool:
@@ -87,7 +88,8 @@ class TrainingEval:
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         (out / RUN_FILE).write_text(json.dumps(self.identity(step), indent=1))
-        target = SamplerTarget(self.sampler, self.rollout, capacity=len(self.prompts) * n)
+        target = SamplerTarget(self.sampler, self.rollout,
+                               min(len(self.prompts) * n, IN_FLIGHT_PER_ENGINE * self.rollout.num_engines))
         self.sampler.run(Dispatcher(self.dispatch, [target], self.prompts, out).run({}))
         groups = score_samples(self.prompts, read_results(out / RESULTS, len(self.prompts), n), n,
                                self.sampler.score)

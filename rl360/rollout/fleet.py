@@ -61,7 +61,8 @@ class EngineFleet:
                  routed_experts: bool = False, config_section: str = "rollout"):
         """`engines`: ones built elsewhere (any `Engine`), started by `start` instead of those `rollout` names.
         `routed_experts`: SGLang engines are started able to return a mixture of experts' routes.
-        `config_section`: the config section `rollout`'s values come from, named in errors (`rl360 eval`: eval)."""
+        `config_section`: the config section `rollout`'s values come from, named in its lines and errors (`rl360
+        eval`: eval, whose lines then say "eval engine 0 failed ...")."""
         self.config_section = config_section
         self.rollout, self.model, self.placement, self.policy = rollout, model, placement, policy
         self.routed_experts = routed_experts
@@ -185,10 +186,10 @@ class EngineFleet:
             return
         engine.usable = False
         self.restarts_total += 1
-        print(f"rollout engine {engine.index} failed ({str(error) or type(error).__name__}); restarting it "
-              f"({self.restarts_total} restart(s) in this run)", flush=True)
+        print(f"{self.config_section} engine {engine.index} failed ({str(error) or type(error).__name__}); "
+              f"restarting it ({self.restarts_total} restart(s) in this run)", flush=True)
         if self.restarts_total > self.rollout.max_engine_restarts:
-            raise RuntimeError(f"rollout engines were restarted {self.restarts_total} times, more than "
+            raise RuntimeError(f"{self.config_section} engines were restarted {self.restarts_total} times, more than "
                                f"{self.config_section}.max_engine_restarts={self.rollout.max_engine_restarts}; "
                                f"last failure: {error}; see {engine.log_path}") from error
         self._restarting[engine.index] = asyncio.get_running_loop().create_task(self._restart(engine))
@@ -215,7 +216,7 @@ class EngineFleet:
             if usable:
                 return min(usable, key=lambda engine: self._load.get(engine.index, 0))
             if not self._restarting:
-                raise RuntimeError("no rollout engine is usable and none is restarting")
+                raise RuntimeError(f"no {self.config_section} engine is usable and none is restarting")
             await self._restarts_done()
             await self._sync(self.version, only_if_none_usable=True)
 

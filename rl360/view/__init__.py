@@ -41,8 +41,11 @@ def open_source(path: str | Path) -> Any:
         from rl360.view.parquet_rows import ParquetSource
 
         return ParquetSource(path)
+    evaluated = sorted(step.parent for where in (path, path / "eval") for step in where.glob(f"step_*/{RESULTS}"))
+    hint = (f"; its held-out evaluations are rl360 eval outputs: rl360 view {evaluated[-1]} (of "
+            f"{', '.join(p.name for p in evaluated)})" if evaluated else "")
     raise UserError(f"rl360 view: {path} holds no rollouts/ (train with trainer.dump_rollouts_every=N), no "
-                    f"{RESULTS} (an rl360 eval output) and no *.parquet files")
+                    f"{RESULTS} (an rl360 eval output) and no *.parquet files{hint}")
 
 
 def _view(args: argparse.Namespace) -> int:
