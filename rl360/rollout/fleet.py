@@ -154,11 +154,12 @@ class EngineFleet:
 
     def close(self) -> None:
         """Stop the router and every engine (synchronous: callable from any thread once the loop no longer runs
-        them)."""
+        them); `engines.json` keeps the last state, a restart still under way counted."""
         if self.router is not None:
             self.router.stop()
         for engine in self.engines:
             engine.stop()
+        self._write_engine_list()
 
     # ---- metrics ----
     def step_metrics(self) -> dict[str, float]:
