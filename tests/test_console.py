@@ -212,12 +212,13 @@ class _Refuser:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    if started:
+    """A Ray of this module's own that does not forward its workers' logs (a Ray an earlier module on this worker
+    left running may, and its forwarded lines would mix with the one line checked here)."""
+    if ray.is_initialized():
         ray.shutdown()
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
 
 
 def _call(remote, wrap: bool = False):
